@@ -1,0 +1,179 @@
+//! Canonical payload fingerprints.
+//!
+//! A [`Fingerprint`] is the SHA-256 digest of a payload's *canonical JSON*
+//! form, so that two encodings of the same request compare equal:
+//!
+//! - the payload is serialized with `serde` into a JSON value;
+//! - object members are written sorted by key, comparing the keys' UTF-8
+//!   bytes, at every depth; array order is kept;
+//! - no whitespace is written; strings are escaped as `serde_json` escapes
+//!   them (`"`, `\`, and control characters only; other characters as UTF-8);
+//! - numbers are written as `serde_json` prints them (integers in decimal,
+//!   floats in their shortest round-trip form).
+//!
+//! The sorting is done here, at write time, so the digest is the same whether
+//! or not `serde_json`'s `preserve_order` feature is enabled in the final
+//! build.
+
+use std::fmt;
+
+use serde::Serialize;
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+use crate::Error;
+
+/// The SHA-256 digest of a canonical payload.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Fingerprint([u8; 32]);
+
+impl Fingerprint {
+    /// The fingerprint of `payload`'s canonical JSON form (see the module
+    /// documentation).
+    pub fn of<T: Serialize + ?Sized>(payload: &T) -> Result<Self, Error> {
+        let value = serde_json::to_value(payload)?;
+        let mut hasher = Sha256::new();
+        let mut buf = Vec::with_capacity(128);
+        write_canonical(&value, &mut buf)?;
+        hasher.update(&buf);
+        Ok(Fingerprint(hasher.finalize().into()))
+    }
+
+    /// The canonical JSON text of `payload`, as hashed by [`Fingerprint::of`].
+    pub fn canonical_json<T: Serialize + ?Sized>(payload: &T) -> Result<String, Error> {
+        let value = serde_json::to_value(payload)?;
+        let mut buf = Vec::with_capacity(128);
+        write_canonical(&value, &mut buf)?;
+        // Every byte came from serde_json's writer or from UTF-8 keys.
+        String::from_utf8(buf).map_err(|e| Error::Config(e.to_string()))
+    }
+
+    /// The fingerprint of raw bytes (for payloads that are bytes already,
+    /// such as an HTTP body).
+    pub fn of_bytes(bytes: &[u8]) -> Self {
+        Fingerprint(Sha256::digest(bytes).into())
+    }
+
+    /// Wraps a digest computed elsewhere.
+    pub const fn from_digest(digest: [u8; 32]) -> Self {
+        Fingerprint(digest)
+    }
+
+    /// The 32 digest bytes.
+    pub fn as_bytes(&self) -> &[u8; 32] {
+        &self.0
+    }
+
+    /// The digest as 64 lowercase hex digits.
+    pub fn to_hex(&self) -> String {
+        self.to_string()
+    }
+
+    /// Parses 64 hex digits (either case).
+    pub fn from_hex(hex: &str) -> Option<Self> {
+        if hex.len() != 64 {
+            return None;
+        }
+        let mut out = [0u8; 32];
+        for (i, pair) in hex.as_bytes().chunks(2).enumerate() {
+            let hi = (pair[0] as char).to_digit(16)?;
+            let lo = (pair[1] as char).to_digit(16)?;
+            out[i] = (hi * 16 + lo) as u8;
+        }
+        Some(Fingerprint(out))
+    }
+}
+
+impl fmt::Display for Fingerprint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for b in self.0 {
+            write!(f, "{b:02x}")?;
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Debug for Fingerprint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Fingerprint({self})")
+    }
+}
+
+fn write_canonical(value: &Value, out: &mut Vec<u8>) -> Result<(), Error> {
+    match value {
+        Value::Object(map) => {
+            let mut entries: Vec<(&String, &Value)> = map.iter().collect();
+            entries.sort_unstable_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
+            out.push(b'{');
+            for (i, (k, v)) in entries.into_iter().enumerate() {
+                if i > 0 {
+                    out.push(b',');
+                }
+                serde_json::to_writer(&mut *out, k)?;
+                out.push(b':');
+                write_canonical(v, out)?;
+            }
+            out.push(b'}');
+        }
+        Value::Array(items) => {
+            out.push(b'[');
+            for (i, v) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push(b',');
+                }
+                write_canonical(v, out)?;
+            }
+            out.push(b']');
+        }
+        scalar => serde_json::to_writer(&mut *out, scalar)?,
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn keys_sorted_at_every_depth() {
+        let a: Value =
+            serde_json::from_str(r#"{"b":1,"a":{"y":[{"d":1,"c":2}],"x":null}}"#).unwrap();
+        let b: Value =
+            serde_json::from_str(r#"{"a":{"x":null,"y":[{"c":2,"d":1}]},"b":1}"#).unwrap();
+        assert_eq!(Fingerprint::of(&a).unwrap(), Fingerprint::of(&b).unwrap());
+        assert_eq!(
+            Fingerprint::canonical_json(&a).unwrap(),
+            r#"{"a":{"x":null,"y":[{"c":2,"d":1}]},"b":1}"#
+        );
+    }
+
+    #[test]
+    fn differences_matter() {
+        let a = Fingerprint::of(&json!({"amount": 100})).unwrap();
+        assert_ne!(a, Fingerprint::of(&json!({"amount": 101})).unwrap());
+        assert_ne!(a, Fingerprint::of(&json!({"amount": "100"})).unwrap());
+        assert_ne!(
+            Fingerprint::of(&json!([1, 2])).unwrap(),
+            Fingerprint::of(&json!([2, 1])).unwrap()
+        );
+    }
+
+    #[test]
+    fn known_digest() {
+        // sha256 of the three bytes `{}` and of `"é"` written as UTF-8.
+        assert_eq!(
+            Fingerprint::of(&json!({})).unwrap().to_hex(),
+            "44136fa355b3678a1146ad16f7e8649e94fb4fc21fe77e8310c060f61caaff8a"
+        );
+        assert_eq!(Fingerprint::canonical_json("é\n").unwrap(), "\"é\\n\"");
+    }
+
+    #[test]
+    fn hex_round_trip() {
+        let f = Fingerprint::of_bytes(b"abc");
+        assert_eq!(Fingerprint::from_hex(&f.to_hex()), Some(f));
+        assert_eq!(Fingerprint::from_hex("zz"), None);
+        assert_eq!(Fingerprint::from_hex(&"g".repeat(64)), None);
+    }
+}

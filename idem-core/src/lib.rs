@@ -1,0 +1,25 @@
+//! The engine, record state machine and stores behind the
+//! [`idem`](https://docs.rs/idem) crate. Use `idem`, which re-exports all of
+//! this together with the `#[idempotent]` attribute.
+#![warn(missing_docs, unreachable_pub)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
+pub mod engine;
+mod error;
+pub mod fingerprint;
+mod key;
+pub mod metrics;
+mod policy;
+pub mod record;
+pub mod store;
+
+pub use engine::{run, run_replaying, Call};
+pub use error::Error;
+pub use fingerprint::Fingerprint;
+pub use key::{AsKey, Key, KeyError, Scope, MAX_KEY_LEN};
+pub use policy::{InProgressPolicy, Policy};
+pub use record::{Begin, Claim, Outcome, OutcomeKind, Record, State};
+#[cfg(feature = "sqlite")]
+#[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
+pub use store::SqliteStore;
+pub use store::{BeginRequest, MemoryStore, Store};

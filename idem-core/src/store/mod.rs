@@ -1,0 +1,128 @@
+//! The storage contract and its backends.
+//!
+//! Every backend keeps records unique per `(scope, key)` and decides the
+//! claim with one atomic conditional write (a UNIQUE constraint with an
+//! upsert, or a lock-protected map), never with a read followed by a write.
+//! The answer to a duplicate is computed by [`record::decide`](crate::record::decide)
+//! so that all backends behave the same; the shared conformance suite in the
+//! repository's `tests/` holds each of them to it.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use crate::record::{Begin, Claim, Outcome, Record};
+use crate::{Error, Fingerprint, Key, Scope};
+
+mod memory;
+#[cfg(feature = "_sql")]
+pub(crate) mod sql;
+#[cfg(feature = "sqlite")]
+mod sqlite;
+mod waiters;
+
+pub use memory::MemoryStore;
+#[cfg(feature = "sqlite")]
+#[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
+pub use sqlite::SqliteStore;
+pub(crate) use waiters::Waiters;
+
+/// What a caller asks of [`Store::begin`].
+#[derive(Clone, Copy, Debug)]
+pub struct BeginRequest<'a> {
+    /// The operation.
+    pub scope: &'a Scope,
+    /// The client's key.
+    pub key: &'a Key,
+    /// The payload's fingerprint.
+    pub fingerprint: &'a Fingerprint,
+    /// How long the claim is held before it may be taken over.
+    pub lease: Duration,
+    /// How long the record is kept (from the claim, and again from the
+    /// completion).
+    pub ttl: Duration,
+}
+
+/// A place to keep idempotency records.
+///
+/// Implementations must make [`begin`](Store::begin) atomic: of any number of
+/// concurrent callers with one `(scope, key)`, exactly one is answered
+/// [`Begin::Claimed`] while the record is live.
+#[async_trait]
+pub trait Store: Send + Sync {
+    /// Claims the key, or tells why not. One atomic step:
+    ///
+    /// - no live record (none, or expired): insert `in_progress`, fence 1
+    ///   (or the old fence + 1): [`Begin::Claimed`];
+    /// - `in_progress` with the same fingerprint and a lapsed lease: take it
+    ///   over with fence + 1: [`Begin::Claimed`];
+    /// - otherwise the answer of [`record::decide`](crate::record::decide).
+    async fn begin(&self, request: &BeginRequest<'_>) -> Result<Begin, Error>;
+
+    /// Stores the outcome and marks the record completed, kept for the
+    /// claim's ttl from now. Fails with [`Error::LeaseLost`] unless the record
+    /// is still in progress under this claim's fence.
+    async fn complete(&self, claim: &Claim, outcome: &Outcome) -> Result<(), Error>;
+
+    /// Deletes the claim so that a retry runs the operation again. Fails with
+    /// [`Error::LeaseLost`] unless the record is still in progress under this
+    /// claim's fence (in which case nothing is deleted).
+    async fn release(&self, claim: &Claim) -> Result<(), Error>;
+
+    /// Reads the record of `(scope, key)`, live or not.
+    async fn get(&self, scope: &Scope, key: &Key) -> Result<Option<Record>, Error>;
+
+    /// Deletes expired records, at most `batch` per statement so that no
+    /// statement holds locks for long, until none is left. Returns how many
+    /// were deleted.
+    async fn purge_expired(&self, batch: usize) -> Result<u64, Error>;
+
+    /// Waits until the record of `(scope, key)` may have changed (completed
+    /// or released), or at most `timeout`. The engine calls this between
+    /// attempts while a duplicate waits; stores that can be told about
+    /// changes wake it at once, others let the timeout (a short, growing
+    /// backoff) poll. The default just sleeps.
+    async fn wait_for_change(
+        &self,
+        scope: &Scope,
+        key: &Key,
+        timeout: Duration,
+    ) -> Result<(), Error> {
+        let _ = (scope, key);
+        tokio::time::sleep(timeout).await;
+        Ok(())
+    }
+}
+
+macro_rules! forward_store {
+    ($($ty:ty),*) => {$(
+        #[async_trait]
+        impl<S: Store + ?Sized> Store for $ty {
+            async fn begin(&self, request: &BeginRequest<'_>) -> Result<Begin, Error> {
+                (**self).begin(request).await
+            }
+            async fn complete(&self, claim: &Claim, outcome: &Outcome) -> Result<(), Error> {
+                (**self).complete(claim, outcome).await
+            }
+            async fn release(&self, claim: &Claim) -> Result<(), Error> {
+                (**self).release(claim).await
+            }
+            async fn get(&self, scope: &Scope, key: &Key) -> Result<Option<Record>, Error> {
+                (**self).get(scope, key).await
+            }
+            async fn purge_expired(&self, batch: usize) -> Result<u64, Error> {
+                (**self).purge_expired(batch).await
+            }
+            async fn wait_for_change(
+                &self,
+                scope: &Scope,
+                key: &Key,
+                timeout: Duration,
+            ) -> Result<(), Error> {
+                (**self).wait_for_change(scope, key, timeout).await
+            }
+        }
+    )*};
+}
+forward_store!(Arc<S>, Box<S>, &S);

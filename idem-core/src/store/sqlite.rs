@@ -1,0 +1,402 @@
+//! The SQLite store: the embedded default.
+
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use sqlx::sqlite::{
+    SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePool, SqlitePoolOptions,
+    SqliteRow,
+};
+use sqlx::{Connection, Row};
+
+use super::sql::{render, validate_table_name, DEFAULT_TABLE};
+use super::{BeginRequest, Store, Waiters};
+use crate::record::{
+    decide, duration_millis, now_millis, Begin, Claim, Decision, Outcome, OutcomeKind, Record,
+    State,
+};
+use crate::{Error, Fingerprint, Key, Scope};
+
+/// The embedded migrations, in order. `{table}` is the records table.
+const MIGRATIONS: &[&str] = &[r#"
+CREATE TABLE IF NOT EXISTS "{table}" (
+    scope        TEXT    NOT NULL,
+    key          TEXT    NOT NULL,
+    fingerprint  BLOB    NOT NULL,
+    state        TEXT    NOT NULL CHECK (state IN ('in_progress', 'completed')),
+    fence        INTEGER NOT NULL,
+    lease_until  INTEGER,
+    outcome_kind INTEGER,
+    outcome      BLOB,
+    created_at   INTEGER NOT NULL,
+    expires_at   INTEGER NOT NULL,
+    PRIMARY KEY (scope, key),
+    CHECK (state = 'in_progress' OR outcome IS NOT NULL)
+);
+CREATE INDEX IF NOT EXISTS "{table}_expires_at" ON "{table}" (expires_at);
+"#];
+
+/// Records in a SQLite database through a sqlx pool.
+///
+/// The claim is one `INSERT ... ON CONFLICT (scope, key) DO UPDATE ... WHERE
+/// <expired or lease lapsed> RETURNING fence` statement: the primary key on
+/// `(scope, key)` decides, so any number of connections or processes sharing
+/// the database file claim a key once. File databases use WAL and a busy
+/// timeout so that concurrent writers queue instead of failing.
+///
+/// Duplicates waiting in this process are woken as soon as the first call
+/// completes; those in other processes notice at their next poll.
+///
+/// ```
+/// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+/// use idem_core::SqliteStore;
+/// let store = SqliteStore::connect("sqlite::memory:").await?;
+/// let audit = SqliteStore::new(store.pool().clone())
+///     .with_table_name("audit_idempotency")?;
+/// audit.migrate().await?;
+/// # Ok::<_, idem_core::Error>(())
+/// # }).unwrap();
+/// ```
+#[derive(Clone, Debug)]
+pub struct SqliteStore {
+    pool: SqlitePool,
+    sql: Arc<Statements>,
+    waiters: Arc<Waiters>,
+}
+
+#[derive(Debug)]
+struct Statements {
+    table: String,
+    claim: String,
+    select: String,
+    complete: String,
+    release: String,
+    purge: String,
+}
+
+impl Statements {
+    fn new(table: String) -> Self {
+        let r = |sql: &str| render(sql, &table);
+        Statements {
+            claim: r(r#"INSERT INTO "{table}"
+                    (scope, key, fingerprint, state, fence, lease_until, created_at, expires_at)
+                VALUES (?1, ?2, ?3, 'in_progress', 1, ?4, ?5, ?6)
+                ON CONFLICT (scope, key) DO UPDATE SET
+                    fingerprint = excluded.fingerprint,
+                    state = 'in_progress',
+                    fence = "{table}".fence + 1,
+                    lease_until = excluded.lease_until,
+                    outcome_kind = NULL,
+                    outcome = NULL,
+                    created_at = excluded.created_at,
+                    expires_at = excluded.expires_at
+                WHERE "{table}".expires_at <= ?5
+                   OR ("{table}".state = 'in_progress'
+                       AND "{table}".lease_until <= ?5
+                       AND "{table}".fingerprint = excluded.fingerprint)
+                RETURNING fence"#),
+            select: r(
+                r#"SELECT scope, key, fingerprint, state, fence, lease_until,
+                       outcome_kind, outcome, created_at, expires_at
+                FROM "{table}" WHERE scope = ?1 AND key = ?2"#,
+            ),
+            complete: r(r#"UPDATE "{table}"
+                SET state = 'completed', outcome_kind = ?1, outcome = ?2,
+                    lease_until = NULL, expires_at = ?3
+                WHERE scope = ?4 AND key = ?5 AND fence = ?6 AND state = 'in_progress'"#),
+            release: r(r#"DELETE FROM "{table}"
+                WHERE scope = ?1 AND key = ?2 AND fence = ?3 AND state = 'in_progress'"#),
+            purge: r(r#"DELETE FROM "{table}" WHERE rowid IN
+                (SELECT rowid FROM "{table}" WHERE expires_at <= ?1 LIMIT ?2)"#),
+            table,
+        }
+    }
+}
+
+impl SqliteStore {
+    /// Opens (creating if missing) the database at `url` (`sqlite://path`,
+    /// `sqlite:path`, or `sqlite::memory:`), and applies the migrations to
+    /// the default table `idem_records`.
+    ///
+    /// An in-memory database lives in one connection that the pool never
+    /// closes, so it lasts as long as the store.
+    pub async fn connect(url: &str) -> Result<Self, Error> {
+        let options = SqliteConnectOptions::from_str(url)?
+            .create_if_missing(true)
+            .busy_timeout(Duration::from_secs(10));
+        let in_memory = url.contains(":memory:") || url.contains("mode=memory");
+        let pool = if in_memory {
+            SqlitePoolOptions::new()
+                .max_connections(1)
+                .min_connections(1)
+                .idle_timeout(None)
+                .max_lifetime(None)
+                .connect_with(options)
+                .await?
+        } else {
+            SqlitePoolOptions::new()
+                .max_connections(8)
+                .connect_with(options.journal_mode(SqliteJournalMode::Wal))
+                .await?
+        };
+        let store = SqliteStore::new(pool);
+        store.migrate().await?;
+        Ok(store)
+    }
+
+    /// A store on an existing pool, using the table `idem_records`. Call
+    /// [`migrate`](Self::migrate) once before use.
+    pub fn new(pool: SqlitePool) -> Self {
+        SqliteStore {
+            pool,
+            sql: Arc::new(Statements::new(DEFAULT_TABLE.to_owned())),
+            waiters: Arc::default(),
+        }
+    }
+
+    /// Uses another table. The name must be 1 to 63 ASCII letters, digits
+    /// and underscores, not starting with a digit.
+    pub fn with_table_name(mut self, table: &str) -> Result<Self, Error> {
+        self.sql = Arc::new(Statements::new(validate_table_name(table)?));
+        Ok(self)
+    }
+
+    /// The pool.
+    pub fn pool(&self) -> &SqlitePool {
+        &self.pool
+    }
+
+    /// The records table.
+    pub fn table_name(&self) -> &str {
+        &self.sql.table
+    }
+
+    /// Creates or upgrades the records table. Safe to call at every start,
+    /// from several processes: applied versions are recorded in
+    /// `idem_migrations` and skipped.
+    pub async fn migrate(&self) -> Result<(), Error> {
+        let mut conn = self.pool.acquire().await?;
+        let mut tx = conn.begin().await?;
+        sqlx::query(
+            "CREATE TABLE IF NOT EXISTS idem_migrations (
+                table_name TEXT    NOT NULL,
+                version    INTEGER NOT NULL,
+                applied_at INTEGER NOT NULL,
+                PRIMARY KEY (table_name, version)
+            )",
+        )
+        .execute(&mut *tx)
+        .await?;
+        let applied: i64 = sqlx::query_scalar(
+            "SELECT COALESCE(MAX(version), 0) FROM idem_migrations WHERE table_name = ?1",
+        )
+        .bind(&self.sql.table)
+        .fetch_one(&mut *tx)
+        .await?;
+        for (index, migration) in MIGRATIONS.iter().enumerate() {
+            let version = index as i64 + 1;
+            if version <= applied {
+                continue;
+            }
+            sqlx::raw_sql(&render(migration, &self.sql.table))
+                .execute(&mut *tx)
+                .await?;
+            sqlx::query(
+                "INSERT OR IGNORE INTO idem_migrations (table_name, version, applied_at)
+                 VALUES (?1, ?2, ?3)",
+            )
+            .bind(&self.sql.table)
+            .bind(version)
+            .bind(now_millis())
+            .execute(&mut *tx)
+            .await?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// [`Store::begin`] on a given connection (the pool's, or the caller's
+    /// open transaction).
+    pub async fn begin_on(
+        &self,
+        conn: &mut SqliteConnection,
+        req: &BeginRequest<'_>,
+    ) -> Result<Begin, Error> {
+        loop {
+            let now = now_millis();
+            let fence: Option<i64> = sqlx::query_scalar(&self.sql.claim)
+                .bind(req.scope.as_str())
+                .bind(req.key.as_str())
+                .bind(&req.fingerprint.as_bytes()[..])
+                .bind(now.saturating_add(duration_millis(req.lease)))
+                .bind(now)
+                .bind(now.saturating_add(duration_millis(req.ttl)))
+                .fetch_optional(&mut *conn)
+                .await?;
+            if let Some(fence) = fence {
+                return Ok(Begin::Claimed(Claim {
+                    scope: req.scope.clone(),
+                    key: req.key.clone(),
+                    fence,
+                    ttl: req.ttl,
+                }));
+            }
+            // The claim lost to a live record: read it to say why. If it
+            // vanished or lapsed meanwhile, claim again.
+            if let Some(record) = self.get_on(conn, req.scope, req.key).await? {
+                if let Decision::Answer(answer) = decide(&record, req.fingerprint, now) {
+                    return Ok(answer);
+                }
+            }
+        }
+    }
+
+    /// [`Store::complete`] on a given connection.
+    pub async fn complete_on(
+        &self,
+        conn: &mut SqliteConnection,
+        claim: &Claim,
+        outcome: &Outcome,
+    ) -> Result<(), Error> {
+        let done = sqlx::query(&self.sql.complete)
+            .bind(outcome.kind.code())
+            .bind(&outcome.body[..])
+            .bind(now_millis().saturating_add(duration_millis(claim.ttl)))
+            .bind(claim.scope.as_str())
+            .bind(claim.key.as_str())
+            .bind(claim.fence)
+            .execute(&mut *conn)
+            .await?;
+        if done.rows_affected() == 0 {
+            return Err(Error::LeaseLost);
+        }
+        Ok(())
+    }
+
+    /// [`Store::release`] on a given connection.
+    pub async fn release_on(
+        &self,
+        conn: &mut SqliteConnection,
+        claim: &Claim,
+    ) -> Result<(), Error> {
+        let done = sqlx::query(&self.sql.release)
+            .bind(claim.scope.as_str())
+            .bind(claim.key.as_str())
+            .bind(claim.fence)
+            .execute(&mut *conn)
+            .await?;
+        if done.rows_affected() == 0 {
+            return Err(Error::LeaseLost);
+        }
+        Ok(())
+    }
+
+    /// [`Store::get`] on a given connection.
+    pub async fn get_on(
+        &self,
+        conn: &mut SqliteConnection,
+        scope: &Scope,
+        key: &Key,
+    ) -> Result<Option<Record>, Error> {
+        let row = sqlx::query(&self.sql.select)
+            .bind(scope.as_str())
+            .bind(key.as_str())
+            .fetch_optional(&mut *conn)
+            .await?;
+        row.map(|row| record_from_row(&row)).transpose()
+    }
+}
+
+fn record_from_row(row: &SqliteRow) -> Result<Record, Error> {
+    let corrupt = |what: &str| Error::store(format!("corrupt idempotency record: {what}"));
+    let fingerprint: Vec<u8> = row.try_get("fingerprint")?;
+    let fingerprint = <[u8; 32]>::try_from(fingerprint.as_slice())
+        .map(Fingerprint::from_digest)
+        .map_err(|_| corrupt("fingerprint is not 32 bytes"))?;
+    let state: String = row.try_get("state")?;
+    let state = State::parse(&state).ok_or_else(|| corrupt("unknown state"))?;
+    let kind: Option<i64> = row.try_get("outcome_kind")?;
+    let body: Option<Vec<u8>> = row.try_get("outcome")?;
+    let outcome = match (kind, body) {
+        (Some(kind), Some(body)) => Some(Outcome {
+            kind: OutcomeKind::from_code(kind).ok_or_else(|| corrupt("unknown outcome kind"))?,
+            body,
+        }),
+        _ => None,
+    };
+    let scope: String = row.try_get("scope")?;
+    let key: String = row.try_get("key")?;
+    Ok(Record {
+        scope: Scope::from_stored(&scope),
+        key: Key::new(key).map_err(|_| corrupt("invalid key"))?,
+        fingerprint,
+        state,
+        fence: row.try_get("fence")?,
+        lease_until: row.try_get("lease_until")?,
+        outcome,
+        created_at: row.try_get("created_at")?,
+        expires_at: row.try_get("expires_at")?,
+    })
+}
+
+#[async_trait]
+impl Store for SqliteStore {
+    async fn begin(&self, req: &BeginRequest<'_>) -> Result<Begin, Error> {
+        let mut conn = self.pool.acquire().await?;
+        self.begin_on(&mut conn, req).await
+    }
+
+    async fn complete(&self, claim: &Claim, outcome: &Outcome) -> Result<(), Error> {
+        let mut conn = self.pool.acquire().await?;
+        self.complete_on(&mut conn, claim, outcome).await?;
+        self.waiters.wake(&claim.scope, &claim.key);
+        Ok(())
+    }
+
+    async fn release(&self, claim: &Claim) -> Result<(), Error> {
+        let mut conn = self.pool.acquire().await?;
+        self.release_on(&mut conn, claim).await?;
+        self.waiters.wake(&claim.scope, &claim.key);
+        Ok(())
+    }
+
+    async fn get(&self, scope: &Scope, key: &Key) -> Result<Option<Record>, Error> {
+        let mut conn = self.pool.acquire().await?;
+        self.get_on(&mut conn, scope, key).await
+    }
+
+    async fn purge_expired(&self, batch: usize) -> Result<u64, Error> {
+        let batch = i64::try_from(batch.max(1)).unwrap_or(i64::MAX);
+        let mut total = 0;
+        loop {
+            let done = sqlx::query(&self.sql.purge)
+                .bind(now_millis())
+                .bind(batch)
+                .execute(&self.pool)
+                .await?;
+            total += done.rows_affected();
+            if done.rows_affected() < batch as u64 {
+                return Ok(total);
+            }
+        }
+    }
+
+    async fn wait_for_change(
+        &self,
+        scope: &Scope,
+        key: &Key,
+        timeout: Duration,
+    ) -> Result<(), Error> {
+        self.waiters
+            .wait(scope, key, timeout, || async {
+                let now = now_millis();
+                Ok(matches!(
+                    self.get(scope, key).await?,
+                    Some(r) if r.state == State::InProgress && r.lease_until.is_some_and(|l| l > now)
+                ))
+            })
+            .await
+    }
+}

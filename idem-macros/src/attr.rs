@@ -1,0 +1,364 @@
+//! The arguments of `#[idempotent(...)]`.
+
+use proc_macro2::Span;
+use syn::parse::{Parse, ParseStream};
+use syn::spanned::Spanned;
+use syn::{Expr, Ident, LitStr, Token};
+
+use crate::duration;
+
+mod kw {
+    syn::custom_keyword!(key);
+    syn::custom_keyword!(store);
+    syn::custom_keyword!(scope);
+    syn::custom_keyword!(ttl);
+    syn::custom_keyword!(lease);
+    syn::custom_keyword!(wait);
+    syn::custom_keyword!(fail_fast);
+    syn::custom_keyword!(fingerprint);
+    syn::custom_keyword!(replayable);
+}
+
+/// Every option name, in the order the documentation lists them.
+const OPTIONS: &str =
+    "`key`, `store`, `scope`, `ttl`, `lease`, `wait`, `fail_fast`, `fingerprint`, `replayable`";
+
+/// The parsed and checked arguments.
+pub(crate) struct Args {
+    /// `key = <expr>`.
+    pub(crate) key: Expr,
+    /// `store = <expr>`.
+    pub(crate) store: Expr,
+    /// `scope = <expr>`.
+    pub(crate) scope: Option<Expr>,
+    /// `ttl = "..."`.
+    pub(crate) ttl: Option<DurationArg>,
+    /// `lease = "..."`.
+    pub(crate) lease: Option<DurationArg>,
+    /// `wait = "..."` or `fail_fast`.
+    pub(crate) in_progress: Option<InProgress>,
+    /// `fingerprint = <expr>`.
+    pub(crate) fingerprint: Option<Expr>,
+    /// `replayable = <expr>`.
+    pub(crate) replayable: Option<Expr>,
+}
+
+/// A duration literal checked at parse time.
+pub(crate) struct DurationArg {
+    /// The literal as written, for spans.
+    pub(crate) lit: LitStr,
+    /// Its value in milliseconds.
+    pub(crate) millis: u64,
+}
+
+/// What to do when the same key is still being processed by another call.
+pub(crate) enum InProgress {
+    /// Wait up to this long for the first call's outcome.
+    Wait(DurationArg),
+    /// Fail at once.
+    FailFast(kw::fail_fast),
+}
+
+/// The options as they appear, before the required ones are checked.
+#[derive(Default)]
+struct Partial {
+    key: Option<Expr>,
+    store: Option<Expr>,
+    scope: Option<Expr>,
+    ttl: Option<DurationArg>,
+    lease: Option<DurationArg>,
+    wait: Option<DurationArg>,
+    fail_fast: Option<kw::fail_fast>,
+    fingerprint: Option<Expr>,
+    replayable: Option<Expr>,
+}
+
+impl Parse for Args {
+    fn parse(input: ParseStream<'_>) -> syn::Result<Self> {
+        let mut p = Partial::default();
+        while !input.is_empty() {
+            let lookahead = input.lookahead1();
+            if lookahead.peek(kw::key) {
+                let name = input.parse::<kw::key>()?;
+                set(&mut p.key, name, "key", expr_value(input, "key")?)?;
+            } else if lookahead.peek(kw::store) {
+                let name = input.parse::<kw::store>()?;
+                set(&mut p.store, name, "store", expr_value(input, "store")?)?;
+            } else if lookahead.peek(kw::scope) {
+                let name = input.parse::<kw::scope>()?;
+                set(&mut p.scope, name, "scope", expr_value(input, "scope")?)?;
+            } else if lookahead.peek(kw::fingerprint) {
+                let name = input.parse::<kw::fingerprint>()?;
+                let value = expr_value(input, "fingerprint")?;
+                set(&mut p.fingerprint, name, "fingerprint", value)?;
+            } else if lookahead.peek(kw::replayable) {
+                let name = input.parse::<kw::replayable>()?;
+                let value = expr_value(input, "replayable")?;
+                set(&mut p.replayable, name, "replayable", value)?;
+            } else if lookahead.peek(kw::ttl) {
+                let name = input.parse::<kw::ttl>()?;
+                let value = duration_value(input, "ttl", "24h", false)?;
+                set(&mut p.ttl, name, "ttl", value)?;
+            } else if lookahead.peek(kw::lease) {
+                let name = input.parse::<kw::lease>()?;
+                let value = duration_value(input, "lease", "30s", false)?;
+                set(&mut p.lease, name, "lease", value)?;
+            } else if lookahead.peek(kw::wait) {
+                let name = input.parse::<kw::wait>()?;
+                let value = duration_value(input, "wait", "10s", true)?;
+                if p.fail_fast.is_some() {
+                    return Err(wait_and_fail_fast(name));
+                }
+                set(&mut p.wait, name, "wait", value)?;
+            } else if lookahead.peek(kw::fail_fast) {
+                let flag = input.parse::<kw::fail_fast>()?;
+                if input.peek(Token![=]) {
+                    return Err(syn::Error::new_spanned(
+                        flag,
+                        "`fail_fast` in `#[idempotent]` is a flag and takes no value; \
+                         write `fail_fast` alone",
+                    ));
+                }
+                if p.wait.is_some() {
+                    return Err(wait_and_fail_fast(flag));
+                }
+                if p.fail_fast.is_some() {
+                    return Err(repeated(flag, "fail_fast"));
+                }
+                p.fail_fast = Some(flag);
+            } else if input.peek(Ident) {
+                let ident: Ident = input.parse()?;
+                return Err(syn::Error::new_spanned(
+                    &ident,
+                    format!(
+                        "unknown option `{ident}` in `#[idempotent]`; \
+                         the options are {OPTIONS}"
+                    ),
+                ));
+            } else {
+                return Err(lookahead.error());
+            }
+
+            if input.is_empty() {
+                break;
+            }
+            input.parse::<Token![,]>()?;
+        }
+        p.finish()
+    }
+}
+
+impl Partial {
+    fn finish(self) -> syn::Result<Args> {
+        let missing = |name: &str, example: &str| {
+            syn::Error::new(
+                Span::call_site(),
+                format!(
+                    "the `#[idempotent]` attribute needs `{name} = ...`, \
+                     for example `#[idempotent({example})]`"
+                ),
+            )
+        };
+        let key = self.key.ok_or_else(|| {
+            missing("key", "key = cmd.idempotency_key, store = self.store")
+        });
+        let store = self.store.ok_or_else(|| {
+            missing("store", "key = cmd.idempotency_key, store = self.store")
+        });
+        let (key, store) = match (key, store) {
+            (Ok(key), Ok(store)) => (key, store),
+            (Err(mut a), Err(b)) => {
+                a.combine(b);
+                return Err(a);
+            }
+            (Err(e), _) | (_, Err(e)) => return Err(e),
+        };
+        let in_progress = match (self.wait, self.fail_fast) {
+            (Some(wait), None) => Some(InProgress::Wait(wait)),
+            (None, Some(flag)) => Some(InProgress::FailFast(flag)),
+            (None, None) => None,
+            // Rejected while parsing.
+            (Some(_), Some(_)) => unreachable!("`wait` and `fail_fast` together"),
+        };
+        Ok(Args {
+            key,
+            store,
+            scope: self.scope,
+            ttl: self.ttl,
+            lease: self.lease,
+            in_progress,
+            fingerprint: self.fingerprint,
+            replayable: self.replayable,
+        })
+    }
+}
+
+/// Stores `value` in `slot`, or reports the option as repeated at `name`.
+fn set<T>(slot: &mut Option<T>, name: impl Spanned, label: &str, value: T) -> syn::Result<()> {
+    if slot.is_some() {
+        return Err(repeated(name, label));
+    }
+    *slot = Some(value);
+    Ok(())
+}
+
+fn repeated(name: impl Spanned, label: &str) -> syn::Error {
+    syn::Error::new(
+        name.span(),
+        format!("`{label}` is given more than once in `#[idempotent]`; keep only one"),
+    )
+}
+
+fn wait_and_fail_fast(at: impl Spanned) -> syn::Error {
+    syn::Error::new(
+        at.span(),
+        "`wait` and `fail_fast` cannot be used together in `#[idempotent]`; \
+         choose `wait = \"...\"` to wait for the first call's result, \
+         or `fail_fast` to fail at once",
+    )
+}
+
+/// Parses `= <expr>`.
+fn expr_value(input: ParseStream<'_>, name: &str) -> syn::Result<Expr> {
+    equals(input, name, "<expression>")?;
+    input.parse()
+}
+
+/// Parses `= "<duration>"` and checks the duration.
+fn duration_value(
+    input: ParseStream<'_>,
+    name: &str,
+    example: &str,
+    allow_zero: bool,
+) -> syn::Result<DurationArg> {
+    equals(input, name, &format!("\"{example}\""))?;
+    let hint = format!(
+        "write a duration string such as `{name} = \"{example}\"` \
+         (units `ms`, `s`, `m`, `h`, `d`; parts add up, as in \"1h30m\")"
+    );
+    if !input.peek(LitStr) {
+        let expr: Expr = input.parse()?;
+        return Err(syn::Error::new_spanned(
+            expr,
+            format!("`{name}` in `#[idempotent]` takes a string literal; {hint}"),
+        ));
+    }
+    let lit: LitStr = input.parse()?;
+    match duration::parse_millis(&lit.value(), allow_zero) {
+        Ok(millis) => Ok(DurationArg { lit, millis }),
+        Err(duration::DurationError::Zero) => Err(syn::Error::new_spanned(
+            &lit,
+            format!(
+                "`{name}` in `#[idempotent]` must be longer than zero; \
+                 write a duration such as `{name} = \"{example}\"`"
+            ),
+        )),
+        Err(err) => Err(syn::Error::new_spanned(
+            &lit,
+            format!("invalid `{name}` duration in `#[idempotent]`: {err}; {hint}"),
+        )),
+    }
+}
+
+/// Parses the `=` after an option name, with a helpful error when absent.
+fn equals(input: ParseStream<'_>, name: &str, value: &str) -> syn::Result<()> {
+    if input.peek(Token![=]) {
+        input.parse::<Token![=]>()?;
+        Ok(())
+    } else {
+        Err(input.error(format!(
+            "expected `=` after `{name}` in `#[idempotent]`: write `{name} = {value}`"
+        )))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use quote::ToTokens;
+
+    fn parse(src: &str) -> syn::Result<Args> {
+        syn::parse_str::<Args>(src)
+    }
+
+    fn error(src: &str) -> String {
+        match parse(src) {
+            Ok(_) => panic!("{src:?} was accepted"),
+            Err(e) => e.to_string(),
+        }
+    }
+
+    #[test]
+    fn required_only() {
+        let args = parse("key = cmd.token, store = self.store").unwrap();
+        assert_eq!(args.key.to_token_stream().to_string(), "cmd . token");
+        assert_eq!(args.store.to_token_stream().to_string(), "self . store");
+        assert!(args.scope.is_none() && args.ttl.is_none() && args.lease.is_none());
+        assert!(args.in_progress.is_none() && args.fingerprint.is_none());
+        assert!(args.replayable.is_none());
+    }
+
+    #[test]
+    fn all_options_any_order_trailing_comma() {
+        let args = parse(
+            r#"store = &self.store, ttl = "1h30m", key = &cmd.key, scope = "payments.create",
+               lease = "45s", wait = "2s", fingerprint = (&cmd.amount, &cmd.currency),
+               replayable = |e: &MyError| e.is_final(),"#,
+        )
+        .unwrap();
+        assert_eq!(args.ttl.unwrap().millis, 5_400_000);
+        assert_eq!(args.lease.unwrap().millis, 45_000);
+        assert!(matches!(args.in_progress, Some(InProgress::Wait(ref w)) if w.millis == 2_000));
+        assert!(args.scope.is_some() && args.fingerprint.is_some() && args.replayable.is_some());
+    }
+
+    #[test]
+    fn fail_fast_and_zero_wait() {
+        let args = parse("key = k, store = s, fail_fast").unwrap();
+        assert!(matches!(args.in_progress, Some(InProgress::FailFast(_))));
+        let args = parse("key = k, store = s, wait = \"0s\"").unwrap();
+        assert!(matches!(args.in_progress, Some(InProgress::Wait(ref w)) if w.millis == 0));
+    }
+
+    #[test]
+    fn missing_required() {
+        assert!(error("store = s").contains("needs `key = ...`"));
+        assert!(error("key = k").contains("needs `store = ...`"));
+        let both = parse("").err().unwrap();
+        assert_eq!(both.into_iter().count(), 2);
+    }
+
+    #[test]
+    fn unknown_and_repeated() {
+        let e = error("key = k, store = s, retries = 3");
+        assert!(e.starts_with("unknown option `retries`"), "{e}");
+        let e = error("key = k, store = s, ttl = \"1h\", ttl = \"2h\"");
+        assert!(e.starts_with("`ttl` is given more than once"), "{e}");
+        let e = error("key = k, key = j, store = s");
+        assert!(e.starts_with("`key` is given more than once"), "{e}");
+        let e = error("key = k, store = s, fail_fast, fail_fast");
+        assert!(e.starts_with("`fail_fast` is given more than once"), "{e}");
+    }
+
+    #[test]
+    fn wait_with_fail_fast() {
+        for src in [
+            "key = k, store = s, wait = \"1s\", fail_fast",
+            "key = k, store = s, fail_fast, wait = \"1s\"",
+        ] {
+            assert!(error(src).starts_with("`wait` and `fail_fast` cannot be used together"));
+        }
+    }
+
+    #[test]
+    fn bad_values() {
+        assert!(error("key = k, store = s, ttl = \"0s\"").contains("must be longer than zero"));
+        assert!(error("key = k, store = s, lease = \"0ms\"").contains("must be longer than zero"));
+        assert!(error("key = k, store = s, ttl = \"10x\"").contains("unknown unit `x`"));
+        assert!(error("key = k, store = s, ttl = \"\"").contains("the duration is empty"));
+        assert!(error("key = k, store = s, ttl = 3600").contains("takes a string literal"));
+        assert!(error("key = k, store = s, fail_fast = true").contains("is a flag"));
+        assert!(error("key, store = s").contains("expected `=` after `key`"));
+        assert!(error("key = k store = s").contains("expected `,`"));
+    }
+}

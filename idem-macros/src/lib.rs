@@ -1,0 +1,84 @@
+//! The `#[idempotent]` attribute of the [`idem`](https://docs.rs/idem) crate.
+//!
+//! This crate is an implementation detail: use the attribute through
+//! `idem::idempotent`. The attribute only parses, checks and wires; every
+//! decision is made by the library behind `::idem::__private`.
+
+#![warn(missing_docs, unreachable_pub)]
+
+use proc_macro::TokenStream;
+
+mod attr;
+mod duration;
+mod expand;
+mod valid;
+
+/// Makes an `async fn` idempotent: the first call with a key runs the body
+/// and saves its result; every later call with the same key gets the saved
+/// result back without running the body again.
+///
+/// ```ignore
+/// use idem::idempotent;
+///
+/// impl Payments {
+///     #[idempotent(key = cmd.idempotency_key, store = self.store)]
+///     pub async fn charge(&self, cmd: Charge) -> Result<Receipt, PaymentError> {
+///         let receipt = self.gateway.charge(cmd.amount).await?;
+///         Ok(receipt)
+///     }
+/// }
+/// ```
+///
+/// # Requirements
+///
+/// - The function is an `async fn` with a body (a free function, an
+///   inherent method, or a method of a trait `impl`).
+/// - It returns `Result<T, E>` (or an alias whose name ends in `Result`).
+///   `T: Serialize + DeserializeOwned + Send` is what is saved and replayed;
+///   `E: From<idem::Error>` receives the library's own failures (key reused
+///   with another payload, call still in progress, store errors).
+/// - Every argument other than `self` is `Serialize` (it is part of the
+///   default fingerprint), unless `fingerprint = ...` is given.
+///
+/// # Options
+///
+/// | option | meaning |
+/// |---|---|
+/// | `key = <expr>` | **required.** The client's idempotency key: a `str`, `String`, `idem::Key`, an integer, an `Option` of these, or a reference to any of them. Any expression over the arguments, such as `cmd.idempotency_key`, `order_id` or `&cmd.key`. |
+/// | `store = <expr>` | **required.** The store, any `idem::Store` (also behind `Arc` or `&`), such as `self.store`. When it is an argument (`store = store`), that argument is left out of the default fingerprint. |
+/// | `scope = <expr>` | The operation the key belongs to, anything `Into<idem::Scope>` (`"payments.charge"`, a `String`, a `Scope` with a principal). Default: the module path and function name, such as `"my_app::payments::charge"`. Two methods with the same name in one module share that default: give one of them a `scope`. |
+/// | `ttl = "24h"` | How long a completed result is kept. |
+/// | `lease = "30s"` | How long a running call holds the key before another call may take it over. |
+/// | `wait = "5s"` | When the same key is still running elsewhere, wait up to this long for its result, then replay it. `"0s"` does not wait. |
+/// | `fail_fast` | When the same key is still running elsewhere, fail at once with `idem::Error::InProgress`. Cannot be combined with `wait`. |
+/// | `fingerprint = <expr>` | The payload compared between calls with the same key (`Serialize`). Default: every argument except `self` and the store, as a tuple of references. A different payload under a known key fails with `idem::Error::KeyReused`. |
+/// | `replayable = <expr>` | A predicate `Fn(&E) -> bool` choosing the errors that are saved and replayed like results (`E` must then be `Serialize + DeserializeOwned`). Other errors release the key, so a retry runs the body again. |
+///
+/// Durations are string literals checked at compile time: one or more
+/// `<integer><unit>` parts with units `ms`, `s`, `m`, `h`, `d`, such as
+/// `"500ms"`, `"30s"` or `"1h30m"`. Options left out take the library's
+/// defaults.
+///
+/// # The rewritten body
+///
+/// The body runs inside an `async` block handed to the library. It keeps
+/// its spans, so errors in it point at your code. `return` and `?` return
+/// from the body as usual. Arguments the body uses are moved into it; `self`
+/// is borrowed only in the fields the body uses, so `&self`, `&mut self`
+/// and `self` receivers all work with `store = self.store`, as long as the
+/// body does not mutate or move the store's own field.
+///
+/// The `replayable` predicate is evaluated after the body's future is
+/// built: it may not capture an argument that the body moves.
+#[proc_macro_attribute]
+pub fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
+    match expand::idempotent(args.into(), item.clone().into()) {
+        Ok(tokens) => tokens.into(),
+        Err(err) => {
+            // Keep the item as written, so the only errors are ours.
+            let mut tokens: TokenStream = err.into_compile_error().into();
+            tokens.extend(item);
+            tokens
+        }
+    }
+}

@@ -1,0 +1,176 @@
+//! Checks on the annotated item: an `async fn` with a body, returning a
+//! `Result`, whose arguments can be fingerprinted.
+
+use proc_macro2::TokenStream;
+use syn::spanned::Spanned;
+use syn::{FnArg, Item, ItemFn, Pat, ReturnType, TraitItemFn, Type};
+
+/// Parses `item` and checks that `#[idempotent]` can rewrite it.
+pub(crate) fn item(item: TokenStream, fingerprint_given: bool) -> syn::Result<ItemFn> {
+    let function = match syn::parse2::<Item>(item.clone()) {
+        Ok(Item::Fn(function)) => function,
+        parsed => {
+            // A method declaration without a body is not an `Item`, or is
+            // only a verbatim one.
+            if let Ok(decl) = syn::parse2::<TraitItemFn>(item) {
+                if decl.default.is_none() {
+                    return Err(syn::Error::new_spanned(
+                        &decl.sig,
+                        "the `#[idempotent]` attribute needs a function body; \
+                         put it on the method in the `impl` block, not on the trait's declaration",
+                    ));
+                }
+            }
+            return Err(match parsed {
+                Ok(other) => not_a_function(&other),
+                Err(err) => err,
+            });
+        }
+    };
+    let sig = &function.sig;
+
+    let mut errors = Vec::new();
+    if let Some(constness) = &sig.constness {
+        errors.push(syn::Error::new_spanned(
+            constness,
+            "the `#[idempotent]` attribute only applies to `async fn`, not `const fn`",
+        ));
+    } else if sig.asyncness.is_none() {
+        errors.push(syn::Error::new_spanned(
+            sig.fn_token,
+            "the `#[idempotent]` attribute only applies to `async fn`; \
+             write `async fn`",
+        ));
+    }
+
+    match &sig.output {
+        ReturnType::Default => errors.push(syn::Error::new_spanned(
+            &sig.ident,
+            format!(
+                "the `#[idempotent]` function `{}` must return `Result<T, E>`, \
+                 where `T` is the saved output and `E: From<idem::Error>`; \
+                 add a return type",
+                sig.ident
+            ),
+        )),
+        ReturnType::Type(_, ty) if !is_result(ty) => errors.push(syn::Error::new_spanned(
+            ty,
+            "the `#[idempotent]` attribute needs a return type of `Result<T, E>` \
+             (or an alias whose name ends in `Result`), where `T` is the saved output \
+             and `E: From<idem::Error>`",
+        )),
+        ReturnType::Type(..) => {}
+    }
+
+    if !fingerprint_given {
+        for input in &sig.inputs {
+            if let FnArg::Typed(arg) = input {
+                if !matches!(&*arg.pat, Pat::Ident(_)) {
+                    errors.push(syn::Error::new(
+                        arg.pat.span(),
+                        "the `#[idempotent]` attribute cannot fingerprint a pattern argument; \
+                         bind it to a name, or pass `fingerprint = ...` with the payload to compare",
+                    ));
+                }
+            }
+        }
+    }
+
+    match errors.into_iter().reduce(|mut all, next| {
+        all.combine(next);
+        all
+    }) {
+        Some(err) => Err(err),
+        None => Ok(function),
+    }
+}
+
+/// Whether `ty` looks like a `Result`: a path whose last segment is named
+/// `Result` or ends in `Result` (`io::Result<T>`, `ApiResult<T>`).
+fn is_result(ty: &Type) -> bool {
+    match ty {
+        Type::Group(group) => is_result(&group.elem),
+        Type::Paren(paren) => is_result(&paren.elem),
+        Type::Path(path) if path.qself.is_none() => path
+            .path
+            .segments
+            .last()
+            .is_some_and(|segment| segment.ident.to_string().ends_with("Result")),
+        _ => false,
+    }
+}
+
+fn not_a_function(item: &Item) -> syn::Error {
+    const MESSAGE: &str = "the `#[idempotent]` attribute only applies to `async fn`";
+    match item {
+        Item::Struct(item) => syn::Error::new_spanned(item.struct_token, MESSAGE),
+        Item::Enum(item) => syn::Error::new_spanned(item.enum_token, MESSAGE),
+        Item::Union(item) => syn::Error::new_spanned(item.union_token, MESSAGE),
+        Item::Impl(item) => syn::Error::new_spanned(
+            item.impl_token,
+            "the `#[idempotent]` attribute only applies to `async fn`; \
+             put it on each method of the `impl` block instead",
+        ),
+        Item::Trait(item) => syn::Error::new_spanned(item.trait_token, MESSAGE),
+        Item::Mod(item) => syn::Error::new_spanned(item.mod_token, MESSAGE),
+        Item::Const(item) => syn::Error::new_spanned(item.const_token, MESSAGE),
+        Item::Static(item) => syn::Error::new_spanned(item.static_token, MESSAGE),
+        Item::Type(item) => syn::Error::new_spanned(item.type_token, MESSAGE),
+        Item::Use(item) => syn::Error::new_spanned(item.use_token, MESSAGE),
+        other => syn::Error::new_spanned(other, MESSAGE),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use quote::quote;
+
+    fn error(item: TokenStream) -> String {
+        match super::item(item, false) {
+            Ok(_) => panic!("accepted"),
+            Err(e) => e.to_string(),
+        }
+    }
+
+    #[test]
+    fn accepts_async_fns_returning_results() {
+        for item in [
+            quote!(async fn f() -> Result<(), E> {}),
+            quote!(pub async fn f(&self, a: A) -> std::result::Result<u8, E> { Ok(1) }),
+            quote!(async fn f(mut a: A, _b: B) -> io::Result<u8> { Ok(1) }),
+            quote!(async fn f(self) -> ApiResult<u8> { Ok(1) }),
+            quote!(async fn f<T: Sized>(&mut self, t: T) -> (Result<T, E>) { Ok(t) }),
+        ] {
+            super::item(item, false).unwrap();
+        }
+    }
+
+    #[test]
+    fn rejects_what_it_cannot_rewrite() {
+        assert!(error(quote!(fn f() -> Result<(), E> {})).contains("only applies to `async fn`"));
+        assert!(error(quote!(const fn f() -> Result<(), E> {})).contains("not `const fn`"));
+        assert!(error(quote!(struct S;)).contains("only applies to `async fn`"));
+        assert!(error(quote!(impl S {})).contains("each method"));
+        assert!(error(quote!(async fn f(&self) -> Result<(), E>;)).contains("function body"));
+        assert!(error(quote!(async fn f() {})).contains("add a return type"));
+        assert!(error(quote!(async fn f() -> u32 { 1 })).contains("`Result<T, E>`"));
+        assert!(error(quote!(async fn f() -> Option<u32> { None })).contains("`Result<T, E>`"));
+        assert!(error(quote!(async fn f((a, b): (u8, u8)) -> Result<(), E> {}))
+            .contains("cannot fingerprint a pattern argument"));
+    }
+
+    #[test]
+    fn reports_every_problem_at_once() {
+        let err = super::item(quote!(fn f((a, _): (u8, u8)) {}), false)
+            .err()
+            .unwrap();
+        assert_eq!(err.into_iter().count(), 3);
+    }
+
+    #[test]
+    fn explicit_fingerprint_allows_patterns() {
+        let item = quote!(async fn f((a, b): (u8, u8)) -> Result<(), E> { Ok(()) });
+        super::item(item, true).unwrap();
+    }
+}

@@ -1,0 +1,101 @@
+//! Make retried operations safe.
+//!
+//! Networks lose responses, brokers redeliver, clients time out and retry.
+//! `idem` makes the effect of an operation happen once per idempotency key
+//! and gives every retry the original answer back.
+//!
+//! ```
+//! use idem::{idempotent, SqliteStore};
+//! use serde::{Deserialize, Serialize};
+//!
+//! #[derive(Serialize, Deserialize)]
+//! struct ChargeCommand { token: String, amount: u64 }
+//!
+//! #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+//! struct Receipt { amount: u64 }
+//!
+//! #[derive(Debug)]
+//! enum PaymentError { Idem(idem::Error) }
+//! impl From<idem::Error> for PaymentError {
+//!     fn from(e: idem::Error) -> Self { PaymentError::Idem(e) }
+//! }
+//!
+//! struct Payments { store: SqliteStore }
+//!
+//! impl Payments {
+//!     #[idempotent(key = cmd.token, store = self.store)]
+//!     async fn charge(&self, cmd: ChargeCommand) -> Result<Receipt, PaymentError> {
+//!         // Runs once per token; retries get this receipt back.
+//!         Ok(Receipt { amount: cmd.amount })
+//!     }
+//! }
+//!
+//! # tokio::runtime::Runtime::new().unwrap().block_on(async {
+//! let payments = Payments { store: SqliteStore::connect("sqlite::memory:").await.unwrap() };
+//! let first = payments.charge(ChargeCommand { token: "k1".into(), amount: 500 }).await.unwrap();
+//! let retry = payments.charge(ChargeCommand { token: "k1".into(), amount: 500 }).await.unwrap();
+//! assert_eq!(first, retry);
+//! # });
+//! ```
+//!
+//! See the [README](https://github.com/idem-rs/idem) for the whole picture:
+//! the state machine, the stores and the policies.
+#![warn(missing_docs, unreachable_pub)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
+#[doc(inline)]
+pub use idem_core::*;
+
+/// Makes an `async fn` idempotent: *find by key, or execute and save*.
+///
+/// ```text
+/// #[idempotent(
+///     key = <expr>,            // required: the client's key (str, String, Key, integer, Option of those)
+///     store = <expr>,          // required: any idem::Store (also Arc<S>, &S)
+///     scope = <expr>,          // default: module path + function name
+///     ttl = "24h",             // how long the record is kept
+///     lease = "30s",           // how long a claim is held before takeover
+///     wait = "5s" | fail_fast, // what a duplicate does while the first call runs
+///     fingerprint = <expr>,    // default: all arguments but the receiver
+///     replayable = <Fn(&E) -> bool>, // errors stored and replayed like results
+/// )]
+/// ```
+///
+/// The function must return `Result<T, E>` with `T: Serialize +
+/// DeserializeOwned` and `E: From<idem::Error>`. The first call with a key
+/// runs the body and stores its `Ok` value; later calls with that key (and
+/// the same payload) return the stored value without running the body;
+/// concurrent duplicates wait for it. See [`run`] for the flow.
+#[doc(inline)]
+pub use idem_macros::idempotent;
+
+/// What `#[idempotent]` expands to. Not a public API: it may change in any
+/// release.
+#[doc(hidden)]
+pub mod __private {
+    pub use ::core::time::Duration;
+    pub use idem_core::engine::{run, run_replaying};
+    pub use idem_core::{Call, Policy, Scope};
+
+    use idem_core::{AsKey, Error, Fingerprint, Key};
+
+    /// Validates the key expression's value.
+    pub fn key<K: AsKey + ?Sized>(key: &K) -> Result<Key, Error> {
+        key.to_key().map_err(Error::from)
+    }
+
+    /// Fingerprints the payload expression's value.
+    pub fn fingerprint<T: serde::Serialize + ?Sized>(payload: &T) -> Result<Fingerprint, Error> {
+        Fingerprint::of(payload)
+    }
+
+    /// Converts the scope expression's value.
+    pub fn scope(scope: impl Into<Scope>) -> Scope {
+        scope.into()
+    }
+}
+
+/// The README's examples, compiled and run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;

@@ -1,0 +1,526 @@
+//! The store conformance suite: plain async functions, each taking a fresh
+//! store, run against every backend by `store_conformance!`.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use idem::{run, run_replaying, Call, Error, Key, Policy, Scope, State, Store};
+use serde::{Deserialize, Serialize};
+use tokio::sync::{oneshot, Barrier};
+
+/// The error type of the operations under test.
+#[derive(Debug, Serialize, Deserialize, PartialEq)]
+pub enum TestError {
+    #[serde(skip)]
+    Idem(#[allow(dead_code)] IdemError),
+    Transient,
+    Declined(String),
+}
+
+/// `idem::Error` is not `PartialEq`; tests compare by variant.
+#[derive(Debug)]
+pub struct IdemError(pub Error);
+
+impl PartialEq for IdemError {
+    fn eq(&self, other: &Self) -> bool {
+        std::mem::discriminant(&self.0) == std::mem::discriminant(&other.0)
+    }
+}
+
+impl From<Error> for TestError {
+    fn from(e: Error) -> Self {
+        TestError::Idem(IdemError(e))
+    }
+}
+
+impl TestError {
+    fn idem(&self) -> Option<&Error> {
+        match self {
+            TestError::Idem(IdemError(e)) => Some(e),
+            _ => None,
+        }
+    }
+}
+
+/// A unique key, so cases may share a database.
+pub fn fresh_key(tag: &str) -> String {
+    static N: AtomicUsize = AtomicUsize::new(0);
+    format!(
+        "{tag}-{}-{}-{}",
+        std::process::id(),
+        idem::record::now_millis(),
+        N.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub struct Charge {
+    pub amount: u64,
+    pub currency: String,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub struct Receipt {
+    pub run: usize,
+    pub amount: u64,
+}
+
+fn charge(amount: u64) -> Charge {
+    Charge {
+        amount,
+        currency: "EUR".into(),
+    }
+}
+
+fn call(scope: &str, key: &str, payload: &Charge, policy: Policy) -> Call {
+    Call::new(scope, key, payload).with_policy(policy)
+}
+
+/// Counts body runs and numbers them, so every result is distinguishable.
+#[derive(Clone, Default)]
+pub struct Runs(Arc<AtomicUsize>);
+
+impl Runs {
+    fn next(&self) -> usize {
+        self.0.fetch_add(1, Ordering::SeqCst) + 1
+    }
+    pub fn count(&self) -> usize {
+        self.0.load(Ordering::SeqCst)
+    }
+}
+
+async fn pay<S: Store + ?Sized>(
+    store: &S,
+    key: &str,
+    payload: &Charge,
+    policy: Policy,
+    runs: &Runs,
+) -> Result<Receipt, TestError> {
+    let amount = payload.amount;
+    run(
+        store,
+        call("payments.charge", key, payload, policy),
+        async {
+            Ok(Receipt {
+                run: runs.next(),
+                amount,
+            })
+        },
+    )
+    .await
+}
+
+pub async fn execute_once_then_replay<S: Store>(store: S) {
+    let key = fresh_key("once");
+    let runs = Runs::default();
+    let first = pay(&store, &key, &charge(100), Policy::new(), &runs)
+        .await
+        .unwrap();
+    for _ in 0..3 {
+        let again = pay(&store, &key, &charge(100), Policy::new(), &runs)
+            .await
+            .unwrap();
+        assert_eq!(again, first);
+    }
+    assert_eq!(runs.count(), 1);
+    let record = store
+        .get(&Scope::new("payments.charge"), &Key::new(key).unwrap())
+        .await
+        .unwrap()
+        .expect("the record is stored");
+    assert_eq!(record.state, State::Completed);
+    assert_eq!(record.fence, 1);
+    assert!(record.outcome.is_some());
+}
+
+pub async fn fingerprint_ignores_field_order<S: Store>(store: S) {
+    #[derive(Serialize)]
+    struct AmountFirst {
+        amount: u64,
+        currency: &'static str,
+        meta: HashMap<&'static str, u32>,
+    }
+    #[derive(Serialize)]
+    struct CurrencyFirst {
+        currency: &'static str,
+        meta: Vec<(&'static str, u32)>,
+        amount: u64,
+    }
+    let key = fresh_key("order");
+    let runs = Runs::default();
+    let a = AmountFirst {
+        amount: 5,
+        currency: "EUR",
+        meta: HashMap::from([("z", 1), ("a", 2), ("m", 3)]),
+    };
+    // The same JSON object, built with members in another order.
+    let b_json =
+        serde_json::json!({"meta": {"m": 3, "z": 1, "a": 2}, "currency": "EUR", "amount": 5});
+    let op = |payload: Call| {
+        let runs = runs.clone();
+        let store = &store;
+        async move {
+            run(
+                store,
+                payload,
+                async move { Ok::<_, TestError>(runs.next()) },
+            )
+            .await
+        }
+    };
+    let first = op(Call::new("op.order", key.as_str(), &a)).await.unwrap();
+    let second = op(Call::new("op.order", key.as_str(), &b_json))
+        .await
+        .unwrap();
+    assert_eq!((first, second, runs.count()), (1, 1, 1));
+    // A different value is a different payload.
+    let c = CurrencyFirst {
+        currency: "EUR",
+        meta: vec![("m", 3)],
+        amount: 5,
+    };
+    let err = op(Call::new("op.order", key.as_str(), &c))
+        .await
+        .unwrap_err();
+    assert!(matches!(err.idem(), Some(Error::KeyReused)), "{err:?}");
+}
+
+pub async fn key_reused_with_other_payload<S: Store>(store: S) {
+    let key = fresh_key("reuse");
+    let runs = Runs::default();
+    pay(&store, &key, &charge(100), Policy::new(), &runs)
+        .await
+        .unwrap();
+    let err = pay(&store, &key, &charge(999), Policy::new(), &runs)
+        .await
+        .unwrap_err();
+    assert!(matches!(err.idem(), Some(Error::KeyReused)), "{err:?}");
+    assert_eq!(runs.count(), 1, "the body must not run for a reused key");
+    // The original still replays.
+    let again = pay(&store, &key, &charge(100), Policy::new(), &runs)
+        .await
+        .unwrap();
+    assert_eq!(again.amount, 100);
+    assert_eq!(runs.count(), 1);
+}
+
+pub async fn in_progress_duplicate_waits_then_replays<S: Store>(store: S) {
+    let key = fresh_key("wait");
+    let runs = Runs::default();
+    let (started_tx, started_rx) = oneshot::channel();
+    let (finish_tx, finish_rx) = oneshot::channel::<()>();
+    let payload = charge(7);
+    let policy = Policy::new().wait(Duration::from_secs(10));
+    let first = async {
+        run(&store, call("op.wait", &key, &payload, policy), async {
+            let n = runs.next();
+            started_tx.send(()).unwrap();
+            finish_rx.await.unwrap();
+            Ok::<_, TestError>(Receipt { run: n, amount: 7 })
+        })
+        .await
+    };
+    let second = async {
+        started_rx.await.unwrap();
+        let finishing = async {
+            // Let the duplicate find the key in progress, then finish.
+            tokio::time::sleep(Duration::from_millis(150)).await;
+            finish_tx.send(()).unwrap();
+            Instant::now()
+        };
+        let duplicate = async {
+            let r = run(&store, call("op.wait", &key, &payload, policy), async {
+                Ok::<_, TestError>(Receipt {
+                    run: runs.next(),
+                    amount: 0,
+                })
+            })
+            .await;
+            (r, Instant::now())
+        };
+        let (finished_at, (r, returned_at)) = tokio::join!(finishing, duplicate);
+        (r, returned_at.saturating_duration_since(finished_at))
+    };
+    let (first, (second, lag)) = tokio::join!(first, second);
+    assert_eq!(first.unwrap(), second.unwrap());
+    assert_eq!(runs.count(), 1);
+    // Woken promptly, not after a long fixed sleep.
+    assert!(
+        lag < Duration::from_secs(1),
+        "the waiter returned {lag:?} after completion"
+    );
+}
+
+pub async fn fail_fast_reports_in_progress<S: Store>(store: S) {
+    let key = fresh_key("fast");
+    let runs = Runs::default();
+    let (started_tx, started_rx) = oneshot::channel();
+    let (finish_tx, finish_rx) = oneshot::channel::<()>();
+    let payload = charge(3);
+    let first = run(
+        &store,
+        call("payments.charge", &key, &payload, Policy::new()),
+        async {
+            started_tx.send(()).unwrap();
+            finish_rx.await.unwrap();
+            Ok::<_, TestError>(Receipt {
+                run: runs.next(),
+                amount: 3,
+            })
+        },
+    );
+    let second = async {
+        started_rx.await.unwrap();
+        let r = pay(&store, &key, &payload, Policy::new().fail_fast(), &runs).await;
+        finish_tx.send(()).unwrap();
+        r
+    };
+    let (first, second) = tokio::join!(first, second);
+    first.unwrap();
+    let err = second.unwrap_err();
+    assert!(
+        matches!(err.idem(), Some(Error::InProgress { retry_after }) if !retry_after.is_zero()),
+        "{err:?}"
+    );
+    assert_eq!(runs.count(), 1);
+}
+
+pub async fn transient_error_released_then_retried<S: Store>(store: S) {
+    let key = fresh_key("transient");
+    let runs = Runs::default();
+    let payload = charge(50);
+    let attempt = |fail: bool| {
+        let runs = runs.clone();
+        run(
+            &store,
+            call("op.transient", &key, &payload, Policy::new()),
+            async move {
+                let n = runs.next();
+                if fail {
+                    Err(TestError::Transient)
+                } else {
+                    Ok(Receipt { run: n, amount: 50 })
+                }
+            },
+        )
+    };
+    assert_eq!(attempt(true).await.unwrap_err(), TestError::Transient);
+    assert!(store
+        .get(
+            &Scope::new("op.transient"),
+            &Key::new(key.as_str()).unwrap()
+        )
+        .await
+        .unwrap()
+        .is_none());
+    let ok = attempt(false).await.unwrap();
+    assert_eq!(ok.run, 2);
+    assert_eq!(attempt(false).await.unwrap(), ok);
+    assert_eq!(runs.count(), 2);
+}
+
+pub async fn replayable_error_replayed<S: Store>(store: S) {
+    let key = fresh_key("declined");
+    let runs = Runs::default();
+    let payload = charge(10);
+    let attempt = || {
+        let runs = runs.clone();
+        run_replaying(
+            &store,
+            call("op.declined", &key, &payload, Policy::new()),
+            async move {
+                runs.next();
+                Err::<Receipt, _>(TestError::Declined("card declined".into()))
+            },
+            |e: &TestError| matches!(e, TestError::Declined(_)),
+        )
+    };
+    for _ in 0..3 {
+        assert_eq!(
+            attempt().await.unwrap_err(),
+            TestError::Declined("card declined".into())
+        );
+    }
+    assert_eq!(runs.count(), 1);
+}
+
+pub async fn ttl_expiry_frees_the_key<S: Store>(store: S) {
+    let key = fresh_key("ttl");
+    let runs = Runs::default();
+    let policy = Policy::new().ttl(Duration::from_millis(300));
+    let first = pay(&store, &key, &charge(1), policy, &runs).await.unwrap();
+    assert_eq!(
+        pay(&store, &key, &charge(1), policy, &runs).await.unwrap(),
+        first
+    );
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    // Free again: runs, even with another payload.
+    let second = pay(&store, &key, &charge(2), policy, &runs).await.unwrap();
+    assert_eq!((second.run, second.amount), (2, 2));
+    assert_eq!(runs.count(), 2);
+}
+
+pub async fn purge_removes_only_expired<S: Store>(store: S) {
+    let runs = Runs::default();
+    let short = Policy::new().ttl(Duration::from_millis(200));
+    let short_keys: Vec<_> = (0..7).map(|_| fresh_key("purge-short")).collect();
+    let long_keys: Vec<_> = (0..4).map(|_| fresh_key("purge-long")).collect();
+    for k in &short_keys {
+        pay(&store, k, &charge(1), short, &runs).await.unwrap();
+    }
+    for k in &long_keys {
+        pay(&store, k, &charge(1), Policy::new(), &runs)
+            .await
+            .unwrap();
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Batches of 3: several statements. Other cases may share the database
+    // and leave expired records too, so count ours.
+    let purged = store.purge_expired(3).await.unwrap();
+    assert!(purged >= short_keys.len() as u64, "purged {purged}");
+    let scope = Scope::new("payments.charge");
+    for k in &short_keys {
+        assert!(store
+            .get(&scope, &Key::new(k.as_str()).unwrap())
+            .await
+            .unwrap()
+            .is_none());
+    }
+    for k in &long_keys {
+        assert!(store
+            .get(&scope, &Key::new(k.as_str()).unwrap())
+            .await
+            .unwrap()
+            .is_some());
+    }
+    assert_eq!(store.purge_expired(3).await.unwrap(), 0);
+}
+
+pub async fn lease_takeover_fences_the_old_owner<S: Store>(store: S) {
+    let key = fresh_key("lease");
+    let runs = Runs::default();
+    let payload = charge(9);
+    let policy = Policy::new().lease(Duration::from_millis(200)).fail_fast();
+    let (started_tx, started_rx) = oneshot::channel();
+    let (resume_tx, resume_rx) = oneshot::channel::<()>();
+    let zombie = run(
+        &store,
+        call("payments.charge", &key, &payload, policy),
+        async {
+            let n = runs.next();
+            started_tx.send(()).unwrap();
+            // Stalls past its lease.
+            resume_rx.await.unwrap();
+            Ok::<_, TestError>(Receipt { run: n, amount: 9 })
+        },
+    );
+    let successor = async {
+        started_rx.await.unwrap();
+        // While the lease holds: in progress.
+        let err = pay(&store, &key, &payload, policy, &runs)
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(err.idem(), Some(Error::InProgress { .. })),
+            "{err:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let taken = pay(&store, &key, &payload, policy, &runs).await;
+        resume_tx.send(()).unwrap();
+        taken
+    };
+    let (zombie, taken) = tokio::join!(zombie, successor);
+    let taken = taken.unwrap();
+    assert_eq!(taken.run, 2);
+    let err = zombie.unwrap_err();
+    assert!(matches!(err.idem(), Some(Error::LeaseLost)), "{err:?}");
+    let record = store
+        .get(
+            &Scope::new("payments.charge"),
+            &Key::new(key.as_str()).unwrap(),
+        )
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(record.fence, 2);
+    // The successor's outcome stands.
+    let replay = pay(&store, &key, &payload, policy, &runs).await.unwrap();
+    assert_eq!(replay, taken);
+    assert_eq!(runs.count(), 2);
+}
+
+pub async fn scopes_do_not_collide<S: Store>(store: S) {
+    let key = fresh_key("scoped");
+    let runs = Runs::default();
+    let payload = charge(1);
+    let scopes = [
+        Scope::new("orders.create"),
+        Scope::new("refunds.create"),
+        Scope::new("orders.create").with_principal("tenant-a"),
+        Scope::new("orders.create").with_principal("tenant-b"),
+    ];
+    let mut results = Vec::new();
+    for scope in &scopes {
+        for _ in 0..2 {
+            let r = run(&store, Call::new(scope, key.as_str(), &payload), async {
+                Ok::<_, TestError>(runs.next())
+            })
+            .await
+            .unwrap();
+            results.push(r);
+        }
+    }
+    assert_eq!(results, vec![1, 1, 2, 2, 3, 3, 4, 4]);
+}
+
+pub async fn invalid_keys_rejected<S: Store>(store: S) {
+    let runs = Runs::default();
+    let too_long = "k".repeat(256);
+    for bad in ["", "has space", "tab\t", "naïve", too_long.as_str()] {
+        let err = pay(&store, bad, &charge(1), Policy::new(), &runs)
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(err.idem(), Some(Error::InvalidKey(_))),
+            "{bad:?}: {err:?}"
+        );
+    }
+    assert_eq!(runs.count(), 0);
+}
+
+pub async fn storm_runs_each_key_once<S: Store + Clone + 'static>(store: S) {
+    const CALLS: usize = 200;
+    const KEYS: usize = 20;
+    let prefix = fresh_key("storm");
+    let runs = Runs::default();
+    let barrier = Arc::new(Barrier::new(CALLS));
+    let mut tasks = Vec::new();
+    for i in 0..CALLS {
+        let (store, runs, barrier) = (store.clone(), runs.clone(), barrier.clone());
+        let key = format!("{prefix}-{}", i % KEYS);
+        tasks.push(tokio::spawn(async move {
+            barrier.wait().await;
+            let policy = Policy::new().wait(Duration::from_secs(30));
+            let r = run(&store, call("op.storm", &key, &charge(1), policy), async {
+                let n = runs.next();
+                tokio::task::yield_now().await;
+                Ok::<_, TestError>(Receipt { run: n, amount: 1 })
+            })
+            .await;
+            (key, r)
+        }));
+    }
+    let mut by_key: HashMap<String, Vec<Receipt>> = HashMap::new();
+    for task in tasks {
+        let (key, r) = task.await.unwrap();
+        by_key.entry(key).or_default().push(r.unwrap());
+    }
+    assert_eq!(runs.count(), KEYS, "exactly one body run per key");
+    assert_eq!(by_key.len(), KEYS);
+    for receipts in by_key.values() {
+        assert_eq!(receipts.len(), CALLS / KEYS);
+        assert!(receipts.iter().all(|r| r == &receipts[0]), "{receipts:?}");
+    }
+}
