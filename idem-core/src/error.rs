@@ -24,7 +24,7 @@ pub enum Error {
     },
     /// The client's key breaks one of the key rules (HTTP 400).
     #[error("invalid idempotency key: {0}")]
-    InvalidKey(#[from] KeyError),
+    InvalidKey(#[source] KeyError),
     /// No key was given where one is required (HTTP 400).
     #[error("missing idempotency key")]
     MissingKey,
@@ -57,6 +57,17 @@ impl Error {
             self,
             Error::InProgress { .. } | Error::Store(_) | Error::LeaseLost
         )
+    }
+}
+
+impl From<KeyError> for Error {
+    /// [`KeyError::Missing`] becomes [`Error::MissingKey`]; the others
+    /// [`Error::InvalidKey`].
+    fn from(err: KeyError) -> Self {
+        match err {
+            KeyError::Missing => Error::MissingKey,
+            other => Error::InvalidKey(other),
+        }
     }
 }
 

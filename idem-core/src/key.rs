@@ -14,6 +14,9 @@ pub struct Key(String);
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum KeyError {
+    /// No key was given (an `Option` key that is `None`).
+    #[error("no idempotency key was given")]
+    Missing,
     /// The key is the empty string.
     #[error("the key is empty; it must be 1 to 255 bytes of visible ASCII")]
     Empty,
@@ -130,11 +133,11 @@ impl<T: AsKey + ?Sized> AsKey for &T {
 }
 
 impl<T: AsKey> AsKey for Option<T> {
-    /// `None` is an empty key: [`KeyError::Empty`].
+    /// `None` is a missing key: [`KeyError::Missing`].
     fn to_key(&self) -> Result<Key, KeyError> {
         match self {
             Some(value) => value.to_key(),
-            None => Err(KeyError::Empty),
+            None => Err(KeyError::Missing),
         }
     }
 }
@@ -280,7 +283,7 @@ mod tests {
         assert_eq!(42u64.to_key().unwrap().as_str(), "42");
         assert_eq!((-7i32).to_key().unwrap().as_str(), "-7");
         assert_eq!(Some("k").to_key().unwrap().as_str(), "k");
-        assert_eq!(None::<String>.to_key(), Err(KeyError::Empty));
+        assert_eq!(None::<String>.to_key(), Err(KeyError::Missing));
         assert_eq!(String::from("k").to_key().unwrap().as_str(), "k");
     }
 
