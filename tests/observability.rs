@@ -1,0 +1,152 @@
+//! Every decision is a tracing event and a metrics counter.
+
+use std::sync::{Arc, Mutex};
+
+use idem::{run, Call, Error, MemoryStore, Policy};
+use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+use metrics_util::MetricKind;
+use tracing::field::{Field, Visit};
+use tracing_subscriber::layer::{Context, SubscriberExt};
+use tracing_subscriber::Layer;
+
+/// Collects the `decision` field of every event.
+#[derive(Clone, Default)]
+struct Decisions(Arc<Mutex<Vec<String>>>);
+
+impl<S: tracing::Subscriber> Layer<S> for Decisions {
+    fn on_event(&self, event: &tracing::Event<'_>, _: Context<'_, S>) {
+        struct Find(Option<String>);
+        impl Visit for Find {
+            fn record_str(&mut self, field: &Field, value: &str) {
+                if field.name() == "decision" {
+                    self.0 = Some(value.to_owned());
+                }
+            }
+            fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
+                if field.name() == "decision" {
+                    self.0 = Some(format!("{value:?}").trim_matches('"').to_owned());
+                }
+            }
+        }
+        let mut find = Find(None);
+        event.record(&mut find);
+        if let Some(d) = find.0 {
+            self.0.lock().unwrap().push(d);
+        }
+    }
+}
+
+#[test]
+fn decisions_are_traced_and_counted() {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let decisions = Decisions::default();
+    let subscriber = tracing_subscriber::registry().with(
+        decisions
+            .clone()
+            .with_filter(tracing_subscriber::filter::LevelFilter::DEBUG),
+    );
+
+    metrics::with_local_recorder(&recorder, || {
+        tracing::subscriber::with_default(subscriber, || {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap()
+                .block_on(async {
+                    let store = MemoryStore::new();
+                    let ok = |payload: u32| {
+                        let store = &store;
+                        async move {
+                            run(store, Call::new("obs.op", "k1", &payload), async {
+                                Ok::<_, Error>(payload)
+                            })
+                            .await
+                        }
+                    };
+                    ok(1).await.unwrap(); // claimed
+                    ok(1).await.unwrap(); // replayed
+                    assert!(matches!(ok(2).await, Err(Error::KeyReused)));
+                    let failing = run(&store, Call::new("obs.op", "k2", &()), async {
+                        Err::<u32, _>(Error::Config("boom".into()))
+                    });
+                    assert!(failing.await.is_err()); // claimed, released
+                                                     // A lapsed lease taken over.
+                    let short = Policy::new().lease(std::time::Duration::from_millis(20));
+                    let held = run(
+                        &store,
+                        Call::new("obs.op", "k3", &()).with_policy(short),
+                        async {
+                            tokio::time::sleep(std::time::Duration::from_millis(60)).await;
+                            Ok::<_, Error>(0)
+                        },
+                    );
+                    let takeover = async {
+                        tokio::time::sleep(std::time::Duration::from_millis(40)).await;
+                        run(
+                            &store,
+                            Call::new("obs.op", "k3", &()).with_policy(short.fail_fast()),
+                            async { Ok::<_, Error>(1) },
+                        )
+                        .await
+                    };
+                    let (held, taken) = tokio::join!(held, takeover);
+                    assert!(matches!(held, Err(Error::LeaseLost)));
+                    assert_eq!(taken.unwrap(), 1);
+                    // In progress under fail_fast.
+                    let slow = run(&store, Call::new("obs.op", "k4", &()), async {
+                        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                        Ok::<_, Error>(0)
+                    });
+                    let dup = async {
+                        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+                        run(
+                            &store,
+                            Call::new("obs.op", "k4", &()).with_policy(Policy::new().fail_fast()),
+                            async { Ok::<_, Error>(1) },
+                        )
+                        .await
+                    };
+                    let (slow, dup) = tokio::join!(slow, dup);
+                    slow.unwrap();
+                    assert!(matches!(dup, Err(Error::InProgress { .. })));
+                });
+        });
+    });
+
+    let seen = decisions.0.lock().unwrap().clone();
+    for expected in [
+        "claimed",
+        "replayed",
+        "key reused",
+        "released",
+        "taken over",
+        "lease lost",
+        "in progress",
+    ] {
+        assert!(
+            seen.iter().any(|d| d == expected),
+            "no {expected:?} event in {seen:?}"
+        );
+    }
+
+    let counters: std::collections::HashMap<String, u64> = snapshotter
+        .snapshot()
+        .into_vec()
+        .into_iter()
+        .filter_map(|(key, _, _, value)| match (key.kind(), value) {
+            (MetricKind::Counter, DebugValue::Counter(n)) => Some((key.key().name().to_owned(), n)),
+            _ => None,
+        })
+        .collect();
+    // Executions: k1, k2, k3 twice (the first owner and the takeover), k4.
+    assert_eq!(
+        counters.get(idem::metrics::EXECUTIONS),
+        Some(&5),
+        "{counters:?}"
+    );
+    assert_eq!(counters.get(idem::metrics::REPLAYS), Some(&1));
+    assert_eq!(counters.get(idem::metrics::KEY_REUSED), Some(&1));
+    assert_eq!(counters.get(idem::metrics::TAKEOVERS), Some(&1));
+    assert_eq!(counters.get(idem::metrics::IN_PROGRESS), Some(&1));
+}
