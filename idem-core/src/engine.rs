@@ -25,6 +25,13 @@
 //! function from a task of its own (`tokio::spawn`), which outlives the
 //! caller.
 //!
+//! ## Codecs
+//!
+//! [`run`] and [`run_replaying`] store `Ok` values as JSON ([`Json`]).
+//! [`run_with_codec`] takes any [`Codec`], for values that are not serde
+//! types or whose JSON form would be wasteful (an HTTP response is stored as
+//! framed raw bytes).
+//!
 //! Every call runs in a `tracing` span named `idem` and emits one event per
 //! decision; counters go through the `metrics` facade (see [`crate::metrics`]).
 
@@ -108,6 +115,28 @@ impl Call {
     }
 }
 
+/// How an operation's `Ok` value becomes the stored outcome bytes, and back.
+pub trait Codec<T> {
+    /// The bytes to store for `value`.
+    fn encode(&self, value: &T) -> Result<Vec<u8>, Error>;
+    /// The value that `bytes` (written by [`encode`](Codec::encode)) stands for.
+    fn decode(&self, bytes: &[u8]) -> Result<T, Error>;
+}
+
+/// The default [`Codec`]: the value's JSON form, through `serde_json`.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Json;
+
+impl<T: Serialize + DeserializeOwned> Codec<T> for Json {
+    fn encode(&self, value: &T) -> Result<Vec<u8>, Error> {
+        Ok(serde_json::to_vec(value)?)
+    }
+
+    fn decode(&self, bytes: &[u8]) -> Result<T, Error> {
+        Ok(serde_json::from_slice(bytes)?)
+    }
+}
+
 /// Runs `body` at most once per `(scope, key)` and replays its `Ok` value to
 /// every later call; errors are released (a retry runs again). See the
 /// [module documentation](self).
@@ -118,10 +147,28 @@ where
     E: From<Error>,
     Fut: Future<Output = Result<T, E>>,
 {
+    run_with_codec(store, call, body, Json).await
+}
+
+/// Like [`run`], but the `Ok` value is stored and read back with `codec`
+/// instead of JSON.
+pub async fn run_with_codec<S, T, E, Fut, C>(
+    store: &S,
+    call: Call,
+    body: Fut,
+    codec: C,
+) -> Result<T, E>
+where
+    S: Store + ?Sized,
+    E: From<Error>,
+    Fut: Future<Output = Result<T, E>>,
+    C: Codec<T>,
+{
     execute(
         store,
         call,
         body,
+        codec,
         |_: &E| None,
         |_| {
             Err(Error::Config(
@@ -154,25 +201,27 @@ where
         store,
         call,
         body,
-        |err: &E| replayable(err).then(|| serde_json::to_vec(err)),
-        |bytes| serde_json::from_slice::<E>(bytes).map_err(Error::from),
+        Json,
+        |err: &E| replayable(err).then(|| Json.encode(err)),
+        |bytes| Json.decode(bytes),
     )
     .await
 }
 
-async fn execute<S, T, E, Fut, Enc, Dec>(
+async fn execute<S, T, E, Fut, C, Enc, Dec>(
     store: &S,
     call: Call,
     body: Fut,
+    codec: C,
     encode_err: Enc,
     decode_err: Dec,
 ) -> Result<T, E>
 where
     S: Store + ?Sized,
-    T: Serialize + DeserializeOwned,
     E: From<Error>,
     Fut: Future<Output = Result<T, E>>,
-    Enc: FnOnce(&E) -> Option<Result<Vec<u8>, serde_json::Error>>,
+    C: Codec<T>,
+    Enc: FnOnce(&E) -> Option<Result<Vec<u8>, Error>>,
     Dec: FnOnce(&[u8]) -> Result<E, Error>,
 {
     let Call {
@@ -200,9 +249,7 @@ where
                 tracing::debug!(decision = "replayed", "replaying the stored outcome");
                 metrics::replayed(&scope, started.elapsed());
                 return match outcome.kind {
-                    OutcomeKind::Ok => {
-                        Ok(serde_json::from_slice(&outcome.body).map_err(Error::from)?)
-                    }
+                    OutcomeKind::Ok => Ok(codec.decode(&outcome.body)?),
                     OutcomeKind::Err => Err(decode_err(&outcome.body)?),
                 };
             }
@@ -228,16 +275,16 @@ where
         guard.0 = None;
 
         let stored = match &result {
-            Ok(value) => Some(serde_json::to_vec(value).map(|b| (OutcomeKind::Ok, b))),
+            Ok(value) => Some(codec.encode(value).map(|b| (OutcomeKind::Ok, b))),
             Err(err) => encode_err(err).map(|r| r.map(|b| (OutcomeKind::Err, b))),
         };
         match stored {
             Some(Ok((kind, body))) => {
                 save(store, &claim, &Outcome { kind, body }).await?;
             }
-            Some(Err(ser)) => {
+            Some(Err(err)) => {
                 release(store, &claim).await;
-                return Err(Error::from(ser).into());
+                return Err(err.into());
             }
             None => release(store, &claim).await,
         }

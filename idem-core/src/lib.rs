@@ -13,7 +13,7 @@ mod policy;
 pub mod record;
 pub mod store;
 
-pub use engine::{run, run_replaying, Call};
+pub use engine::{run, run_replaying, run_with_codec, Call, Codec};
 pub use error::Error;
 pub use fingerprint::Fingerprint;
 pub use key::{AsKey, Key, KeyError, Scope, MAX_KEY_LEN};
