@@ -7,6 +7,9 @@
 pub mod engine;
 mod error;
 pub mod fingerprint;
+#[cfg(feature = "http")]
+#[cfg_attr(docsrs, doc(cfg(feature = "http")))]
+pub mod http;
 mod key;
 pub mod metrics;
 mod policy;

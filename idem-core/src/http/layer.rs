@@ -1,0 +1,284 @@
+//! [`IdempotencyLayer`]: the configuration, and the tower `Layer` that
+//! wraps a service in [`Idempotency`].
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use ::http::header::HeaderName;
+use ::http::request::Parts;
+use ::http::{Method, StatusCode};
+use tower_layer::Layer;
+
+use super::Idempotency;
+use crate::{Policy, Store};
+
+/// Who sends a request: the principal that keys are scoped to (a tenant, an
+/// account, an API key id, an authenticated user).
+///
+/// The same key sent by two principals never shares a response. Without a
+/// principal (no extractor on the layer, or one that answers `None`), keys
+/// are global to the route: a client that guesses or learns another's key
+/// would be answered that client's stored response.
+///
+/// Any `Fn(&Parts) -> Option<String>` is a `MakePrincipal`. The request
+/// parts hold the headers and the extensions that earlier middleware put
+/// there (an authenticated user, for example):
+///
+/// ```
+/// use idem_core::http::IdempotencyLayer;
+/// use idem_core::MemoryStore;
+///
+/// let layer = IdempotencyLayer::new(MemoryStore::new()).principal(
+///     |parts: &http::request::Parts| {
+///         let tenant = parts.headers.get("x-tenant-id")?;
+///         Some(tenant.to_str().ok()?.to_owned())
+///     },
+/// );
+/// ```
+#[cfg_attr(docsrs, doc(cfg(feature = "http")))]
+pub trait MakePrincipal: Send + Sync + 'static {
+    /// The principal of the request, or `None` for none.
+    fn make_principal(&self, request: &Parts) -> Option<String>;
+}
+
+impl<F> MakePrincipal for F
+where
+    F: Fn(&Parts) -> Option<String> + Send + Sync + 'static,
+{
+    fn make_principal(&self, request: &Parts) -> Option<String> {
+        self(request)
+    }
+}
+
+/// Which responses are stored by default: every status below 500 except
+/// 408 Request Timeout, 409 Conflict, 425 Too Early and 429 Too Many
+/// Requests, which say "try again" rather than answer the request. 5xx
+/// responses are not stored: the key is released and a retry runs again.
+///
+/// 2xx and 4xx are the final answers the IETF draft asks to keep; 3xx are
+/// kept too, since a `303 See Other` after a POST means the POST did its
+/// work, and running it again on a retry is what the layer exists to
+/// prevent.
+#[cfg_attr(docsrs, doc(cfg(feature = "http")))]
+pub fn stored_by_default(status: StatusCode) -> bool {
+    status.as_u16() < 500
+        && !status.is_informational()
+        && !matches!(status.as_u16(), 408 | 409 | 425 | 429)
+}
+
+type RouteFn = dyn Fn(&Parts) -> Option<String> + Send + Sync;
+type StatusFn = dyn Fn(StatusCode) -> bool + Send + Sync;
+
+/// Everything the layer was configured with, shared by its services.
+#[derive(Clone)]
+pub(crate) struct Config {
+    pub(crate) header: HeaderName,
+    pub(crate) methods: Vec<Method>,
+    pub(crate) require_key: bool,
+    pub(crate) body_limit: usize,
+    pub(crate) policy: Policy,
+    pub(crate) principal: Option<Arc<dyn MakePrincipal>>,
+    pub(crate) route: Option<Arc<RouteFn>>,
+    pub(crate) fingerprint_headers: Vec<HeaderName>,
+    pub(crate) store_status: Arc<StatusFn>,
+}
+
+impl fmt::Debug for Config {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Config")
+            .field("header", &self.header)
+            .field("methods", &self.methods)
+            .field("require_key", &self.require_key)
+            .field("body_limit", &self.body_limit)
+            .field("policy", &self.policy)
+            .field("principal", &self.principal.is_some())
+            .field("route", &self.route.is_some())
+            .field("fingerprint_headers", &self.fingerprint_headers)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Makes the requests of a tower service (an axum `Router`, a route)
+/// idempotent by their `Idempotency-Key` header. See the
+/// [module documentation](super) for the exact behaviour.
+///
+/// ```
+/// use std::time::Duration;
+/// use http::{Method, StatusCode};
+/// use idem_core::http::IdempotencyLayer;
+/// use idem_core::MemoryStore;
+///
+/// let layer = IdempotencyLayer::new(MemoryStore::new())
+///     .methods([Method::POST, Method::PUT, Method::PATCH])
+///     .body_limit(64 * 1024)
+///     .ttl(Duration::from_secs(6 * 60 * 60))
+///     .wait(Duration::from_secs(2))
+///     .fingerprint_headers([http::header::CONTENT_TYPE])
+///     .store_status(|status| status.is_success());
+/// ```
+#[derive(Clone)]
+#[cfg_attr(docsrs, doc(cfg(feature = "http")))]
+pub struct IdempotencyLayer {
+    store: Arc<dyn Store>,
+    config: Config,
+}
+
+impl IdempotencyLayer {
+    /// The default body limit: 2 MiB, axum's default limit too.
+    pub const DEFAULT_BODY_LIMIT: usize = 2 * 1024 * 1024;
+
+    /// A layer keeping its records in `store`, with the defaults: header
+    /// `Idempotency-Key`, required on POST and PATCH; bodies up to 2 MiB;
+    /// the default [`Policy`] (records kept 24 hours, claims leased for 30
+    /// seconds, duplicates wait up to 5 seconds); no principal; responses
+    /// stored as [`stored_by_default`] says.
+    pub fn new<S: Store + 'static>(store: S) -> Self {
+        IdempotencyLayer {
+            store: Arc::new(store),
+            config: Config {
+                header: HeaderName::from_static("idempotency-key"),
+                methods: vec![Method::POST, Method::PATCH],
+                require_key: true,
+                body_limit: Self::DEFAULT_BODY_LIMIT,
+                policy: Policy::new(),
+                principal: None,
+                route: None,
+                fingerprint_headers: Vec::new(),
+                store_status: Arc::new(stored_by_default),
+            },
+        }
+    }
+
+    /// Reads the key from another header.
+    pub fn with_header_name(mut self, name: HeaderName) -> Self {
+        self.config.header = name;
+        self
+    }
+
+    /// The methods the layer applies to; requests with other methods pass
+    /// through untouched. Default: POST and PATCH.
+    pub fn methods(mut self, methods: impl IntoIterator<Item = Method>) -> Self {
+        self.config.methods = methods.into_iter().collect();
+        self
+    }
+
+    /// Whether a request without a key is refused with 400 (`true`, the
+    /// default) or passed through untouched, without idempotency (`false`).
+    pub fn require_key(mut self, required: bool) -> Self {
+        self.config.require_key = required;
+        self
+    }
+
+    /// The largest request body buffered, in bytes; a larger one is answered
+    /// 413 and nothing is stored. Default: 2 MiB.
+    pub fn body_limit(mut self, bytes: usize) -> Self {
+        self.config.body_limit = bytes;
+        self
+    }
+
+    /// Replaces the whole policy (ttl, lease, in-progress behaviour).
+    pub fn policy(mut self, policy: Policy) -> Self {
+        self.config.policy = policy;
+        self
+    }
+
+    /// How long a record, and so a key, is kept. Default: 24 hours.
+    pub fn ttl(mut self, ttl: Duration) -> Self {
+        self.config.policy = self.config.policy.ttl(ttl);
+        self
+    }
+
+    /// How long a claim is held before another request may take the key
+    /// over. Set it above your slowest handler. Default: 30 seconds.
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.config.policy = self.config.policy.lease(lease);
+        self
+    }
+
+    /// A duplicate arriving while the first request runs waits up to `bound`
+    /// for its response, then gets 409. Default: 5 seconds.
+    pub fn wait(mut self, bound: Duration) -> Self {
+        self.config.policy = self.config.policy.wait(bound);
+        self
+    }
+
+    /// A duplicate arriving while the first request runs gets 409 at once.
+    pub fn fail_fast(mut self) -> Self {
+        self.config.policy = self.config.policy.fail_fast();
+        self
+    }
+
+    /// Scopes keys to the principal that `extractor` finds in each request.
+    /// Without one, keys are global to the route. See [`MakePrincipal`].
+    pub fn principal(mut self, extractor: impl MakePrincipal) -> Self {
+        self.config.principal = Some(Arc::new(extractor));
+        self
+    }
+
+    /// Names the route of a request (for example `/orders/{id}`) when the
+    /// router is not axum's. The route, with the method, is the operation
+    /// that keys belong to. When `route` answers `None`, the layer uses
+    /// axum's `MatchedPath`, and without it the request's path.
+    pub fn route<F>(mut self, route: F) -> Self
+    where
+        F: Fn(&Parts) -> Option<String> + Send + Sync + 'static,
+    {
+        self.config.route = Some(Arc::new(route));
+        self
+    }
+
+    /// Adds these request headers to the fingerprint, so that a retry with
+    /// other values (a different `Content-Type`, say) is a different payload
+    /// (422). Default: none.
+    pub fn fingerprint_headers(mut self, names: impl IntoIterator<Item = HeaderName>) -> Self {
+        let mut names: Vec<HeaderName> = names.into_iter().collect();
+        names.sort_unstable_by(|a, b| a.as_str().cmp(b.as_str()));
+        names.dedup();
+        self.config.fingerprint_headers = names;
+        self
+    }
+
+    /// Which responses are stored and replayed; for the others the key is
+    /// released and a retry runs the request again. Default:
+    /// [`stored_by_default`].
+    pub fn store_status<F>(mut self, predicate: F) -> Self
+    where
+        F: Fn(StatusCode) -> bool + Send + Sync + 'static,
+    {
+        self.config.store_status = Arc::new(predicate);
+        self
+    }
+}
+
+impl fmt::Debug for IdempotencyLayer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("IdempotencyLayer")
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S> Layer<S> for IdempotencyLayer {
+    type Service = Idempotency<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        Idempotency::from_parts(inner, self.store.clone(), Arc::new(self.config.clone()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_stored_statuses() {
+        let stored = |code: u16| stored_by_default(StatusCode::from_u16(code).unwrap());
+        for code in [200, 201, 204, 303, 400, 401, 403, 404, 410, 422] {
+            assert!(stored(code), "{code}");
+        }
+        for code in [100, 408, 409, 425, 429, 500, 502, 503, 504] {
+            assert!(!stored(code), "{code}");
+        }
+    }
+}

@@ -1,0 +1,134 @@
+//! A tower layer for the `Idempotency-Key` header (IETF
+//! draft-ietf-httpapi-idempotency-key-header): one line in an axum router
+//! makes every POST safe to retry.
+//!
+//! ```
+//! use axum::{routing::post, Router};
+//! use idem_core::http::IdempotencyLayer;
+//! use idem_core::MemoryStore;
+//! use tower::ServiceExt;
+//!
+//! async fn create_order(body: String) -> String {
+//!     format!("order created for {body}")
+//! }
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() {
+//! let app = Router::new()
+//!     .route("/orders", post(create_order))
+//!     .layer(IdempotencyLayer::new(MemoryStore::new()));
+//!
+//! let request = || {
+//!     http::Request::post("/orders")
+//!         .header("Idempotency-Key", "\"8e03978e-40d5-43e8-bc93-6894a57f9324\"")
+//!         .body(axum::body::Body::from("2 apples"))
+//!         .unwrap()
+//! };
+//! let first = app.clone().oneshot(request()).await.unwrap();
+//! let retry = app.clone().oneshot(request()).await.unwrap();
+//! assert!(first.headers().get("idempotent-replayed").is_none());
+//! assert_eq!(retry.headers()["idempotent-replayed"], "true");
+//! # }
+//! ```
+//!
+//! # Behaviour
+//!
+//! **Which requests.** POST and PATCH ([`methods`](IdempotencyLayer::methods)
+//! changes the set). Requests with other methods pass through untouched.
+//!
+//! **The key** is read from the `Idempotency-Key` header
+//! ([`with_header_name`](IdempotencyLayer::with_header_name) changes it),
+//! in the draft's Structured Field String form (`"8e03978e-..."`, with `\"`
+//! and `\\` escapes) or, for compatibility, bare (`8e03978e-...`). It must be
+//! present once and be 1 to 255 bytes of visible ASCII once decoded. A
+//! request without a key is refused, or passed through untouched with
+//! [`require_key(false)`](IdempotencyLayer::require_key).
+//!
+//! **The payload.** The body is buffered, up to 2 MiB
+//! ([`body_limit`](IdempotencyLayer::body_limit)). The fingerprint is the
+//! SHA-256 of the method, the path with its query, the body bytes and the
+//! values of the headers named by
+//! [`fingerprint_headers`](IdempotencyLayer::fingerprint_headers) (none by
+//! default), framed so that no two requests hash the same bytes.
+//!
+//! **The scope** of a key is the method plus the route: axum's
+//! `MatchedPath` (`POST /orders/{id}`) when the request went through an
+//! axum 0.8 router, the request's path otherwise, or what
+//! [`route`](IdempotencyLayer::route) answers. It is narrowed to a
+//! principal when the layer has a [`principal`](IdempotencyLayer::principal)
+//! extractor ([`MakePrincipal`]): the same key sent by two principals never
+//! shares a response. **Without an extractor, keys are global to the
+//! route**: any client sending another client's key with the same payload
+//! is answered that client's response. Set one whenever requests come from
+//! more than one tenant, account or user.
+//!
+//! **The flow** is the engine's ([`crate::engine`]), on the store given to
+//! [`IdempotencyLayer::new`]:
+//!
+//! - first request with a key: the inner service runs; its response is
+//!   buffered whole and stored, then sent;
+//! - same key, same payload, after it completed: the stored response is
+//!   sent again, marked `Idempotent-Replayed: true`; the inner service does
+//!   not run;
+//! - same key, same payload, while it runs: the duplicate waits for the
+//!   first response (5 seconds at most, [`wait`](IdempotencyLayer::wait)),
+//!   then is answered as above; past the bound, or at once with
+//!   [`fail_fast`](IdempotencyLayer::fail_fast), it gets 409;
+//! - same key, another payload: 422, whatever the state.
+//!
+//! **What is stored**: status, headers and body. Hop-by-hop headers
+//! (`Connection` and those it names, `Keep-Alive`, `Transfer-Encoding`,
+//! `TE`, `Trailer`, `Upgrade`, `Proxy-*`) and per-response ones (`Date`,
+//! `Age`, `Content-Length`, which the server sets anew) are not replayed.
+//! By default every status below 500 is stored except 408, 409, 425 and
+//! 429 ([`stored_by_default`]; [`store_status`](IdempotencyLayer::store_status)
+//! changes it). For any other response the key is released, so a retry runs
+//! the request again; the response itself still goes to the client.
+//!
+//! **Answers of the layer's own**, each an RFC 9457
+//! `application/problem+json` document with `type`, `title`, `status` and
+//! `detail` (see [`Problem`]):
+//!
+//! | status | when |
+//! |---|---|
+//! | 400 | key missing (on a method that requires one), repeated, empty, over 255 bytes, not visible ASCII, not a valid structured string; or the body could not be read |
+//! | 413 | the body is over the limit; nothing is stored |
+//! | 422 | the key was used with another payload |
+//! | 409 + `Retry-After` | a request with the key is still running and the wait bound passed, or the layer fails fast |
+//! | 503 + `Retry-After` | the store cannot be reached; the request is not executed |
+//! | 500 | the layer failed: an invalid policy (zero ttl or lease), a stored response that cannot be read, a response body that failed while buffered |
+//!
+//! **Failures of the inner service.** Its error type is kept: an error is
+//! returned as it is, and the key is released. A panic releases the key,
+//! then continues unwinding into the caller (add tower-http's
+//! `CatchPanicLayer` outside this layer to turn it into a 500). If the
+//! response cannot be stored after the request ran (the store failed, or the
+//! claim's lease ran out and another request took the key over), the client
+//! still gets it, and a warning is logged.
+//!
+//! **Cancellation.** A claimed request runs on a Tokio task of its own, with
+//! a clone of the inner service: when the client disconnects and the server
+//! drops the response future, the request still runs to the end and its
+//! response is stored, so the client's retry gets it. The layer therefore
+//! needs a Tokio runtime, as axum has.
+//!
+//! **Bodies.** The request and response body types stay the inner
+//! service's; both must be buildable from `Bytes` (axum's `Body` and
+//! http-body-util's `Full` are). Responses are buffered whole, so keep the
+//! layer off streaming routes (server-sent events, large downloads).
+//!
+//! The store can be any [`Store`](crate::Store); it is shared by every
+//! service the layer makes.
+
+mod fingerprint;
+mod future;
+mod key_header;
+mod layer;
+mod problem;
+mod service;
+mod stored;
+
+pub use future::ResponseFuture;
+pub use layer::{stored_by_default, IdempotencyLayer, MakePrincipal};
+pub use problem::Problem;
+pub use service::Idempotency;

@@ -1,0 +1,443 @@
+//! [`Idempotency`]: the service, and the flow of one request through it.
+
+use std::fmt;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use ::http::header::{HeaderName, HeaderValue};
+use ::http::request::Parts;
+use ::http::{Request, Response};
+use bytes::Bytes;
+use http_body::Body;
+use http_body_util::{BodyExt, LengthLimitError, Limited};
+use tower_service::Service;
+use tracing::Instrument;
+
+use super::fingerprint;
+use super::future::{CatchUnwind, Panic, ResponseFuture};
+use super::key_header::{key_from_headers, KeyHeaderError};
+use super::layer::Config;
+use super::stored::{ResponseCodec, StoredResponse};
+use super::Problem;
+use crate::engine::{run_with_codec, Call};
+use crate::{Error, Key, Scope, Store};
+
+/// The header that marks a replayed response.
+pub(crate) const REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
+
+/// The `Retry-After` sent with 503 when the store cannot be reached.
+const STORE_RETRY_AFTER: Duration = Duration::from_secs(1);
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// A service made idempotent by [`IdempotencyLayer`](super::IdempotencyLayer):
+/// see the [module documentation](super).
+///
+/// Its request and response types and its error type are the inner
+/// service's. It needs a Tokio runtime: a claimed request runs on a task of
+/// its own.
+#[derive(Clone)]
+#[cfg_attr(docsrs, doc(cfg(feature = "http")))]
+pub struct Idempotency<S> {
+    inner: S,
+    store: Arc<dyn Store>,
+    config: Arc<Config>,
+}
+
+impl<S> Idempotency<S> {
+    pub(crate) fn from_parts(inner: S, store: Arc<dyn Store>, config: Arc<Config>) -> Self {
+        Idempotency {
+            inner,
+            store,
+            config,
+        }
+    }
+
+    /// The inner service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// The inner service, mutably.
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+
+    /// Unwraps the inner service.
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
+}
+
+impl<S: fmt::Debug> fmt::Debug for Idempotency<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Idempotency")
+            .field("inner", &self.inner)
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for Idempotency<S>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    ReqBody: Body + From<Bytes> + Send + 'static,
+    ReqBody::Data: Send,
+    ReqBody::Error: Into<BoxError>,
+    ResBody: Body + From<Bytes> + Send + 'static,
+    ResBody::Data: Send,
+    ResBody::Error: Into<BoxError>,
+{
+    type Response = Response<ResBody>;
+    type Error = S::Error;
+    type Future = ResponseFuture<ResBody, S::Error>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
+        if !self.config.methods.contains(request.method()) {
+            return ResponseFuture::new(self.inner.call(request));
+        }
+        let key = match key_from_headers(request.headers(), &self.config.header) {
+            Ok(key) => key,
+            Err(KeyHeaderError::Missing) if !self.config.require_key => {
+                return ResponseFuture::new(self.inner.call(request));
+            }
+            Err(KeyHeaderError::Missing) => {
+                let detail = format!(
+                    "{} requests to this resource require an `{}` header",
+                    request.method(),
+                    self.config.header
+                );
+                return answer(Problem::MissingKey.response(detail, None));
+            }
+            Err(err) => return answer(Problem::InvalidKey.response(err, None)),
+        };
+        // The service polled ready is the one that must be called; leave a
+        // fresh clone in its place.
+        let clone = self.inner.clone();
+        let inner = std::mem::replace(&mut self.inner, clone);
+        ResponseFuture::new(handle(
+            inner,
+            self.store.clone(),
+            self.config.clone(),
+            key,
+            request,
+        ))
+    }
+}
+
+fn answer<B, E>(response: Response<B>) -> ResponseFuture<B, E>
+where
+    B: Send + 'static,
+    E: Send + 'static,
+{
+    ResponseFuture::new(std::future::ready(Ok(response)))
+}
+
+/// Buffers the body, then runs the request through the engine on a task of
+/// its own, so that a client going away neither abandons a claim nor loses
+/// an outcome: the task runs to the end and stores it for the retry.
+async fn handle<S, ReqBody, ResBody>(
+    inner: S,
+    store: Arc<dyn Store>,
+    config: Arc<Config>,
+    key: Key,
+    request: Request<ReqBody>,
+) -> Result<Response<ResBody>, S::Error>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    ReqBody: Body + From<Bytes> + Send + 'static,
+    ReqBody::Error: Into<BoxError>,
+    ResBody: Body + From<Bytes> + Send + 'static,
+    ResBody::Data: Send,
+    ResBody::Error: Into<BoxError>,
+{
+    let (parts, body) = request.into_parts();
+    let body = match Limited::new(body, config.body_limit).collect().await {
+        Ok(collected) => collected.to_bytes(),
+        Err(err) if err.downcast_ref::<LengthLimitError>().is_some() => {
+            let detail = format!(
+                "the request body is over the limit of {} bytes; nothing was stored",
+                config.body_limit
+            );
+            return Ok(Problem::ContentTooLarge.response(detail, None));
+        }
+        Err(err) => {
+            let detail = format!("the request body could not be read: {err}");
+            return Ok(Problem::UnreadableBody.response(detail, None));
+        }
+    };
+    let call = Call::from_parts(
+        scope(&config, &parts),
+        Ok(key),
+        Ok(fingerprint::of_request(
+            &parts,
+            &body,
+            &config.fingerprint_headers,
+        )),
+        config.policy,
+    );
+    let request = Request::from_parts(parts, ReqBody::from(body));
+    let task = tokio::spawn(
+        execute(inner, store, config, call, request).instrument(tracing::Span::current()),
+    );
+    let ran = match task.await {
+        Ok(ran) => ran,
+        Err(join) if join.is_panic() => std::panic::resume_unwind(join.into_panic()),
+        Err(_) => {
+            return Ok(Problem::Internal.response(
+                "the request's task was cancelled (the runtime is shutting down)",
+                None,
+            ))
+        }
+    };
+    respond(ran)
+}
+
+/// The operation of a request: method and route, narrowed to the principal.
+fn scope(config: &Config, parts: &Parts) -> Scope {
+    let route = config
+        .route
+        .as_ref()
+        .and_then(|route| route(parts))
+        .or_else(|| {
+            parts
+                .extensions
+                .get::<axum::extract::MatchedPath>()
+                .map(|matched| matched.as_str().to_owned())
+        })
+        .unwrap_or_else(|| parts.uri.path().to_owned());
+    let scope = Scope::new(format!("{} {}", parts.method, route));
+    match config
+        .principal
+        .as_ref()
+        .and_then(|p| p.make_principal(parts))
+    {
+        Some(principal) => scope.with_principal(principal),
+        None => scope,
+    }
+}
+
+/// Why the engine's body did not hand back a response to store.
+enum Failure<E> {
+    /// The engine answered instead of the body (key reused, in progress,
+    /// store trouble).
+    Idem(Error),
+    /// The response is not to be stored (a 5xx by default): the key is
+    /// released and the response still goes to the client.
+    NotStored(Response<Bytes>),
+    /// The inner service failed.
+    Inner(E),
+    /// The inner service panicked.
+    Panicked(Panic),
+    /// The inner service's response body failed while it was buffered.
+    ResponseBody(BoxError),
+}
+
+impl<E> From<Error> for Failure<E> {
+    fn from(err: Error) -> Self {
+        Failure::Idem(err)
+    }
+}
+
+/// What the request's task hands back.
+struct Ran<E> {
+    result: Result<StoredResponse, Failure<E>>,
+    /// The response as the inner service gave it, when it ran here and its
+    /// response was to be stored. `None` with an `Ok` result: a replay.
+    executed: Option<Response<Bytes>>,
+}
+
+async fn execute<S, ReqBody, ResBody>(
+    inner: S,
+    store: Arc<dyn Store>,
+    config: Arc<Config>,
+    call: Call,
+    request: Request<ReqBody>,
+) -> Ran<S::Error>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+    ResBody: Body,
+    ResBody::Error: Into<BoxError>,
+{
+    let mut executed = None;
+    let body = async {
+        let mut inner = inner;
+        let called = CatchUnwind::new(async move { inner.call(request).await }).await;
+        let response = match called {
+            Ok(Ok(response)) => response,
+            Ok(Err(err)) => return Err(Failure::Inner(err)),
+            Err(panic) => return Err(Failure::Panicked(panic)),
+        };
+        let (parts, body) = response.into_parts();
+        let bytes = match body.collect().await {
+            Ok(collected) => collected.to_bytes(),
+            Err(err) => return Err(Failure::ResponseBody(err.into())),
+        };
+        let response = Response::from_parts(parts, bytes);
+        if !(config.store_status)(response.status()) {
+            return Err(Failure::NotStored(response));
+        }
+        let stored = StoredResponse::new(
+            response.status(),
+            response.headers(),
+            response.body().clone(),
+            &REPLAYED,
+        );
+        executed = Some(response);
+        Ok(stored)
+    };
+    let result = run_with_codec(&*store, call, body, ResponseCodec).await;
+    Ran { result, executed }
+}
+
+/// Turns what the task did into the response (or error) for the client.
+fn respond<B: From<Bytes>, E>(ran: Ran<E>) -> Result<Response<B>, E> {
+    let problem = |problem: Problem, detail: &dyn fmt::Display, retry: Option<Duration>| {
+        Ok(problem.response(detail, retry))
+    };
+    match (ran.result, ran.executed) {
+        (Ok(_), Some(executed)) => Ok(executed.map(B::from)),
+        (Ok(stored), None) => Ok(replay(stored)),
+        (Err(Failure::NotStored(response)), _) => Ok(response.map(B::from)),
+        (Err(Failure::Inner(err)), _) => Err(err),
+        (Err(Failure::Panicked(panic)), _) => std::panic::resume_unwind(panic),
+        (Err(Failure::ResponseBody(err)), _) => problem(
+            Problem::Internal,
+            &format_args!("the response body failed while it was buffered: {err}"),
+            None,
+        ),
+        (Err(Failure::Idem(err)), None) => match err {
+            Error::KeyReused => problem(
+                Problem::KeyReused,
+                &"this idempotency key was already used with a different request \
+                  (method, path, query, body or fingerprinted headers)",
+                None,
+            ),
+            Error::InProgress { retry_after } => problem(
+                Problem::InProgress,
+                &"a request with this idempotency key is still being processed",
+                Some(retry_after),
+            ),
+            Error::Store(err) => problem(
+                Problem::StoreUnavailable,
+                &format_args!(
+                    "the idempotency store could not be reached, so the request was not \
+                     processed: {err}"
+                ),
+                Some(STORE_RETRY_AFTER),
+            ),
+            Error::MissingKey => problem(Problem::MissingKey, &err, None),
+            Error::InvalidKey(_) => problem(Problem::InvalidKey, &err, None),
+            other => problem(Problem::Internal, &other, None),
+        },
+        // The request ran, but its response could not be stored (the store
+        // failed, or the lease was lost): the client still gets it. A retry
+        // runs the request again once the claim's lease has passed.
+        (Err(Failure::Idem(err)), Some(executed)) => {
+            tracing::warn!(error = %err, "the response was sent but not stored");
+            Ok(executed.map(B::from))
+        }
+    }
+}
+
+/// The stored response, marked as a replay.
+fn replay<B: From<Bytes>>(stored: StoredResponse) -> Response<B> {
+    let mut response = Response::new(B::from(stored.body));
+    *response.status_mut() = stored.status;
+    *response.headers_mut() = stored.headers;
+    response
+        .headers_mut()
+        .insert(REPLAYED, HeaderValue::from_static("true"));
+    response
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use http_body_util::Full;
+    use tower::{service_fn, Layer, ServiceExt};
+
+    use super::*;
+    use crate::http::IdempotencyLayer;
+    use crate::MemoryStore;
+
+    type Req = Request<Full<Bytes>>;
+
+    fn post(key: &str) -> Req {
+        Request::post("/jobs")
+            .header("idempotency-key", key)
+            .body(Full::from("job"))
+            .unwrap()
+    }
+
+    #[derive(Debug, PartialEq)]
+    struct Refused;
+
+    /// The inner service fails on its first call, then answers its call
+    /// count: the failure must have released the key.
+    #[tokio::test]
+    async fn inner_error_kept_and_key_released() {
+        let calls = Arc::new(AtomicUsize::new(0));
+        let counted = calls.clone();
+        let svc = IdempotencyLayer::new(MemoryStore::new()).layer(service_fn(move |_: Req| {
+            let n = counted.fetch_add(1, Ordering::SeqCst) + 1;
+            async move {
+                if n == 1 {
+                    Err(Refused)
+                } else {
+                    Ok(Response::new(Full::<Bytes>::from(n.to_string())))
+                }
+            }
+        }));
+        assert_eq!(svc.clone().oneshot(post("k")).await.unwrap_err(), Refused);
+        let second = svc.clone().oneshot(post("k")).await.unwrap();
+        assert!(second.headers().get(&REPLAYED).is_none());
+        let third = svc.clone().oneshot(post("k")).await.unwrap();
+        assert_eq!(third.headers()[&REPLAYED], "true");
+        let body = third.into_body().collect().await.unwrap().to_bytes();
+        assert_eq!(body, "2");
+        assert_eq!(calls.load(Ordering::SeqCst), 2);
+    }
+
+    #[tokio::test]
+    async fn optional_key_passes_through() {
+        let calls = Arc::new(AtomicUsize::new(0));
+        let counted = calls.clone();
+        let svc = IdempotencyLayer::new(MemoryStore::new())
+            .require_key(false)
+            .layer(service_fn(move |_: Req| {
+                counted.fetch_add(1, Ordering::SeqCst);
+                async { Ok::<_, Refused>(Response::new(Full::<Bytes>::from("ok"))) }
+            }));
+        let bare = || Request::post("/jobs").body(Full::from("job")).unwrap();
+        for _ in 0..2 {
+            let response = svc.clone().oneshot(bare()).await.unwrap();
+            assert!(response.headers().get(&REPLAYED).is_none());
+        }
+        assert_eq!(calls.load(Ordering::SeqCst), 2);
+        // A malformed key is still refused.
+        let bad = svc.clone().oneshot(post("\"open")).await.unwrap();
+        assert_eq!(bad.status(), 400);
+    }
+
+    #[tokio::test]
+    async fn invalid_policy_is_a_500() {
+        let svc = IdempotencyLayer::new(MemoryStore::new())
+            .ttl(Duration::ZERO)
+            .layer(service_fn(|_: Req| async {
+                Ok::<_, Refused>(Response::new(Full::<Bytes>::from("ok")))
+            }));
+        let response = svc.oneshot(post("k")).await.unwrap();
+        assert_eq!(response.status(), 500);
+    }
+}

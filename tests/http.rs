@@ -1,0 +1,600 @@
+//! The HTTP `Idempotency-Key` layer end to end (issue 5): a real axum
+//! server on an ephemeral port of 127.0.0.1, a real HTTP client, and every
+//! case run on each store by `http_cases!`.
+
+use std::future::Future;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::Path;
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use axum::Router;
+use idem::http::{IdempotencyLayer, Problem};
+use idem::Store;
+use reqwest::header::RETRY_AFTER;
+use serde_json::{json, Value};
+use tokio::sync::Notify;
+
+/// Emits one `#[tokio::test]` per case for a store. `$make` is an async
+/// block yielding `(store, guard)`; the guard keeps the store's resources
+/// alive for the test and cleans them up.
+macro_rules! http_cases {
+    ($backend:ident, $make:expr) => {
+        mod $backend {
+            use super::*;
+            http_cases!(@cases $make;
+                replay_is_identical,
+                other_payload_is_422,
+                missing_key_is_400,
+                malformed_keys_are_400,
+                fail_fast_is_409,
+                concurrent_duplicates_run_once,
+                server_error_released_then_retried,
+                stored_statuses_follow_the_policy,
+                principals_are_isolated,
+                get_is_untouched,
+                body_over_limit_is_413,
+                store_down_is_503,
+                panicking_handler_releases_the_key,
+                disconnected_client_outcome_is_saved,
+            );
+        }
+    };
+    (@cases $make:expr; $($case:ident),* $(,)?) => {$(
+        #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+        async fn $case() {
+            let (store, guard) = fixture($make).await;
+            crate::$case(store).await;
+            drop(guard);
+        }
+    )*};
+}
+
+async fn fixture<S, G>(make: impl Future<Output = (S, G)>) -> (S, G) {
+    make.await
+}
+
+/// A store the tests can take down, to see the layer answer 503.
+trait Backend: Store + Clone + 'static {
+    fn shut_down(&self) -> impl Future<Output = ()> + Send;
+}
+
+impl Backend for idem::SqliteStore {
+    async fn shut_down(&self) {
+        self.pool().close().await;
+    }
+}
+
+http_cases!(sqlite, async {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let url = format!("sqlite://{}", dir.path().join("idem.db").display());
+    let store = idem::SqliteStore::connect(&url)
+        .await
+        .expect("open the SQLite file");
+    (store, dir)
+});
+
+// ---------------------------------------------------------------------------
+// The application under test.
+
+/// What the handlers did, shared with the test.
+#[derive(Default)]
+struct Seen {
+    runs: AtomicUsize,
+    gets: AtomicUsize,
+    started: Notify,
+    release: Notify,
+}
+
+impl Seen {
+    fn next(&self) -> usize {
+        self.runs.fetch_add(1, Ordering::SeqCst) + 1
+    }
+
+    fn runs(&self) -> usize {
+        self.runs.load(Ordering::SeqCst)
+    }
+}
+
+/// 201 with a body and headers that differ at every run, so a replay is
+/// told apart from a second execution.
+fn created(run: usize, body: &str) -> Response {
+    let mut headers = HeaderMap::new();
+    headers.insert("location", HeaderValue::from(run));
+    headers.insert("x-run", HeaderValue::from(run));
+    headers.append("set-cookie", HeaderValue::from_static("a=1"));
+    headers.append("set-cookie", HeaderValue::from_static("b=2"));
+    headers.insert("content-type", HeaderValue::from_static("application/json"));
+    let doc = json!({ "run": run, "echo": body });
+    (StatusCode::CREATED, headers, doc.to_string()).into_response()
+}
+
+fn app(seen: &Arc<Seen>) -> Router {
+    let s = seen.clone();
+    let orders = move |body: String| {
+        let s = s.clone();
+        async move { created(s.next(), &body) }
+    };
+    let s = seen.clone();
+    let order = move |Path(id): Path<u32>, body: String| {
+        let s = s.clone();
+        async move { created(s.next(), &format!("{id}:{body}")) }
+    };
+    let s = seen.clone();
+    let list = move || {
+        let s = s.clone();
+        async move { format!("get {}", s.gets.fetch_add(1, Ordering::SeqCst) + 1) }
+    };
+    let s = seen.clone();
+    let slow = move |body: String| {
+        let s = s.clone();
+        async move {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            created(s.next(), &body)
+        }
+    };
+    let s = seen.clone();
+    let gated = move |body: String| {
+        let s = s.clone();
+        async move {
+            s.started.notify_one();
+            s.release.notified().await;
+            created(s.next(), &body)
+        }
+    };
+    let s = seen.clone();
+    let flaky = move || {
+        let s = s.clone();
+        async move {
+            match s.next() {
+                1 => (StatusCode::INTERNAL_SERVER_ERROR, "try again".to_owned()),
+                n => (StatusCode::OK, format!("run {n}")),
+            }
+        }
+    };
+    let s = seen.clone();
+    let status = move |Path(code): Path<u16>| {
+        let s = s.clone();
+        async move {
+            let run = s.next();
+            (StatusCode::from_u16(code).unwrap(), format!("run {run}"))
+        }
+    };
+    let s = seen.clone();
+    let panicky = move |body: String| {
+        let s = s.clone();
+        async move {
+            let run = s.next();
+            if run == 1 {
+                panic!("the handler fails on its first run");
+            }
+            created(run, &body)
+        }
+    };
+    Router::new()
+        .route("/orders", post(orders).get(list))
+        .route("/orders/{id}", post(order))
+        .route("/slow", post(slow))
+        .route("/gated", post(gated))
+        .route("/flaky", post(flaky))
+        .route("/status/{code}", post(status))
+        .route("/panic", post(panicky))
+}
+
+/// A running server.
+struct Server {
+    base: String,
+    client: reqwest::Client,
+}
+
+impl Server {
+    async fn start(router: Router) -> Server {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind an ephemeral port on 127.0.0.1");
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, router).await.unwrap() });
+        Server {
+            base: format!("http://{addr}"),
+            client: reqwest::Client::builder()
+                .redirect(reqwest::redirect::Policy::none())
+                .build()
+                .unwrap(),
+        }
+    }
+
+    fn post(&self, path: &str, key: &str, body: &str) -> reqwest::RequestBuilder {
+        self.client
+            .post(format!("{}{path}", self.base))
+            .header("idempotency-key", key)
+            .body(body.to_owned())
+    }
+}
+
+/// Starts the app behind `layer`.
+async fn serve(layer: IdempotencyLayer) -> (Server, Arc<Seen>) {
+    let seen = Arc::new(Seen::default());
+    (Server::start(app(&seen).layer(layer)).await, seen)
+}
+
+/// A structured-field key, unique per call.
+fn fresh_key() -> String {
+    static N: AtomicUsize = AtomicUsize::new(0);
+    format!(
+        "\"{}-{}-{}\"",
+        std::process::id(),
+        idem::record::now_millis(),
+        N.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// Status, headers without `Date`, and body.
+async fn parts(response: reqwest::Response) -> (StatusCode, HeaderMap, Vec<u8>) {
+    let status = response.status();
+    let mut headers = response.headers().clone();
+    headers.remove("date");
+    let body = response.bytes().await.unwrap().to_vec();
+    (status, headers, body)
+}
+
+fn replayed(headers: &HeaderMap) -> bool {
+    headers
+        .get("idempotent-replayed")
+        .is_some_and(|v| v == "true")
+}
+
+/// Checks an RFC 9457 answer and returns its document.
+async fn problem(response: reqwest::Response, expected: Problem) -> Value {
+    assert_eq!(response.status(), expected.status());
+    assert_eq!(
+        response.headers()["content-type"],
+        "application/problem+json"
+    );
+    let doc: Value = response.json().await.unwrap();
+    assert_eq!(doc["type"], expected.type_uri());
+    assert_eq!(doc["title"], expected.title());
+    assert_eq!(doc["status"], expected.status().as_u16());
+    assert!(
+        doc["detail"].as_str().is_some_and(|d| !d.is_empty()),
+        "{doc}"
+    );
+    doc
+}
+
+// ---------------------------------------------------------------------------
+// The cases.
+
+async fn replay_is_identical<S: Backend>(store: S) {
+    let (server, seen) = serve(IdempotencyLayer::new(store)).await;
+    let key = fresh_key();
+    let first = server
+        .post("/orders", &key, "2 apples")
+        .send()
+        .await
+        .unwrap();
+    let (status, headers, body) = parts(first).await;
+    assert_eq!(status, StatusCode::CREATED);
+    assert!(!replayed(&headers));
+    assert_eq!(headers.get_all("set-cookie").iter().count(), 2);
+
+    for retry_key in [key.clone(), key.trim_matches('"').to_owned()] {
+        // The bare form names the same key as the structured string.
+        let retry = server.post("/orders", &retry_key, "2 apples");
+        let (r_status, mut r_headers, r_body) = parts(retry.send().await.unwrap()).await;
+        assert!(replayed(&r_headers), "{r_headers:?}");
+        r_headers.remove("idempotent-replayed");
+        assert_eq!((r_status, &r_headers, &r_body), (status, &headers, &body));
+    }
+    assert_eq!(seen.runs(), 1);
+}
+
+async fn other_payload_is_422<S: Backend>(store: S) {
+    let (server, seen) = serve(IdempotencyLayer::new(store)).await;
+    let key = fresh_key();
+    let first = server
+        .post("/orders", &key, "2 apples")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(first.status(), StatusCode::CREATED);
+    let other = server
+        .post("/orders", &key, "3 pears")
+        .send()
+        .await
+        .unwrap();
+    problem(other, Problem::KeyReused).await;
+
+    // One route template, two paths: the same operation, another payload.
+    let key = fresh_key();
+    let one = server.post("/orders/1", &key, "x").send().await.unwrap();
+    assert_eq!(one.status(), StatusCode::CREATED);
+    let two = server.post("/orders/2", &key, "x").send().await.unwrap();
+    problem(two, Problem::KeyReused).await;
+    assert_eq!(seen.runs(), 2);
+}
+
+async fn missing_key_is_400<S: Backend>(store: S) {
+    let (server, seen) = serve(IdempotencyLayer::new(store)).await;
+    let response = server
+        .client
+        .post(format!("{}/orders", server.base))
+        .body("2 apples")
+        .send()
+        .await
+        .unwrap();
+    problem(response, Problem::MissingKey).await;
+    assert_eq!(seen.runs(), 0);
+}
+
+async fn malformed_keys_are_400<S: Backend>(store: S) {
+    let (server, seen) = serve(IdempotencyLayer::new(store)).await;
+    let long = "k".repeat(256);
+    let cases: Vec<(&str, Vec<HeaderValue>)> = vec![
+        ("empty string", vec![HeaderValue::from_static("\"\"")]),
+        ("empty value", vec![HeaderValue::from_static("")]),
+        (
+            "over 255 bytes",
+            vec![HeaderValue::from_str(&format!("\"{long}\"")).unwrap()],
+        ),
+        (
+            "over 255 bytes, bare",
+            vec![HeaderValue::from_str(&long).unwrap()],
+        ),
+        ("a space", vec![HeaderValue::from_static("\"a b\"")]),
+        (
+            "not ASCII",
+            vec![HeaderValue::from_bytes(b"k\xc3\xa9").unwrap()],
+        ),
+        (
+            "unterminated string",
+            vec![HeaderValue::from_static("\"abc")],
+        ),
+        ("bad escape", vec![HeaderValue::from_static(r#""a\x""#)]),
+        ("parameters", vec![HeaderValue::from_static("\"abc\";v=1")]),
+        (
+            "repeated",
+            vec![
+                HeaderValue::from_static("\"a\""),
+                HeaderValue::from_static("\"a\""),
+            ],
+        ),
+    ];
+    for (what, values) in cases {
+        let mut request = server
+            .client
+            .post(format!("{}/orders", server.base))
+            .body("2 apples");
+        for value in values {
+            request = request.header("idempotency-key", value);
+        }
+        let response = request.send().await.unwrap();
+        assert_eq!(response.status(), StatusCode::BAD_REQUEST, "{what}");
+        let doc = problem(response, Problem::InvalidKey).await;
+        eprintln!("{what}: {}", doc["detail"]);
+    }
+    assert_eq!(seen.runs(), 0);
+}
+
+async fn fail_fast_is_409<S: Backend>(store: S) {
+    let (server, seen) = serve(IdempotencyLayer::new(store).fail_fast()).await;
+    let key = fresh_key();
+    let first = tokio::spawn(server.post("/gated", &key, "x").send());
+    seen.started.notified().await;
+    let duplicate = server.post("/gated", &key, "x").send().await.unwrap();
+    let retry_after: u64 = duplicate.headers()[RETRY_AFTER]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(retry_after >= 1);
+    problem(duplicate, Problem::InProgress).await;
+    seen.release.notify_one();
+    let first = first.await.unwrap().unwrap();
+    assert_eq!(first.status(), StatusCode::CREATED);
+    let retry = server.post("/gated", &key, "x").send().await.unwrap();
+    assert!(replayed(retry.headers()));
+    assert_eq!(seen.runs(), 1);
+}
+
+async fn concurrent_duplicates_run_once<S: Backend>(store: S) {
+    let (server, seen) = serve(IdempotencyLayer::new(store)).await;
+    let server = Arc::new(server);
+    let key = fresh_key();
+    let barrier = Arc::new(tokio::sync::Barrier::new(50));
+    let requests = (0..50).map(|_| {
+        let (server, key, barrier) = (server.clone(), key.clone(), barrier.clone());
+        tokio::spawn(async move {
+            barrier.wait().await;
+            parts(server.post("/slow", &key, "once").send().await.unwrap()).await
+        })
+    });
+    let answers = futures::future::join_all(requests).await;
+    let mut originals = 0;
+    let mut bodies = Vec::new();
+    for answer in answers {
+        let (status, mut headers, body) = answer.unwrap();
+        assert_eq!(status, StatusCode::CREATED);
+        if !replayed(&headers) {
+            originals += 1;
+        }
+        headers.remove("idempotent-replayed");
+        bodies.push((headers, body));
+    }
+    assert_eq!(originals, 1);
+    assert!(bodies.windows(2).all(|w| w[0] == w[1]));
+    assert_eq!(seen.runs(), 1);
+}
+
+async fn server_error_released_then_retried<S: Backend>(store: S) {
+    let (server, seen) = serve(IdempotencyLayer::new(store)).await;
+    let key = fresh_key();
+    let failed = server.post("/flaky", &key, "x").send().await.unwrap();
+    assert_eq!(failed.status(), StatusCode::INTERNAL_SERVER_ERROR);
+    assert!(!replayed(failed.headers()));
+    let retried = server.post("/flaky", &key, "x").send().await.unwrap();
+    assert_eq!(retried.status(), StatusCode::OK);
+    assert!(!replayed(retried.headers()));
+    assert_eq!(retried.text().await.unwrap(), "run 2");
+    let again = server.post("/flaky", &key, "x").send().await.unwrap();
+    assert!(replayed(again.headers()));
+    assert_eq!(again.text().await.unwrap(), "run 2");
+    assert_eq!(seen.runs(), 2);
+}
+
+async fn stored_statuses_follow_the_policy<S: Backend>(store: S) {
+    let (server, seen) = serve(IdempotencyLayer::new(store)).await;
+    // Final answers are stored and replayed.
+    for code in [200u16, 303, 404, 422] {
+        let key = fresh_key();
+        let path = format!("/status/{code}");
+        let before = seen.runs();
+        for attempt in 0..2 {
+            let response = server.post(&path, &key, "").send().await.unwrap();
+            assert_eq!(response.status().as_u16(), code);
+            assert_eq!(replayed(response.headers()), attempt == 1, "{code}");
+        }
+        assert_eq!(seen.runs(), before + 1, "{code}");
+    }
+    // "Try again" answers and server errors release the key.
+    for code in [408u16, 409, 425, 429, 503] {
+        let key = fresh_key();
+        let path = format!("/status/{code}");
+        let before = seen.runs();
+        for _ in 0..2 {
+            let response = server.post(&path, &key, "").send().await.unwrap();
+            assert_eq!(response.status().as_u16(), code);
+            assert!(!replayed(response.headers()), "{code}");
+        }
+        assert_eq!(seen.runs(), before + 2, "{code}");
+    }
+}
+
+async fn principals_are_isolated<S: Backend>(store: S) {
+    let layer = IdempotencyLayer::new(store).principal(|parts: &axum::http::request::Parts| {
+        Some(parts.headers.get("x-tenant")?.to_str().ok()?.to_owned())
+    });
+    let (server, seen) = serve(layer).await;
+    let key = fresh_key();
+    let send = |tenant: &'static str| {
+        server
+            .post("/orders", &key, "2 apples")
+            .header("x-tenant", tenant)
+            .send()
+    };
+    let a = send("acme").await.unwrap();
+    assert!(!replayed(a.headers()));
+    let a_body = a.text().await.unwrap();
+    let b = send("globex").await.unwrap();
+    assert!(
+        !replayed(b.headers()),
+        "another principal's response was shared"
+    );
+    let b_body = b.text().await.unwrap();
+    assert_ne!(a_body, b_body);
+    let a_again = send("acme").await.unwrap();
+    assert!(replayed(a_again.headers()));
+    assert_eq!(a_again.text().await.unwrap(), a_body);
+    assert_eq!(seen.runs(), 2);
+}
+
+async fn get_is_untouched<S: Backend>(store: S) {
+    let (server, seen) = serve(IdempotencyLayer::new(store)).await;
+    let key = fresh_key();
+    for n in 1..=2 {
+        let response = server
+            .client
+            .get(format!("{}/orders", server.base))
+            .header("idempotency-key", &key)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), StatusCode::OK);
+        assert!(!replayed(response.headers()));
+        assert_eq!(response.text().await.unwrap(), format!("get {n}"));
+    }
+    // Without a key, too.
+    let response = server
+        .client
+        .get(format!("{}/orders", server.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(seen.gets.load(Ordering::SeqCst), 3);
+    assert_eq!(seen.runs(), 0);
+}
+
+async fn body_over_limit_is_413<S: Backend>(store: S) {
+    let (server, seen) = serve(IdempotencyLayer::new(store).body_limit(1024)).await;
+    let key = fresh_key();
+    let big = "x".repeat(2048);
+    let response = server.post("/orders", &key, &big).send().await.unwrap();
+    problem(response, Problem::ContentTooLarge).await;
+    assert_eq!(seen.runs(), 0);
+    // Nothing was stored: the key is free for a body within the limit.
+    let small = server.post("/orders", &key, "small").send().await.unwrap();
+    assert_eq!(small.status(), StatusCode::CREATED);
+    assert!(!replayed(small.headers()));
+    assert_eq!(seen.runs(), 1);
+}
+
+async fn store_down_is_503<S: Backend>(store: S) {
+    let (server, seen) = serve(IdempotencyLayer::new(store.clone())).await;
+    store.shut_down().await;
+    let response = server
+        .post("/orders", &fresh_key(), "2 apples")
+        .send()
+        .await
+        .unwrap();
+    assert!(response.headers().contains_key(RETRY_AFTER));
+    problem(response, Problem::StoreUnavailable).await;
+    assert_eq!(
+        seen.runs(),
+        0,
+        "the request ran without its idempotency record"
+    );
+}
+
+async fn panicking_handler_releases_the_key<S: Backend>(store: S) {
+    let (server, seen) = serve(IdempotencyLayer::new(store)).await;
+    let key = fresh_key();
+    // The panic goes on past the layer: the server drops the connection.
+    let first = server.post("/panic", &key, "x").send().await;
+    assert!(first.is_err(), "{first:?}");
+    let retry = tokio::time::timeout(
+        Duration::from_secs(3),
+        server.post("/panic", &key, "x").send(),
+    )
+    .await
+    .expect("the retry is not held up by an abandoned claim")
+    .unwrap();
+    assert_eq!(retry.status(), StatusCode::CREATED);
+    assert!(!replayed(retry.headers()));
+    assert_eq!(seen.runs(), 2);
+}
+
+async fn disconnected_client_outcome_is_saved<S: Backend>(store: S) {
+    let (server, seen) = serve(IdempotencyLayer::new(store)).await;
+    let key = fresh_key();
+    let gone = tokio::spawn(
+        server
+            .post("/gated", &key, "x")
+            .timeout(Duration::from_millis(200))
+            .send(),
+    );
+    seen.started.notified().await;
+    // The client gives up and closes its connection while the handler runs.
+    assert!(gone.await.unwrap().unwrap_err().is_timeout());
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    seen.release.notify_one();
+    // The retry gets the outcome of the run the client walked away from.
+    let retry = server.post("/gated", &key, "x").send().await.unwrap();
+    assert_eq!(retry.status(), StatusCode::CREATED);
+    assert!(replayed(retry.headers()));
+    let doc: Value = retry.json().await.unwrap();
+    assert_eq!(doc["run"], 1);
+    assert_eq!(seen.runs(), 1);
+}
