@@ -99,13 +99,23 @@ impl Problem {
         detail: impl fmt::Display,
         retry_after: Option<Duration>,
     ) -> Response<B> {
-        let document = serde_json::json!({
-            "type": self.type_uri(),
-            "title": self.title(),
-            "status": self.status().as_u16(),
-            "detail": detail.to_string(),
-        });
-        let mut response = Response::new(B::from(Bytes::from(document.to_string())));
+        // Members in the RFC's order, which a struct keeps and a map sorts.
+        #[derive(serde::Serialize)]
+        struct Document<'a> {
+            r#type: String,
+            title: &'a str,
+            status: u16,
+            detail: String,
+        }
+        let document = Document {
+            r#type: self.type_uri(),
+            title: self.title(),
+            status: self.status().as_u16(),
+            detail: detail.to_string(),
+        };
+        // Serializing strings and a number cannot fail.
+        let json = serde_json::to_vec(&document).unwrap_or_default();
+        let mut response = Response::new(B::from(Bytes::from(json)));
         *response.status_mut() = self.status();
         let headers = response.headers_mut();
         headers.insert(
@@ -142,6 +152,7 @@ mod tests {
             "application/problem+json"
         );
         assert_eq!(response.headers()[header::RETRY_AFTER], "2");
+        assert!(response.body().starts_with(br#"{"type":"#));
         let doc: serde_json::Value = serde_json::from_slice(response.body()).unwrap();
         assert_eq!(
             doc,
