@@ -9,7 +9,7 @@ use sqlx::sqlite::{
     SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePool, SqlitePoolOptions,
     SqliteRow,
 };
-use sqlx::{Connection, Row};
+use sqlx::{Connection, Executor, Row};
 
 use super::sql::{render, validate_table_name, DEFAULT_TABLE};
 use super::{BeginRequest, Store, Waiters};
@@ -200,8 +200,10 @@ impl SqliteStore {
             if version <= applied {
                 continue;
             }
-            sqlx::raw_sql(&render(migration, &self.sql.table))
-                .execute(&mut *tx)
+            // Through `Executor` on a `&str`, not `raw_sql`: the future of
+            // `raw_sql(..).execute(..)` is not `Send` in every context.
+            (&mut *tx)
+                .execute(render(migration, &self.sql.table).as_str())
                 .await?;
             sqlx::query(
                 "INSERT OR IGNORE INTO idem_migrations (table_name, version, applied_at)
