@@ -22,6 +22,12 @@ pub use fingerprint::Fingerprint;
 pub use key::{AsKey, Key, KeyError, Scope, MAX_KEY_LEN};
 pub use policy::{InProgressPolicy, Policy};
 pub use record::{Begin, Claim, Outcome, OutcomeKind, Record, State};
+#[cfg(feature = "mysql")]
+#[cfg_attr(docsrs, doc(cfg(feature = "mysql")))]
+pub use store::MySqlStore;
+#[cfg(feature = "postgres")]
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
+pub use store::PostgresStore;
 #[cfg(feature = "sqlite")]
 #[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
 pub use store::SqliteStore;

@@ -1,6 +1,7 @@
 //! The store conformance suite, instantiated per backend: every store must
 //! pass the same cases.
 
+mod servers;
 mod suite;
 
 use std::future::Future;
@@ -58,4 +59,18 @@ store_conformance!(sqlite_memory, async {
         .await
         .expect("open an in-memory SQLite database");
     (store, ())
+});
+
+// Each case on a table of its own (dropped afterwards), so cases run in
+// parallel and repeated runs never see each other's rows.
+#[cfg(feature = "postgres")]
+store_conformance!(postgres, async {
+    let (store, db, guard) = servers::postgres_store(10).await;
+    (store, (db, guard))
+});
+
+#[cfg(feature = "mysql")]
+store_conformance!(mysql, async {
+    let (store, db, guard) = servers::mysql_store(10).await;
+    (store, (db, guard))
 });

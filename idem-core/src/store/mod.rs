@@ -16,6 +16,10 @@ use crate::record::{Begin, Claim, Outcome, Record};
 use crate::{Error, Fingerprint, Key, Scope};
 
 mod memory;
+#[cfg(feature = "mysql")]
+mod mysql;
+#[cfg(feature = "postgres")]
+mod postgres;
 #[cfg(feature = "_sql")]
 pub(crate) mod sql;
 #[cfg(feature = "sqlite")]
@@ -23,6 +27,12 @@ mod sqlite;
 mod waiters;
 
 pub use memory::MemoryStore;
+#[cfg(feature = "mysql")]
+#[cfg_attr(docsrs, doc(cfg(feature = "mysql")))]
+pub use mysql::MySqlStore;
+#[cfg(feature = "postgres")]
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
+pub use postgres::PostgresStore;
 #[cfg(feature = "sqlite")]
 #[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
 pub use sqlite::SqliteStore;
