@@ -1,0 +1,704 @@
+//! Issue 3: the PostgreSQL and MariaDB/MySQL stores when connections die,
+//! when several processes migrate at once, when waiters sit in another
+//! process, and with keys and scopes that differ only in case or spaces.
+#![cfg(any(feature = "postgres", feature = "mysql"))]
+
+#[path = "conformance/servers.rs"]
+mod servers;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use idem::{run, Call, Error, Key, Policy, Scope, State, Store};
+use servers::{Db, DropTables, Server};
+use tokio::sync::oneshot;
+
+/// Counts body runs.
+#[derive(Clone, Default)]
+struct Runs(Arc<AtomicUsize>);
+
+impl Runs {
+    fn next(&self) -> usize {
+        self.0.fetch_add(1, Ordering::SeqCst) + 1
+    }
+    fn count(&self) -> usize {
+        self.0.load(Ordering::SeqCst)
+    }
+}
+
+const SCOPE: &str = "sql_stores.charge";
+
+async fn charge(store: &dyn Store, key: &str, policy: Policy, runs: &Runs) -> Result<usize, Error> {
+    run(
+        store,
+        Call::new(SCOPE, key, &1).with_policy(policy),
+        async { Ok(runs.next()) },
+    )
+    .await
+}
+
+/// A row lock held by an open transaction of the test, as another
+/// application instance would hold it.
+enum RowLock {
+    Postgres(sqlx::Transaction<'static, sqlx::Postgres>),
+    MySql(sqlx::Transaction<'static, sqlx::MySql>),
+}
+
+impl RowLock {
+    /// Locks the record of `key` (`SELECT ... FOR UPDATE`).
+    async fn take(db: &Db, table: &str, key: &str) -> RowLock {
+        let sql = format!(
+            "SELECT fence FROM {} WHERE scope = {} AND {} = {} FOR UPDATE",
+            db.ident(table),
+            if matches!(db, Db::Postgres(_)) {
+                "$1"
+            } else {
+                "?"
+            },
+            db.ident("key"),
+            if matches!(db, Db::Postgres(_)) {
+                "$2"
+            } else {
+                "?"
+            },
+        );
+        match db {
+            Db::Postgres(pool) => {
+                let mut tx = pool.begin().await.unwrap();
+                let fence: i64 = sqlx::query_scalar(&sql)
+                    .bind(SCOPE)
+                    .bind(key)
+                    .fetch_one(&mut *tx)
+                    .await
+                    .unwrap();
+                assert!(fence > 0);
+                RowLock::Postgres(tx)
+            }
+            Db::MySql(pool) => {
+                let mut tx = pool.begin().await.unwrap();
+                let fence: i64 = sqlx::query_scalar(&sql)
+                    .bind(SCOPE)
+                    .bind(key)
+                    .fetch_one(&mut *tx)
+                    .await
+                    .unwrap();
+                assert!(fence > 0);
+                RowLock::MySql(tx)
+            }
+        }
+    }
+
+    async fn release(self) {
+        match self {
+            RowLock::Postgres(tx) => tx.rollback().await.unwrap(),
+            RowLock::MySql(tx) => tx.rollback().await.unwrap(),
+        }
+    }
+}
+
+/// Kills every other session whose running statement starts with
+/// `prefix` (`pg_terminate_backend` / `KILL`). Answers how many.
+async fn kill_sessions_running(db: &Db, prefix: &str) -> usize {
+    let pattern = format!("{}%", prefix.replace('%', "\\%").replace('_', "\\_"));
+    match db {
+        Db::Postgres(pool) => {
+            let pids: Vec<i32> = sqlx::query_scalar(
+                "SELECT pid FROM pg_stat_activity
+                 WHERE pid <> pg_backend_pid() AND state = 'active' AND query LIKE $1",
+            )
+            .bind(&pattern)
+            .fetch_all(pool)
+            .await
+            .unwrap();
+            for pid in &pids {
+                sqlx::query("SELECT pg_terminate_backend($1)")
+                    .bind(pid)
+                    .execute(pool)
+                    .await
+                    .unwrap();
+            }
+            pids.len()
+        }
+        Db::MySql(pool) => {
+            let ids: Vec<i64> = sqlx::query_scalar(
+                "SELECT id FROM information_schema.processlist
+                 WHERE id <> CONNECTION_ID() AND info LIKE ?",
+            )
+            .bind(&pattern)
+            .fetch_all(pool)
+            .await
+            .unwrap();
+            for id in &ids {
+                // An id is an integer: nothing to escape. A session that
+                // ended meanwhile is no error of the test.
+                let _ = sqlx::raw_sql(&format!("KILL {id}")).execute(pool).await;
+            }
+            ids.len()
+        }
+    }
+}
+
+/// Kills sessions running a statement that starts with `prefix` until
+/// `until` is ready; answers its output and how many sessions were killed.
+async fn kill_until<T>(
+    db: &Db,
+    prefix: &str,
+    until: impl std::future::Future<Output = T>,
+) -> (T, usize) {
+    tokio::pin!(until);
+    let mut killed = 0;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        tokio::select! {
+            out = &mut until => return (out, killed),
+            _ = tokio::time::sleep(Duration::from_millis(20)) => {
+                assert!(Instant::now() < deadline, "the call never ended");
+                killed += kill_sessions_running(db, prefix).await;
+            }
+        }
+    }
+}
+
+/// The error is `Error::Store`, caused by the database driver.
+fn assert_store_error_with_cause(err: &Error) {
+    let Error::Store(source) = err else {
+        panic!("expected Error::Store, got {err:?}")
+    };
+    let cause = source
+        .downcast_ref::<sqlx::Error>()
+        .unwrap_or_else(|| panic!("the cause is not a database error: {source:?}"));
+    eprintln!("surfaced as: {err} (cause: {cause:?})");
+}
+
+/// The records no store should ever write.
+async fn completed_without_outcome(db: &Db, table: &str) -> i64 {
+    db.count(&format!(
+        "SELECT COUNT(*) FROM {} WHERE state = 'completed' AND (outcome IS NULL OR outcome_kind IS NULL)",
+        db.ident(table)
+    ))
+    .await
+}
+
+/// A retry of an expired key blocks on its record (another instance holds
+/// the row); the connection is killed while the claim waits. The call
+/// fails with `Error::Store` and its cause, its body never runs; a retry
+/// afterwards claims and completes once.
+async fn killed_while_claiming(store: Arc<dyn Store>, db: Db, table: &str) {
+    let runs = Runs::default();
+    let key = "killed-claim";
+    let short = Policy::new().ttl(Duration::from_millis(300));
+    assert_eq!(charge(&*store, key, short, &runs).await.unwrap(), 1);
+    tokio::time::sleep(Duration::from_millis(400)).await;
+
+    let lock = RowLock::take(&db, table, key).await;
+    let claim_sql = format!("INSERT INTO {}", db.ident(table));
+    let (result, killed) = kill_until(&db, &claim_sql, charge(&*store, key, short, &runs)).await;
+    assert!(killed >= 1);
+    assert_store_error_with_cause(&result.unwrap_err());
+    assert_eq!(runs.count(), 1, "the body ran although the claim failed");
+    lock.release().await;
+
+    assert_eq!(charge(&*store, key, Policy::new(), &runs).await.unwrap(), 2);
+    assert_eq!(charge(&*store, key, Policy::new(), &runs).await.unwrap(), 2);
+    assert_eq!(runs.count(), 2);
+    let record = store
+        .get(&Scope::new(SCOPE), &Key::new(key).unwrap())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!((record.state, record.fence), (State::Completed, 2));
+    assert_eq!(completed_without_outcome(&db, table).await, 0);
+}
+
+/// The body runs, then every attempt to store its outcome blocks on the
+/// record and has its connection killed. The call fails with
+/// `Error::Store`; the record stays in progress (never completed without
+/// an outcome, which the table refuses anyway); once the lease lapses a
+/// retry takes over and completes once.
+async fn killed_while_completing(store: Arc<dyn Store>, db: Db, table: &str) {
+    let runs = Runs::default();
+    let key = "killed-complete";
+    let policy = Policy::new().lease(Duration::from_secs(2)).fail_fast();
+    let (started_tx, started_rx) = oneshot::channel();
+    let (go_tx, go_rx) = oneshot::channel::<()>();
+    let first = {
+        let (store, runs) = (store.clone(), runs.clone());
+        tokio::spawn(async move {
+            run(
+                &*store,
+                Call::new(SCOPE, key, &1).with_policy(policy),
+                async {
+                    let n = runs.next();
+                    started_tx.send(()).unwrap();
+                    go_rx.await.unwrap();
+                    Ok::<_, Error>(n)
+                },
+            )
+            .await
+        })
+    };
+    started_rx.await.unwrap();
+    let lock = RowLock::take(&db, table, key).await;
+    go_tx.send(()).unwrap();
+    let complete_sql = format!("UPDATE {}", db.ident(table));
+    let (result, killed) = kill_until(&db, &complete_sql, first).await;
+    let err = result.unwrap().unwrap_err();
+    assert_store_error_with_cause(&err);
+    assert!(killed >= 1);
+    lock.release().await;
+
+    let record = store
+        .get(&Scope::new(SCOPE), &Key::new(key).unwrap())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(record.state, State::InProgress);
+    assert!(record.outcome.is_none());
+    assert_eq!(completed_without_outcome(&db, table).await, 0);
+    // The table itself refuses a completed record without an outcome.
+    let t = db.ident(table);
+    let forged = match &db {
+        Db::Postgres(pool) => sqlx::query(&format!("UPDATE {t} SET state = 'completed'"))
+            .execute(pool)
+            .await
+            .map(drop),
+        Db::MySql(pool) => sqlx::query(&format!("UPDATE {t} SET state = 'completed'"))
+            .execute(pool)
+            .await
+            .map(drop),
+    };
+    assert!(
+        forged.is_err(),
+        "a completed record without outcome was accepted"
+    );
+
+    // While the lease holds: in progress. After it: taken over, once.
+    let err = charge(&*store, key, policy, &runs).await.unwrap_err();
+    assert!(matches!(err, Error::InProgress { .. }), "{err:?}");
+    tokio::time::sleep(Duration::from_millis(2_100)).await;
+    assert_eq!(charge(&*store, key, policy, &runs).await.unwrap(), 2);
+    assert_eq!(charge(&*store, key, policy, &runs).await.unwrap(), 2);
+    assert_eq!(runs.count(), 2);
+    let record = store
+        .get(&Scope::new(SCOPE), &Key::new(key).unwrap())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!((record.state, record.fence), (State::Completed, 2));
+    assert_eq!(completed_without_outcome(&db, table).await, 0);
+}
+
+/// With a pool of one connection, the connection is killed between the
+/// claim and the completion, while the body runs: the pool replaces it
+/// and the call completes once.
+async fn killed_while_the_body_runs(store: Arc<dyn Store>, pool_of_one: Db, admin: Db) {
+    let id_sql = match &pool_of_one {
+        Db::Postgres(_) => "SELECT pg_backend_pid()::BIGINT",
+        Db::MySql(_) => "SELECT CAST(CONNECTION_ID() AS SIGNED)",
+    };
+    let runs = Runs::default();
+    let killed = run(&*store, Call::new(SCOPE, "killed-body", &1), async {
+        let id = pool_of_one.count(id_sql).await;
+        admin
+            .execute(&match &admin {
+                Db::Postgres(_) => format!("SELECT pg_terminate_backend({id})"),
+                Db::MySql(_) => format!("KILL {id}"),
+            })
+            .await;
+        Ok::<_, Error>((runs.next(), id))
+    })
+    .await
+    .unwrap();
+    // Another connection answers now, and the outcome was stored once.
+    assert_ne!(pool_of_one.count(id_sql).await, killed.1);
+    let replay = run(&*store, Call::new(SCOPE, "killed-body", &1), async {
+        Ok::<_, Error>((runs.next(), 0))
+    })
+    .await
+    .unwrap();
+    assert_eq!(replay, killed);
+    assert_eq!(runs.count(), 1);
+}
+
+/// Several instances starting at once migrate the same new table.
+async fn concurrent_migrations(server: Server) {
+    let mut guard = DropTables::new(server);
+    let table = guard.add(servers::unique_table("mig"));
+    let mut tasks = Vec::new();
+    for _ in 0..4 {
+        let table = table.clone();
+        tasks.push(tokio::spawn(async move {
+            let db = server.pool(2).await;
+            let store: Arc<dyn Store> = match db {
+                #[cfg(feature = "postgres")]
+                Db::Postgres(pool) => {
+                    let store = idem::PostgresStore::new(pool)
+                        .with_table_name(&table)
+                        .unwrap();
+                    store.migrate().await.map(|()| Arc::new(store) as _)
+                }
+                #[cfg(feature = "mysql")]
+                Db::MySql(pool) => {
+                    let store = idem::MySqlStore::new(pool).with_table_name(&table).unwrap();
+                    store.migrate().await.map(|()| Arc::new(store) as _)
+                }
+                #[allow(unreachable_patterns)]
+                _ => unreachable!(),
+            }
+            .expect("a concurrent migration");
+            charge(&*store, "after-migration", Policy::new(), &Runs::default())
+                .await
+                .unwrap()
+        }));
+    }
+    for task in tasks {
+        assert_eq!(task.await.unwrap(), 1);
+    }
+}
+
+/// Keys and scopes are compared byte for byte: case and trailing spaces
+/// make them different.
+async fn byte_exact_keys_and_scopes(store: Arc<dyn Store>) {
+    let runs = Runs::default();
+    let mut seen = Vec::new();
+    for (scope, key) in [
+        ("exact.op", "abc"),
+        ("exact.op", "ABC"),
+        ("exact.op", "abc."),
+        ("exact.OP", "abc"),
+        ("exact.op ", "abc"),
+    ] {
+        for _ in 0..2 {
+            let n = run(&*store, Call::new(scope, key, &1), async {
+                Ok::<_, Error>(runs.next())
+            })
+            .await
+            .unwrap();
+            seen.push(n);
+        }
+    }
+    assert_eq!(seen, vec![1, 1, 2, 2, 3, 3, 4, 4, 5, 5]);
+    // A principal with a line feed and non-ASCII text round-trips.
+    let scope = Scope::new("exact.op").with_principal("tenant\nü");
+    run(&*store, Call::new(&scope, "k", &1), async {
+        Ok::<_, Error>(0)
+    })
+    .await
+    .unwrap();
+    let record = store
+        .get(&scope, &Key::new("k").unwrap())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(record.scope, scope);
+}
+
+/// A claim that takes a record over rewrites all of it: after a lapsed
+/// lease (same payload) and after expiry (another payload), the record is
+/// the new claim's, column by column.
+async fn takeover_rewrites_the_whole_record(store: Arc<dyn Store>) {
+    use idem::{Begin, BeginRequest, Fingerprint, Outcome, OutcomeKind};
+    let (scope, key) = (Scope::new(SCOPE), Key::new("rewritten").unwrap());
+    let (a, b) = (
+        Fingerprint::of(&"a").unwrap(),
+        Fingerprint::of(&"b").unwrap(),
+    );
+    let request = |fingerprint, lease: u64, ttl: u64| BeginRequest {
+        scope: &scope,
+        key: &key,
+        fingerprint,
+        lease: Duration::from_millis(lease),
+        ttl: Duration::from_millis(ttl),
+    };
+    let claimed = |begun: Begin| match begun {
+        Begin::Claimed(claim) => claim,
+        other => panic!("not claimed: {other:?}"),
+    };
+    let check = |record: idem::Record, fingerprint: &Fingerprint, fence, lease, ttl, since| {
+        assert_eq!(record.state, State::InProgress);
+        assert_eq!(&record.fingerprint, fingerprint);
+        assert_eq!(record.fence, fence);
+        assert!(record.outcome.is_none());
+        assert!(record.created_at >= since, "{record:?}");
+        assert_eq!(
+            record.lease_until,
+            Some(record.created_at + lease),
+            "{record:?}"
+        );
+        assert_eq!(record.expires_at, record.created_at + ttl, "{record:?}");
+    };
+
+    // Held for 200 ms, kept for 60 s.
+    claimed(store.begin(&request(&a, 200, 60_000)).await.unwrap());
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let since = idem::record::now_millis();
+    // The lease lapsed: taken over with the same payload, new lease and ttl.
+    let claim = claimed(store.begin(&request(&a, 5_000, 600)).await.unwrap());
+    assert_eq!(claim.fence, 2);
+    let record = store.get(&scope, &key).await.unwrap().unwrap();
+    check(record, &a, 2, 5_000, 600, since);
+
+    let outcome = Outcome {
+        kind: OutcomeKind::Ok,
+        body: b"\"done\"".to_vec(),
+    };
+    store.complete(&claim, &outcome).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let since = idem::record::now_millis();
+    // Expired: taken over with another payload; the outcome is gone.
+    let claim = claimed(store.begin(&request(&b, 3_000, 60_000)).await.unwrap());
+    assert_eq!(claim.fence, 3);
+    let record = store.get(&scope, &key).await.unwrap().unwrap();
+    check(record, &b, 3, 3_000, 60_000, since);
+}
+
+#[cfg(feature = "postgres")]
+mod postgres {
+    use super::*;
+    use idem::PostgresStore;
+
+    async fn store(max: u32) -> (Arc<dyn Store>, Db, DropTables, String) {
+        let (store, db, guard) = servers::postgres_store(max).await;
+        let table = store.table_name().to_owned();
+        (Arc::new(store), db, guard, table)
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn killed_while_claiming() {
+        let (store, db, _guard, table) = store(4).await;
+        super::killed_while_claiming(store, db, &table).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn killed_while_completing() {
+        let (store, db, _guard, table) = store(4).await;
+        super::killed_while_completing(store, db, &table).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn killed_while_the_body_runs() {
+        let (store, db, _guard, _) = store(1).await;
+        let admin = Server::Postgres.pool(2).await;
+        super::killed_while_the_body_runs(store, db, admin).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn concurrent_migrations() {
+        super::concurrent_migrations(Server::Postgres).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn takeover_rewrites_the_whole_record() {
+        let (store, _db, _guard, _) = store(2).await;
+        super::takeover_rewrites_the_whole_record(store).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn byte_exact_keys_and_scopes() {
+        let (store, _db, _guard, _) = store(4).await;
+        super::byte_exact_keys_and_scopes(store).await;
+    }
+
+    /// A waiter on another pool (as in another process, with waiters of its
+    /// own) is woken by the completion's NOTIFY, long before its timeout.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn notify_wakes_waiters_of_other_processes() {
+        let (first, _db, _guard) = servers::postgres_store(2).await;
+        let Db::Postgres(other_pool) = Server::Postgres.pool(2).await else {
+            unreachable!()
+        };
+        let other = PostgresStore::new(other_pool)
+            .with_table_name(first.table_name())
+            .unwrap();
+        let (scope, key) = (Scope::new(SCOPE), Key::new("notified").unwrap());
+        let fingerprint = idem::Fingerprint::of(&1).unwrap();
+        let request = idem::BeginRequest {
+            scope: &scope,
+            key: &key,
+            fingerprint: &fingerprint,
+            lease: Duration::from_secs(30),
+            ttl: Duration::from_secs(60),
+        };
+        let idem::Begin::Claimed(claim) = first.begin(&request).await.unwrap() else {
+            panic!("not claimed")
+        };
+        // The first wait starts the listener; give it time to LISTEN.
+        other
+            .wait_for_change(&scope, &key, Duration::from_millis(300))
+            .await
+            .unwrap();
+        for release in [false, true] {
+            let claim = if release {
+                let request = idem::BeginRequest {
+                    key: &Key::new("notified-release").unwrap(),
+                    ..request
+                };
+                let idem::Begin::Claimed(claim) = first.begin(&request).await.unwrap() else {
+                    panic!("not claimed")
+                };
+                claim
+            } else {
+                claim.clone()
+            };
+            let waiting = {
+                let (other, scope, key) = (other.clone(), claim.scope.clone(), claim.key.clone());
+                tokio::spawn(async move {
+                    let started = Instant::now();
+                    other
+                        .wait_for_change(&scope, &key, Duration::from_secs(20))
+                        .await
+                        .unwrap();
+                    started.elapsed()
+                })
+            };
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            if release {
+                first.release(&claim).await.unwrap();
+            } else {
+                let outcome = idem::Outcome {
+                    kind: idem::OutcomeKind::Ok,
+                    body: b"1".to_vec(),
+                };
+                first.complete(&claim, &outcome).await.unwrap();
+            }
+            let waited = waiting.await.unwrap();
+            assert!(
+                waited < Duration::from_secs(5),
+                "the waiter slept {waited:?} (release: {release})"
+            );
+        }
+    }
+}
+
+#[cfg(feature = "mysql")]
+mod mysql {
+    use super::*;
+
+    async fn store(max: u32) -> (Arc<dyn Store>, Db, DropTables, String) {
+        let (store, db, guard) = servers::mysql_store(max).await;
+        let table = store.table_name().to_owned();
+        (Arc::new(store), db, guard, table)
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn killed_while_claiming() {
+        let (store, db, _guard, table) = store(4).await;
+        super::killed_while_claiming(store, db, &table).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn killed_while_completing() {
+        let (store, db, _guard, table) = store(4).await;
+        super::killed_while_completing(store, db, &table).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn killed_while_the_body_runs() {
+        let (store, db, _guard, _) = store(1).await;
+        let admin = Server::MySql.pool(2).await;
+        super::killed_while_the_body_runs(store, db, admin).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn concurrent_migrations() {
+        super::concurrent_migrations(Server::MySql).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn takeover_rewrites_the_whole_record() {
+        let (store, _db, _guard, _) = store(2).await;
+        super::takeover_rewrites_the_whole_record(store).await;
+    }
+
+    /// MariaDB's `SIMULTANEOUS_ASSIGNMENT` mode evaluates every assignment
+    /// of the claim on the old row; the claim must decide the same.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn takeover_rewrites_the_whole_record_with_simultaneous_assignment() {
+        use sqlx::Executor;
+        let Db::MySql(probe) = Server::MySql.pool(1).await else {
+            unreachable!()
+        };
+        let version: String = sqlx::query_scalar("SELECT VERSION()")
+            .fetch_one(&probe)
+            .await
+            .unwrap();
+        if !version.contains("MariaDB") {
+            eprintln!("{version} is not MariaDB: SIMULTANEOUS_ASSIGNMENT does not exist there");
+            return;
+        }
+        let pool = sqlx::mysql::MySqlPoolOptions::new()
+            .max_connections(2)
+            .after_connect(|conn, _| {
+                Box::pin(async move {
+                    conn.execute(
+                        "SET SESSION sql_mode = CONCAT(@@sql_mode, ',SIMULTANEOUS_ASSIGNMENT')",
+                    )
+                    .await
+                    .map(drop)
+                })
+            })
+            .connect(&Server::MySql.url())
+            .await
+            .unwrap();
+        let mut guard = DropTables::new(Server::MySql);
+        let table = guard.add(servers::unique_table("simul"));
+        let store = idem::MySqlStore::new(pool).with_table_name(&table).unwrap();
+        store.migrate().await.unwrap();
+        super::takeover_rewrites_the_whole_record(Arc::new(store)).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn byte_exact_keys_and_scopes() {
+        let (store, _db, _guard, _) = store(4).await;
+        super::byte_exact_keys_and_scopes(store).await;
+    }
+
+    /// A scope longer than the table holds is refused before any write,
+    /// rather than truncated into another scope.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn overlong_scope_refused() {
+        let (store, _db, _guard, _) = store(2).await;
+        let long = Scope::new("op").with_principal("p".repeat(1024));
+        let err = run(&*store, Call::new(&long, "k", &1), async {
+            Ok::<_, Error>(())
+        })
+        .await
+        .unwrap_err();
+        assert!(matches!(err, Error::Config(_)), "{err:?}");
+        let fits = Scope::new("op").with_principal("p".repeat(1024 - 3));
+        run(&*store, Call::new(&fits, "k", &1), async {
+            Ok::<_, Error>(())
+        })
+        .await
+        .unwrap();
+    }
+}
+
+/// Connecting, migrating and claiming can run on a task of their own: their
+/// futures are `Send` in every context (`tokio::spawn` checks that with
+/// lifetimes erased, which a `raw_sql(..).execute(..)` inside used to fail).
+#[tokio::test]
+async fn store_futures_can_be_spawned() {
+    fn spawnable<F: std::future::Future + Send + 'static>(_: F) {}
+    #[cfg(feature = "postgres")]
+    {
+        spawnable(async { idem::PostgresStore::connect("postgres://unused").await });
+        let pool = sqlx::postgres::PgPoolOptions::new()
+            .connect_lazy("postgres://unused")
+            .unwrap();
+        let store = idem::PostgresStore::new(pool);
+        spawnable(async move { store.migrate().await });
+    }
+    #[cfg(feature = "mysql")]
+    {
+        spawnable(async { idem::MySqlStore::connect("mysql://unused").await });
+        let pool = sqlx::mysql::MySqlPoolOptions::new()
+            .connect_lazy("mysql://unused")
+            .unwrap();
+        let store = idem::MySqlStore::new(pool);
+        spawnable(async move { store.migrate().await });
+    }
+    #[cfg(feature = "sqlite")]
+    spawnable(async { idem::SqliteStore::connect("sqlite::memory:").await });
+}
