@@ -68,6 +68,17 @@ impl Backend for idem::SqliteStore {
     }
 }
 
+#[cfg(feature = "postgres")]
+#[path = "conformance/servers.rs"]
+mod servers;
+
+#[cfg(feature = "postgres")]
+impl Backend for idem::PostgresStore {
+    async fn shut_down(&self) {
+        self.pool().close().await;
+    }
+}
+
 http_cases!(sqlite, async {
     let dir = tempfile::tempdir().expect("a temporary directory");
     let url = format!("sqlite://{}", dir.path().join("idem.db").display());
@@ -75,6 +86,13 @@ http_cases!(sqlite, async {
         .await
         .expect("open the SQLite file");
     (store, dir)
+});
+
+// Each case on a table of its own, dropped when the case ends.
+#[cfg(feature = "postgres")]
+http_cases!(postgres, async {
+    let (store, _db, tables) = servers::postgres_store(8).await;
+    (store, tables)
 });
 
 // ---------------------------------------------------------------------------
