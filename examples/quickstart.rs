@@ -99,8 +99,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     });
 
     // A client retries after a lost response: the second call replays.
-    let first = service.process_payment(command("order-1001", 2500, "4242424242424242")).await?;
-    let retry = service.process_payment(command("order-1001", 2500, "4242424242424242")).await?;
+    let first = service
+        .process_payment(command("order-1001", 2500, "4242424242424242"))
+        .await?;
+    let retry = service
+        .process_payment(command("order-1001", 2500, "4242424242424242"))
+        .await?;
     println!("first call:  {first:?}");
     println!("retry:       {retry:?} (replayed: {})", first == retry);
 
@@ -109,7 +113,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     for _ in 0..10 {
         let service = service.clone();
         tasks.push(tokio::spawn(async move {
-            service.process_payment(command("order-1002", 990, "4000056655665556")).await
+            service
+                .process_payment(command("order-1002", 990, "4000056655665556"))
+                .await
         }));
     }
     let mut answers = Vec::new();
@@ -117,10 +123,16 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         answers.push(task.await??);
     }
     let identical = answers.iter().all(|a| a == &answers[0]);
-    println!("10 concurrent duplicates -> {:?}, all identical: {identical}", answers[0].id);
+    println!(
+        "10 concurrent duplicates -> {:?}, all identical: {identical}",
+        answers[0].id
+    );
 
     // The same key with another amount is refused, not charged.
-    match service.process_payment(command("order-1001", 9999, "4242424242424242")).await {
+    match service
+        .process_payment(command("order-1001", 9999, "4242424242424242"))
+        .await
+    {
         Err(PaymentError::Idempotency(idem::Error::KeyReused)) => {
             println!("reused key with another amount: refused (KeyReused)")
         }
@@ -129,7 +141,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     // A declined card is stored and replayed: the gateway is asked once.
     for _ in 0..2 {
-        let declined = service.process_payment(command("order-1003", 100, "4000000000000002")).await;
+        let declined = service
+            .process_payment(command("order-1003", 100, "4000000000000002"))
+            .await;
         println!("declined card: {declined:?}");
     }
 

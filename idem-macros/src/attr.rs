@@ -159,12 +159,12 @@ impl Partial {
                 ),
             )
         };
-        let key = self.key.ok_or_else(|| {
-            missing("key", "key = cmd.idempotency_key, store = self.store")
-        });
-        let store = self.store.ok_or_else(|| {
-            missing("store", "key = cmd.idempotency_key, store = self.store")
-        });
+        let key = self
+            .key
+            .ok_or_else(|| missing("key", "key = cmd.idempotency_key, store = self.store"));
+        let store = self
+            .store
+            .ok_or_else(|| missing("store", "key = cmd.idempotency_key, store = self.store"));
         let (key, store) = match (key, store) {
             (Ok(key), Ok(store)) => (key, store),
             (Err(mut a), Err(b)) => {

@@ -1,7 +1,7 @@
 //! Code generation: the annotated `async fn` keeps its signature and its body
 //! becomes a call to `::idem::__private::run`.
 
-use proc_macro2::{Ident, Span, TokenStream, TokenTree};
+use proc_macro2::{Delimiter, Group, Ident, Span, TokenStream, TokenTree};
 use quote::{format_ident, quote, quote_spanned, ToTokens};
 use syn::spanned::Spanned;
 use syn::visit_mut::VisitMut;
@@ -87,9 +87,9 @@ pub(crate) fn expand(args: &Args, function: ItemFn) -> TokenStream {
 
     let (return_type, return_span) = match &sig.output {
         ReturnType::Type(_, ty) => {
-            let mut ty = (**ty).clone();
-            EraseImplTrait.visit_type_mut(&mut ty);
-            (ty.into_token_stream(), ty_span(&sig.output))
+            let mut erased = (**ty).clone();
+            EraseImplTrait.visit_type_mut(&mut erased);
+            (erased.into_token_stream(), ty.span())
         }
         // Rejected by `valid`; kept total for unit tests.
         ReturnType::Default => (quote!(()), sig.ident.span()),
@@ -118,14 +118,40 @@ pub(crate) fn expand(args: &Args, function: ItemFn) -> TokenStream {
     // block as the tail would trip `unused_braces` on one-line bodies.
     let stmts = &block.stmts;
     let call = Ident::new("__idem_call", Span::mixed_site());
-    // Bounds on the output and error types are reported at the return type.
+    // Each generated call spans the user's tokens it depends on, so that an
+    // unmet bound is reported there rather than at the attribute: the key's
+    // type at the key, the arguments' at the argument list, the output and
+    // error types at the return type, the store's at the store.
+    let key_call = call_spanning(key, quote!(::idem::__private::key), ref_spanning(key));
+    let fingerprint_call = match &args.fingerprint {
+        Some(expr) => call_spanning(
+            expr,
+            quote!(::idem::__private::fingerprint),
+            ref_spanning(expr),
+        ),
+        None => {
+            let span = sig.paren_token.span.join();
+            quote_spanned!(span=> ::idem::__private::fingerprint(&(#fingerprint)))
+        }
+    };
+    let store_ref = quote_spanned!(store.span()=> &(#store));
     let run = match &args.replayable {
         None => quote_spanned!(return_span=> ::idem::__private::run),
         Some(_) => quote_spanned!(return_span=> ::idem::__private::run_replaying),
     };
     let replayable = args.replayable.as_ref().map(|pred| quote!(, #pred));
-    let key_fn = quote_spanned!(key.span()=> ::idem::__private::key);
-    let fingerprint_fn = quote_spanned!(fingerprint.span()=> ::idem::__private::fingerprint);
+    let body = quote! {
+        async {
+            #(#rebinds)*
+            #fake_return
+            #(#stmts)*
+        }
+    };
+    // Spanned at the return type's first token only: the `.await` repeats
+    // some of the call's bounds, and one span for both reports each once.
+    let run_call = quote_spanned! {return_span=>
+        #run(#store_ref, #call, #body #replayable).await
+    };
 
     quote! {
         #(#outer_attrs)*
@@ -133,16 +159,11 @@ pub(crate) fn expand(args: &Args, function: ItemFn) -> TokenStream {
             #(#inner_attrs)*
             let #call = ::idem::__private::Call::from_parts(
                 ::idem::__private::scope(#scope),
-                #key_fn(&(#key)),
-                #fingerprint_fn(&(#fingerprint)),
+                #key_call,
+                #fingerprint_call,
                 #policy,
             );
-            #run(&(#store), #call, async {
-                #(#rebinds)*
-                #fake_return
-                #(#stmts)*
-            } #replayable)
-            .await
+            #run_call
         }
     }
 }
@@ -220,11 +241,37 @@ fn idents_in(tokens: TokenStream) -> Vec<Ident> {
     out
 }
 
-fn ty_span(output: &ReturnType) -> Span {
-    match output {
-        ReturnType::Type(_, ty) => ty.span(),
-        ReturnType::Default => Span::call_site(),
-    }
+/// `path(args)` whose span, as the compiler computes it from the first and
+/// the last token, covers all of `user` (proc-macro spans cannot be joined
+/// on stable Rust, so the path takes the span of `user`'s first token and
+/// the parentheses that of its last).
+fn call_spanning(user: &impl ToTokens, path: TokenStream, args: TokenStream) -> TokenStream {
+    let first = user.span();
+    let last = last_span(user);
+    let path = path.into_iter().map(|mut tree| {
+        tree.set_span(first);
+        tree
+    });
+    let mut args = Group::new(Delimiter::Parenthesis, args);
+    args.set_span(last);
+    quote!(#(#path)* #args)
+}
+
+/// `&(user)`, spanning all of `user` in the same way as [`call_spanning`].
+fn ref_spanning(user: &impl ToTokens) -> TokenStream {
+    let ampersand = quote_spanned!(user.span()=> &);
+    let mut inner = Group::new(Delimiter::Parenthesis, user.to_token_stream());
+    inner.set_span(last_span(user));
+    quote!(#ampersand #inner)
+}
+
+/// The span of the last token of `tokens` (a group's covers its contents).
+fn last_span(tokens: &impl ToTokens) -> Span {
+    tokens
+        .to_token_stream()
+        .into_iter()
+        .last()
+        .map_or_else(Span::call_site, |tree| tree.span())
 }
 
 /// Replaces `impl Trait` by `_`, which a `let` type annotation accepts.
@@ -239,5 +286,255 @@ impl VisitMut for EraseImplTrait {
         } else {
             syn::visit_mut::visit_type_mut(self, ty);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn expand_str(args: TokenStream, item: TokenStream) -> String {
+        idempotent(args, item)
+            .unwrap_or_else(|e| panic!("{e}"))
+            .to_string()
+    }
+
+    fn squash(tokens: TokenStream) -> String {
+        tokens.to_string()
+    }
+
+    #[test]
+    fn whole_expansion_of_a_method() {
+        let out = expand_str(
+            quote!(key = cmd.token, store = self.store),
+            quote! {
+                /// Docs stay.
+                pub async fn charge(&self, cmd: Charge) -> Result<Receipt, PaymentError> {
+                    let receipt = self.gateway.charge(cmd.amount).await?;
+                    Ok(receipt)
+                }
+            },
+        );
+        let expected = squash(quote! {
+            #[doc = r" Docs stay."]
+            pub async fn charge(&self, cmd: Charge) -> Result<Receipt, PaymentError> {
+                let __idem_call = ::idem::__private::Call::from_parts(
+                    ::idem::__private::scope(::core::concat!(::core::module_path!(), "::", "charge")),
+                    ::idem::__private::key(&(cmd.token)),
+                    ::idem::__private::fingerprint(&((&cmd,))),
+                    ::idem::__private::Policy::new(),
+                );
+                ::idem::__private::run(&(self.store), __idem_call, async {
+                    #[allow(unused_variables)]
+                    let cmd = cmd;
+                    #[allow(
+                        unknown_lints,
+                        unreachable_code,
+                        clippy::diverging_sub_expression,
+                        clippy::empty_loop,
+                        clippy::let_unit_value,
+                        clippy::let_with_type_underscore,
+                        clippy::needless_return,
+                        clippy::unreachable
+                    )]
+                    if false {
+                        let __idem_fake_return: Result<Receipt, PaymentError> = loop {};
+                        return __idem_fake_return;
+                    }
+                    let receipt = self.gateway.charge(cmd.amount).await?;
+                    Ok(receipt)
+                })
+                .await
+            }
+        });
+        assert_eq!(out, expected);
+    }
+
+    #[test]
+    fn default_fingerprint_skips_receiver_and_store_argument() {
+        let out = expand_str(
+            quote!(key = key, store = store),
+            quote!(
+                async fn f(store: &S, key: &str, amount: u64) -> Result<(), E> {
+                    Ok(())
+                }
+            ),
+        );
+        assert!(
+            out.contains(&squash(quote!(fingerprint(&((&key, &amount,)))))),
+            "{out}"
+        );
+        assert!(
+            out.contains("run (& (store) , __idem_call , async"),
+            "{out}"
+        );
+
+        let out = expand_str(
+            quote!(key = KEY, store = STORE),
+            quote!(
+                async fn f(&mut self) -> Result<(), E> {
+                    Ok(())
+                }
+            ),
+        );
+        assert!(out.contains(&squash(quote!(fingerprint(&(()))))), "{out}");
+    }
+
+    #[test]
+    fn explicit_fingerprint_scope_and_replayable() {
+        let out = expand_str(
+            quote! {
+                key = cmd.key,
+                store = self.store,
+                scope = "payments.create",
+                fingerprint = (&cmd.amount, &cmd.currency),
+                replayable = |e| e.is_final(),
+            },
+            quote!(
+                async fn f(&self, cmd: Cmd) -> Result<(), E> {
+                    Ok(())
+                }
+            ),
+        );
+        assert!(
+            out.contains(&squash(quote!(scope("payments.create")))),
+            "{out}"
+        );
+        assert!(
+            out.contains(&squash(quote!(fingerprint(
+                &((&cmd.amount, &cmd.currency))
+            )))),
+            "{out}"
+        );
+        assert!(
+            out.contains(
+                ":: idem :: __private :: run_replaying (& (self . store) , __idem_call , async"
+            ),
+            "{out}"
+        );
+        assert!(out.contains(", | e | e . is_final ()) . await }"), "{out}");
+    }
+
+    #[test]
+    fn policy_from_durations_and_in_progress_options() {
+        let item = quote!(
+            async fn f(k: u64) -> Result<(), E> {
+                Ok(())
+            }
+        );
+        let out = expand_str(
+            quote!(
+                key = k,
+                store = S,
+                ttl = "1h30m",
+                lease = "500ms",
+                wait = "2s"
+            ),
+            item.clone(),
+        );
+        let policy = squash(quote! {
+            ::idem::__private::Policy::new()
+                .ttl(::core::time::Duration::from_millis(5400000u64))
+                .lease(::core::time::Duration::from_millis(500u64))
+                .wait(::core::time::Duration::from_millis(2000u64)),
+        });
+        assert!(out.contains(&policy), "{out}");
+
+        let out = expand_str(quote!(key = k, store = S, fail_fast), item.clone());
+        assert!(
+            out.contains(&squash(quote!(Policy::new().fail_fast(),))),
+            "{out}"
+        );
+        let out = expand_str(quote!(key = k, store = S, wait = "0s"), item);
+        assert!(out.contains(&squash(
+            quote!(.wait(::core::time::Duration::from_millis(0u64)))
+        )));
+    }
+
+    #[test]
+    fn arguments_used_by_the_body_move_into_it() {
+        let out = expand_str(
+            quote!(key = key, store = store),
+            quote! {
+                async fn f(store: &S, key: String, mut lines: Vec<String>, unused: u8, seen: u8) -> Result<usize, E> {
+                    lines.push(format!("{}", seen));
+                    Ok(lines.len())
+                }
+            },
+        );
+        // `mut` moves from the signature to the rebinding.
+        assert!(
+            out.contains(&squash(
+                quote!(key: String, lines: Vec<String>, unused: u8, seen: u8)
+            ),),
+            "{out}"
+        );
+        assert!(
+            out.contains(&squash(quote!(let mut lines = lines;))),
+            "{out}"
+        );
+        assert!(out.contains(&squash(quote!(let seen = seen;))), "{out}");
+        assert!(!out.contains("let unused"), "{out}");
+        assert!(!out.contains("let key"), "{out}");
+        assert!(!out.contains("let store"), "{out}");
+    }
+
+    #[test]
+    fn raw_names_inner_attributes_and_impl_trait() {
+        let out = expand_str(
+            quote!(key = k, store = s),
+            quote! {
+                async fn r#match(k: u8) -> Result<impl Sized, E> {
+                    #![allow(clippy::all)]
+                    Ok(k)
+                }
+            },
+        );
+        assert!(
+            out.contains(r#"module_path ! () , "::" , "match")"#),
+            "{out}"
+        );
+        assert!(
+            out.contains(
+                "-> Result < impl Sized , E > { # ! [allow (clippy :: all)] let __idem_call"
+            ),
+            "{out}"
+        );
+        assert!(
+            out.contains(&squash(
+                quote!(let __idem_fake_return: Result<_, E> = loop {};)
+            )),
+            "{out}"
+        );
+    }
+
+    #[test]
+    fn argument_and_item_errors_are_reported_together() {
+        let err = idempotent(
+            quote!(store = s),
+            quote!(
+                fn f() {}
+            ),
+        )
+        .unwrap_err();
+        let messages: Vec<String> = err.into_iter().map(|e| e.to_string()).collect();
+        assert_eq!(messages.len(), 3, "{messages:?}");
+        assert!(messages[0].contains("needs `key = ...`"));
+        assert!(messages[1].contains("only applies to `async fn`"));
+        assert!(messages[2].contains("must return `Result<T, E>`"));
+    }
+
+    #[test]
+    fn pattern_arguments_are_not_reported_when_the_arguments_do_not_parse() {
+        let err = idempotent(
+            quote!(key = k, store = s, fingerprint = ),
+            quote!(
+                async fn f(k: u8, (a, b): (u8, u8)) -> Result<(), E> {
+                    Ok(())
+                }
+            ),
+        )
+        .unwrap_err();
+        assert_eq!(err.into_iter().count(), 1);
     }
 }

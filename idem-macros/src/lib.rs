@@ -17,24 +17,60 @@ mod valid;
 /// and saves its result; every later call with the same key gets the saved
 /// result back without running the body again.
 ///
-/// ```ignore
-/// use idem::idempotent;
+/// ```
+/// use idem::{idempotent, MemoryStore};
+/// use serde::{Deserialize, Serialize};
 ///
-/// impl Payments {
-///     #[idempotent(key = cmd.idempotency_key, store = self.store)]
-///     pub async fn charge(&self, cmd: Charge) -> Result<Receipt, PaymentError> {
-///         let receipt = self.gateway.charge(cmd.amount).await?;
-///         Ok(receipt)
+/// #[derive(Serialize)]
+/// struct Charge {
+///     idempotency_key: String,
+///     amount: u64,
+/// }
+///
+/// #[derive(Debug, PartialEq, Serialize, Deserialize)]
+/// struct Receipt {
+///     amount: u64,
+/// }
+///
+/// #[derive(Debug)]
+/// enum PaymentError {
+///     Idem(idem::Error),
+/// }
+///
+/// impl From<idem::Error> for PaymentError {
+///     fn from(err: idem::Error) -> Self {
+///         PaymentError::Idem(err)
 ///     }
 /// }
+///
+/// struct Payments {
+///     store: MemoryStore,
+/// }
+///
+/// impl Payments {
+///     #[idempotent(key = cmd.idempotency_key, store = self.store, ttl = "24h")]
+///     async fn charge(&self, cmd: Charge) -> Result<Receipt, PaymentError> {
+///         // Runs once per key; a retry gets this receipt back.
+///         Ok(Receipt { amount: cmd.amount })
+///     }
+/// }
+///
+/// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
+/// let payments = Payments { store: MemoryStore::new() };
+/// let charge = || Charge { idempotency_key: "c-1".into(), amount: 500 };
+/// let first = payments.charge(charge()).await.unwrap();
+/// assert_eq!(payments.charge(charge()).await.unwrap(), first);
+/// # });
 /// ```
 ///
 /// # Requirements
 ///
-/// - The function is an `async fn` with a body (a free function, an
-///   inherent method, or a method of a trait `impl`).
+/// - The function is an `async fn` with a body: a free function, an
+///   inherent method, or a method of a trait `impl` (native `async fn` in
+///   traits; under `#[async_trait]` the attribute would only see the
+///   rewritten method).
 /// - It returns `Result<T, E>` (or an alias whose name ends in `Result`).
-///   `T: Serialize + DeserializeOwned + Send` is what is saved and replayed;
+///   `T: Serialize + DeserializeOwned` is what is saved and replayed;
 ///   `E: From<idem::Error>` receives the library's own failures (key reused
 ///   with another payload, call still in progress, store errors).
 /// - Every argument other than `self` is `Serialize` (it is part of the
@@ -47,17 +83,22 @@ mod valid;
 /// | `key = <expr>` | **required.** The client's idempotency key: a `str`, `String`, `idem::Key`, an integer, an `Option` of these, or a reference to any of them. Any expression over the arguments, such as `cmd.idempotency_key`, `order_id` or `&cmd.key`. |
 /// | `store = <expr>` | **required.** The store, any `idem::Store` (also behind `Arc` or `&`), such as `self.store`. When it is an argument (`store = store`), that argument is left out of the default fingerprint. |
 /// | `scope = <expr>` | The operation the key belongs to, anything `Into<idem::Scope>` (`"payments.charge"`, a `String`, a `Scope` with a principal). Default: the module path and function name, such as `"my_app::payments::charge"`. Two methods with the same name in one module share that default: give one of them a `scope`. |
-/// | `ttl = "24h"` | How long a completed result is kept. |
-/// | `lease = "30s"` | How long a running call holds the key before another call may take it over. |
-/// | `wait = "5s"` | When the same key is still running elsewhere, wait up to this long for its result, then replay it. `"0s"` does not wait. |
+/// | `ttl = "24h"` | How long a record, and so the key, is kept. Default: 24 hours. |
+/// | `lease = "30s"` | How long a running call holds the key before another call may take it over. Default: 30 seconds. |
+/// | `wait = "5s"` | When the same key is still running elsewhere, wait up to this long for its result, then replay it. `"0s"` does not wait. Default: 5 seconds. |
 /// | `fail_fast` | When the same key is still running elsewhere, fail at once with `idem::Error::InProgress`. Cannot be combined with `wait`. |
 /// | `fingerprint = <expr>` | The payload compared between calls with the same key (`Serialize`). Default: every argument except `self` and the store, as a tuple of references. A different payload under a known key fails with `idem::Error::KeyReused`. |
 /// | `replayable = <expr>` | A predicate `Fn(&E) -> bool` choosing the errors that are saved and replayed like results (`E` must then be `Serialize + DeserializeOwned`). Other errors release the key, so a retry runs the body again. |
 ///
 /// Durations are string literals checked at compile time: one or more
 /// `<integer><unit>` parts with units `ms`, `s`, `m`, `h`, `d`, such as
-/// `"500ms"`, `"30s"` or `"1h30m"`. Options left out take the library's
-/// defaults.
+/// `"500ms"`, `"30s"` or `"1h30m"`; `ttl` and `lease` must be longer than
+/// zero.
+///
+/// `key`, `scope` and `fingerprint` are evaluated before the body runs.
+/// `key` and `fingerprint` are only borrowed; `scope` is taken by value, so
+/// write `scope = cmd.tenant.as_str()` rather than moving a field out of an
+/// argument the body still uses.
 ///
 /// # The rewritten body
 ///

@@ -1,8 +1,8 @@
 //! Checks on the annotated item: an `async fn` with a body, returning a
 //! `Result`, whose arguments can be fingerprinted.
 
-use proc_macro2::TokenStream;
-use syn::spanned::Spanned;
+use proc_macro2::{TokenStream, TokenTree};
+use quote::ToTokens;
 use syn::{FnArg, Item, ItemFn, Pat, ReturnType, TraitItemFn, Type};
 
 /// Parses `item` and checks that `#[idempotent]` can rewrite it.
@@ -36,11 +36,16 @@ pub(crate) fn item(item: TokenStream, fingerprint_given: bool) -> syn::Result<It
             "the `#[idempotent]` attribute only applies to `async fn`, not `const fn`",
         ));
     } else if sig.asyncness.is_none() {
-        errors.push(syn::Error::new_spanned(
-            sig.fn_token,
+        let message = if returns_future(&sig.output) {
+            // What `#[async_trait]` turns an `async fn` into before this
+            // attribute runs.
             "the `#[idempotent]` attribute only applies to `async fn`; \
-             write `async fn`",
-        ));
+             in an `#[async_trait]` impl it sees the method after that rewrite, \
+             so use a native `async fn` in the trait instead"
+        } else {
+            "the `#[idempotent]` attribute only applies to `async fn`; write `async fn`"
+        };
+        errors.push(syn::Error::new_spanned(sig.fn_token, message));
     }
 
     match &sig.output {
@@ -66,8 +71,8 @@ pub(crate) fn item(item: TokenStream, fingerprint_given: bool) -> syn::Result<It
         for input in &sig.inputs {
             if let FnArg::Typed(arg) = input {
                 if !matches!(&*arg.pat, Pat::Ident(_)) {
-                    errors.push(syn::Error::new(
-                        arg.pat.span(),
+                    errors.push(syn::Error::new_spanned(
+                        &arg.pat,
                         "the `#[idempotent]` attribute cannot fingerprint a pattern argument; \
                          bind it to a name, or pass `fingerprint = ...` with the payload to compare",
                     ));
@@ -98,6 +103,19 @@ fn is_result(ty: &Type) -> bool {
             .is_some_and(|segment| segment.ident.to_string().ends_with("Result")),
         _ => false,
     }
+}
+
+/// Whether the return type names `Future` anywhere, as in
+/// `Pin<Box<dyn Future<Output = ..> + Send>>`.
+fn returns_future(output: &ReturnType) -> bool {
+    fn mentions(tokens: TokenStream) -> bool {
+        tokens.into_iter().any(|tree| match tree {
+            TokenTree::Ident(ident) => ident == "Future",
+            TokenTree::Group(group) => mentions(group.stream()),
+            _ => false,
+        })
+    }
+    mentions(output.to_token_stream())
 }
 
 fn not_a_function(item: &Item) -> syn::Error {
@@ -136,11 +154,29 @@ mod tests {
     #[test]
     fn accepts_async_fns_returning_results() {
         for item in [
-            quote!(async fn f() -> Result<(), E> {}),
-            quote!(pub async fn f(&self, a: A) -> std::result::Result<u8, E> { Ok(1) }),
-            quote!(async fn f(mut a: A, _b: B) -> io::Result<u8> { Ok(1) }),
-            quote!(async fn f(self) -> ApiResult<u8> { Ok(1) }),
-            quote!(async fn f<T: Sized>(&mut self, t: T) -> (Result<T, E>) { Ok(t) }),
+            quote!(
+                async fn f() -> Result<(), E> {}
+            ),
+            quote!(
+                pub async fn f(&self, a: A) -> std::result::Result<u8, E> {
+                    Ok(1)
+                }
+            ),
+            quote!(
+                async fn f(mut a: A, _b: B) -> io::Result<u8> {
+                    Ok(1)
+                }
+            ),
+            quote!(
+                async fn f(self) -> ApiResult<u8> {
+                    Ok(1)
+                }
+            ),
+            quote!(
+                async fn f<T: Sized>(&mut self, t: T) -> (Result<T, E>) {
+                    Ok(t)
+                }
+            ),
         ] {
             super::item(item, false).unwrap();
         }
@@ -148,29 +184,65 @@ mod tests {
 
     #[test]
     fn rejects_what_it_cannot_rewrite() {
-        assert!(error(quote!(fn f() -> Result<(), E> {})).contains("only applies to `async fn`"));
-        assert!(error(quote!(const fn f() -> Result<(), E> {})).contains("not `const fn`"));
-        assert!(error(quote!(struct S;)).contains("only applies to `async fn`"));
+        assert!(error(quote!(
+            fn f() -> Result<(), E> {}
+        ))
+        .contains("only applies to `async fn`"));
+        assert!(error(quote!(
+            const fn f() -> Result<(), E> {}
+        ))
+        .contains("not `const fn`"));
+        assert!(error(quote!(
+            struct S;
+        ))
+        .contains("only applies to `async fn`"));
         assert!(error(quote!(impl S {})).contains("each method"));
-        assert!(error(quote!(async fn f(&self) -> Result<(), E>;)).contains("function body"));
-        assert!(error(quote!(async fn f() {})).contains("add a return type"));
-        assert!(error(quote!(async fn f() -> u32 { 1 })).contains("`Result<T, E>`"));
-        assert!(error(quote!(async fn f() -> Option<u32> { None })).contains("`Result<T, E>`"));
-        assert!(error(quote!(async fn f((a, b): (u8, u8)) -> Result<(), E> {}))
-            .contains("cannot fingerprint a pattern argument"));
+        assert!(error(quote!(
+            async fn f(&self) -> Result<(), E>;
+        ))
+        .contains("function body"));
+        assert!(error(quote!(
+            async fn f() {}
+        ))
+        .contains("add a return type"));
+        assert!(error(quote!(
+            async fn f() -> u32 {
+                1
+            }
+        ))
+        .contains("`Result<T, E>`"));
+        assert!(error(quote!(
+            async fn f() -> Option<u32> {
+                None
+            }
+        ))
+        .contains("`Result<T, E>`"));
+        assert!(error(quote!(
+            async fn f((a, b): (u8, u8)) -> Result<(), E> {}
+        ))
+        .contains("cannot fingerprint a pattern argument"));
     }
 
     #[test]
     fn reports_every_problem_at_once() {
-        let err = super::item(quote!(fn f((a, _): (u8, u8)) {}), false)
-            .err()
-            .unwrap();
+        let err = super::item(
+            quote!(
+                fn f((a, _): (u8, u8)) {}
+            ),
+            false,
+        )
+        .err()
+        .unwrap();
         assert_eq!(err.into_iter().count(), 3);
     }
 
     #[test]
     fn explicit_fingerprint_allows_patterns() {
-        let item = quote!(async fn f((a, b): (u8, u8)) -> Result<(), E> { Ok(()) });
+        let item = quote!(
+            async fn f((a, b): (u8, u8)) -> Result<(), E> {
+                Ok(())
+            }
+        );
         super::item(item, true).unwrap();
     }
 }

@@ -1,0 +1,8 @@
+use idem::{idempotent, MemoryStore};
+
+#[idempotent(key = key, store = store, wait = 10)]
+async fn charge(store: &MemoryStore, key: String) -> Result<usize, idem::Error> {
+    Ok(store.len() + key.len())
+}
+
+fn main() {}

@@ -1,0 +1,8 @@
+use idem::idempotent;
+
+#[idempotent(key = token, store = store)]
+struct Charge {
+    token: String,
+}
+
+fn main() {}
