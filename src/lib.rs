@@ -58,6 +58,7 @@ pub use idem_core::*;
 ///     wait = "5s" | fail_fast, // what a duplicate does while the first call runs
 ///     fingerprint = <expr>,    // default: all arguments but the receiver
 ///     replayable = <Fn(&E) -> bool>, // errors stored and replayed like results
+///     tx = <argument>,         // transactional mode: claim and completion on that transaction
 /// )]
 /// ```
 ///
@@ -74,7 +75,9 @@ pub use idem_macros::idempotent;
 #[doc(hidden)]
 pub mod __private {
     pub use ::core::time::Duration;
-    pub use idem_core::engine::{run, run_replaying};
+    pub use idem_core::engine::{
+        run, run_in_transaction, run_in_transaction_replaying, run_replaying,
+    };
     pub use idem_core::{Call, Policy, Scope};
 
     use idem_core::{AsKey, Error, Fingerprint, Key};

@@ -25,6 +25,17 @@
 //! function from a task of its own (`tokio::spawn`), which outlives the
 //! caller.
 //!
+//! ## Transactional mode
+//!
+//! [`run_in_transaction`] writes the claim and the completion on the
+//! caller's open transaction ([`TransactionalStore`]) and lends that
+//! connection to the body, so the business rows and the record commit or
+//! roll back together; the caller commits. A concurrent duplicate blocks on
+//! the UNIQUE index until the first transaction ends, then replays (or runs,
+//! if the first rolled back). A body error deletes the claim on the same
+//! connection, so a transaction committed anyway does not leave the key in
+//! progress.
+//!
 //! ## Codecs
 //!
 //! [`run`] and [`run_replaying`] store `Ok` values as JSON ([`Json`]).
@@ -43,8 +54,8 @@ use serde::Serialize;
 use tracing::Instrument;
 
 use crate::metrics;
-use crate::record::{Begin, Claim, Outcome, OutcomeKind, State};
-use crate::store::{BeginRequest, Store};
+use crate::record::{Begin, Claim, Outcome, OutcomeKind, Record, State};
+use crate::store::{BeginRequest, Store, TransactionalStore};
 use crate::{AsKey, Error, Fingerprint, Key, Policy, Scope};
 
 /// The longest pause between two looks at an in-progress key when the store
@@ -113,6 +124,7 @@ impl Call {
     pub fn scope(&self) -> &Scope {
         &self.scope
     }
+
 }
 
 /// How an operation's `Ok` value becomes the stored outcome bytes, and back.
@@ -164,21 +176,7 @@ where
     Fut: Future<Output = Result<T, E>>,
     C: Codec<T>,
 {
-    execute(
-        store,
-        call,
-        body,
-        codec,
-        |_: &E| None,
-        |_| {
-            Err(Error::Config(
-                "the stored outcome is an error, but this call does not replay errors \
-             (was `replayable` removed from the operation?)"
-                    .into(),
-            ))
-        },
-    )
-    .await
+    on_pool(store, call, body, OkOnly(codec)).await
 }
 
 /// Like [`run`], but errors for which `replayable` answers `true` are stored
@@ -197,136 +195,321 @@ where
     Fut: Future<Output = Result<T, E>>,
     P: Fn(&E) -> bool,
 {
-    execute(
-        store,
-        call,
-        body,
-        Json,
-        |err: &E| replayable(err).then(|| Json.encode(err)),
-        |bytes| Json.decode(bytes),
-    )
-    .await
+    on_pool(store, call, body, Replaying(replayable)).await
 }
 
-async fn execute<S, T, E, Fut, C, Enc, Dec>(
+/// Transactional mode: like [`run`], but the claim and the completion are
+/// written on `conn`, the caller's open transaction (or connection). The
+/// body borrows the connection to write its own rows, and hands it back
+/// with its result: `|conn| async move { let r = ...; (r, conn) }`. The
+/// caller commits; see the [module documentation](self#transactional-mode).
+pub async fn run_in_transaction<'c, S, C, T, E, F, Fut>(
     store: &S,
+    conn: &'c mut C,
     call: Call,
-    body: Fut,
-    codec: C,
-    encode_err: Enc,
-    decode_err: Dec,
+    body: F,
 ) -> Result<T, E>
+where
+    S: TransactionalStore<C> + ?Sized,
+    C: Send + ?Sized,
+    T: Serialize + DeserializeOwned,
+    E: From<Error>,
+    F: FnOnce(&'c mut C) -> Fut,
+    Fut: Future<Output = (Result<T, E>, &'c mut C)>,
+{
+    on_connection(store, conn, call, body, OkOnly(Json)).await
+}
+
+/// [`run_in_transaction`] with errors stored and replayed when `replayable`
+/// says so, as in [`run_replaying`].
+pub async fn run_in_transaction_replaying<'c, S, C, T, E, F, Fut, P>(
+    store: &S,
+    conn: &'c mut C,
+    call: Call,
+    body: F,
+    replayable: P,
+) -> Result<T, E>
+where
+    S: TransactionalStore<C> + ?Sized,
+    C: Send + ?Sized,
+    T: Serialize + DeserializeOwned,
+    E: From<Error> + Serialize + DeserializeOwned,
+    F: FnOnce(&'c mut C) -> Fut,
+    Fut: Future<Output = (Result<T, E>, &'c mut C)>,
+    P: Fn(&E) -> bool,
+{
+    on_connection(store, conn, call, body, Replaying(replayable)).await
+}
+
+async fn on_pool<S, T, E, Fut, O>(store: &S, call: Call, body: Fut, outcomes: O) -> Result<T, E>
 where
     S: Store + ?Sized,
     E: From<Error>,
     Fut: Future<Output = Result<T, E>>,
-    C: Codec<T>,
-    Enc: FnOnce(&E) -> Option<Result<Vec<u8>, Error>>,
-    Dec: FnOnce(&[u8]) -> Result<E, Error>,
+    O: Outcomes<T, E>,
 {
-    let Call {
-        scope,
-        key,
-        fingerprint,
-        policy,
-    } = call;
-    let key = key?;
-    let fingerprint = fingerprint?;
-    check_policy(&policy)?;
-    let span = tracing::info_span!("idem", scope = %scope, key = %key);
+    let call = call.check()?;
+    let span = call.span();
     async move {
-        let started = Instant::now();
-        let request = BeginRequest {
-            scope: &scope,
-            key: &key,
-            fingerprint: &fingerprint,
-            lease: policy.lease,
-            ttl: policy.ttl,
+        let mut records = Pooled(store);
+        let claim = match claim_or_replay(&mut records, &call, &outcomes).await? {
+            Ok(claim) => claim,
+            Err(replayed) => return replayed,
         };
-        let claim = match acquire(store, &request, &policy).await? {
-            Acquired::Claimed(claim) => claim,
-            Acquired::Replay(outcome) => {
-                tracing::debug!(decision = "replayed", "replaying the stored outcome");
-                metrics::replayed(&scope, started.elapsed());
-                return match outcome.kind {
-                    OutcomeKind::Ok => Ok(codec.decode(&outcome.body)?),
-                    OutcomeKind::Err => Err(decode_err(&outcome.body)?),
-                };
-            }
-        };
-        if claim.is_takeover() {
-            tracing::info!(
-                decision = "taken over",
-                fence = claim.fence,
-                "claimed a lapsed or expired record"
-            );
-            metrics::taken_over(&scope);
-        } else {
-            tracing::debug!(
-                decision = "claimed",
-                fence = claim.fence,
-                "running the operation"
-            );
-        }
-        metrics::executed(&scope);
-
         let mut guard = AbandonGuard(Some(claim.fence));
         let result = body.await;
         guard.0 = None;
-
-        let stored = match &result {
-            Ok(value) => Some(codec.encode(value).map(|b| (OutcomeKind::Ok, b))),
-            Err(err) => encode_err(err).map(|r| r.map(|b| (OutcomeKind::Err, b))),
-        };
-        match stored {
-            Some(Ok((kind, body))) => {
-                save(store, &claim, &Outcome { kind, body }).await?;
-            }
-            Some(Err(err)) => {
-                release(store, &claim).await;
-                return Err(err.into());
-            }
-            None => release(store, &claim).await,
-        }
-        result
+        finish(&mut records, &claim, result, &outcomes).await
     }
     .instrument(span)
     .await
 }
 
-fn check_policy(policy: &Policy) -> Result<(), Error> {
-    if policy.ttl.is_zero() {
-        return Err(Error::Config("the ttl must be longer than zero".into()));
-    }
-    if policy.lease.is_zero() {
-        return Err(Error::Config("the lease must be longer than zero".into()));
-    }
-    Ok(())
-}
-
-enum Acquired {
-    Claimed(Claim),
-    Replay(Outcome),
-}
-
-async fn acquire<S: Store + ?Sized>(
+async fn on_connection<'c, S, C, T, E, F, Fut, O>(
     store: &S,
-    request: &BeginRequest<'_>,
-    policy: &Policy,
-) -> Result<Acquired, Error> {
-    let deadline = Instant::now() + policy.wait_bound();
+    conn: &'c mut C,
+    call: Call,
+    body: F,
+    outcomes: O,
+) -> Result<T, E>
+where
+    S: TransactionalStore<C> + ?Sized,
+    C: Send + ?Sized,
+    E: From<Error>,
+    F: FnOnce(&'c mut C) -> Fut,
+    Fut: Future<Output = (Result<T, E>, &'c mut C)>,
+    O: Outcomes<T, E>,
+{
+    let call = call.check()?;
+    let span = call.span();
+    async move {
+        let mut records = OnConnection { store, conn };
+        let claim = match claim_or_replay(&mut records, &call, &outcomes).await? {
+            Ok(claim) => claim,
+            Err(replayed) => return replayed,
+        };
+        let mut guard = AbandonGuard(Some(claim.fence));
+        let (result, conn) = body(records.conn).await;
+        guard.0 = None;
+        let mut records = OnConnection { store, conn };
+        finish(&mut records, &claim, result, &outcomes).await
+    }
+    .instrument(span)
+    .await
+}
+
+/// A [`Call`] whose key and fingerprint are valid and whose policy is sane.
+struct Checked {
+    scope: Scope,
+    key: Key,
+    fingerprint: Fingerprint,
+    policy: Policy,
+    started: Instant,
+}
+
+impl Call {
+    fn check(self) -> Result<Checked, Error> {
+        let started = Instant::now();
+        let Call {
+            scope,
+            key,
+            fingerprint,
+            policy,
+        } = self;
+        let (key, fingerprint) = (key?, fingerprint?);
+        if policy.ttl.is_zero() {
+            return Err(Error::Config("the ttl must be longer than zero".into()));
+        }
+        if policy.lease.is_zero() {
+            return Err(Error::Config("the lease must be longer than zero".into()));
+        }
+        Ok(Checked {
+            scope,
+            key,
+            fingerprint,
+            policy,
+            started,
+        })
+    }
+}
+
+impl Checked {
+    fn span(&self) -> tracing::Span {
+        tracing::info_span!("idem", scope = %self.scope, key = %self.key)
+    }
+
+    fn request(&self) -> BeginRequest<'_> {
+        BeginRequest {
+            scope: &self.scope,
+            key: &self.key,
+            fingerprint: &self.fingerprint,
+            lease: self.policy.lease,
+            ttl: self.policy.ttl,
+        }
+    }
+}
+
+/// How a result becomes a stored outcome, and back.
+trait Outcomes<T, E> {
+    /// The outcome to store for `result`, or `None` to release the key.
+    fn encode(&self, result: &Result<T, E>) -> Option<Result<Outcome, Error>>;
+    /// The result a stored outcome stands for.
+    fn decode(&self, outcome: &Outcome) -> Result<Result<T, E>, Error>;
+}
+
+/// `Ok` values through a codec; errors are never stored.
+struct OkOnly<C>(C);
+
+impl<T, E, C: Codec<T>> Outcomes<T, E> for OkOnly<C> {
+    fn encode(&self, result: &Result<T, E>) -> Option<Result<Outcome, Error>> {
+        let value = result.as_ref().ok()?;
+        Some(self.0.encode(value).map(|body| Outcome {
+            kind: OutcomeKind::Ok,
+            body,
+        }))
+    }
+
+    fn decode(&self, outcome: &Outcome) -> Result<Result<T, E>, Error> {
+        match outcome.kind {
+            OutcomeKind::Ok => Ok(Ok(self.0.decode(&outcome.body)?)),
+            OutcomeKind::Err => Err(Error::Config(
+                "the stored outcome is an error, but this call does not replay errors \
+                 (was `replayable` removed from the operation?)"
+                    .into(),
+            )),
+        }
+    }
+}
+
+/// `Ok` values and the errors the predicate accepts, as JSON.
+struct Replaying<P>(P);
+
+impl<T, E, P> Outcomes<T, E> for Replaying<P>
+where
+    T: Serialize + DeserializeOwned,
+    E: Serialize + DeserializeOwned,
+    P: Fn(&E) -> bool,
+{
+    fn encode(&self, result: &Result<T, E>) -> Option<Result<Outcome, Error>> {
+        let (kind, body) = match result {
+            Ok(value) => (OutcomeKind::Ok, Json.encode(value)),
+            Err(err) if (self.0)(err) => (OutcomeKind::Err, Json.encode(err)),
+            Err(_) => return None,
+        };
+        Some(body.map(|body| Outcome { kind, body }))
+    }
+
+    fn decode(&self, outcome: &Outcome) -> Result<Result<T, E>, Error> {
+        Ok(match outcome.kind {
+            OutcomeKind::Ok => Ok(Json.decode(&outcome.body)?),
+            OutcomeKind::Err => Err(Json.decode(&outcome.body)?),
+        })
+    }
+}
+
+/// Where the record statements run: the store's own pool, or the caller's
+/// connection in transactional mode.
+#[async_trait::async_trait]
+trait Records: Send {
+    async fn begin(&mut self, request: &BeginRequest<'_>) -> Result<Begin, Error>;
+    async fn complete(&mut self, claim: &Claim, outcome: &Outcome) -> Result<(), Error>;
+    async fn release(&mut self, claim: &Claim) -> Result<(), Error>;
+    /// The record, when the answer to a completion was lost.
+    async fn get(&mut self, claim: &Claim) -> Result<Option<Record>, Error>;
+    async fn wait_for_change(&mut self, request: &BeginRequest<'_>, timeout: Duration) -> Result<(), Error>;
+    /// Whether a failed completion may be tried again: not inside a
+    /// transaction, where the failed statement may have aborted it.
+    fn retries_completion(&self) -> bool;
+}
+
+struct Pooled<'a, S: ?Sized>(&'a S);
+
+#[async_trait::async_trait]
+impl<S: Store + ?Sized> Records for Pooled<'_, S> {
+    async fn begin(&mut self, request: &BeginRequest<'_>) -> Result<Begin, Error> {
+        self.0.begin(request).await
+    }
+    async fn complete(&mut self, claim: &Claim, outcome: &Outcome) -> Result<(), Error> {
+        self.0.complete(claim, outcome).await
+    }
+    async fn release(&mut self, claim: &Claim) -> Result<(), Error> {
+        self.0.release(claim).await
+    }
+    async fn get(&mut self, claim: &Claim) -> Result<Option<Record>, Error> {
+        self.0.get(&claim.scope, &claim.key).await
+    }
+    async fn wait_for_change(&mut self, request: &BeginRequest<'_>, timeout: Duration) -> Result<(), Error> {
+        self.0.wait_for_change(request.scope, request.key, timeout).await
+    }
+    fn retries_completion(&self) -> bool {
+        true
+    }
+}
+
+struct OnConnection<'s, 'c, S: ?Sized, C: ?Sized> {
+    store: &'s S,
+    conn: &'c mut C,
+}
+
+#[async_trait::async_trait]
+impl<S, C> Records for OnConnection<'_, '_, S, C>
+where
+    S: TransactionalStore<C> + ?Sized,
+    C: Send + ?Sized,
+{
+    async fn begin(&mut self, request: &BeginRequest<'_>) -> Result<Begin, Error> {
+        self.store.begin_on(self.conn, request).await
+    }
+    async fn complete(&mut self, claim: &Claim, outcome: &Outcome) -> Result<(), Error> {
+        self.store.complete_on(self.conn, claim, outcome).await
+    }
+    async fn release(&mut self, claim: &Claim) -> Result<(), Error> {
+        self.store.release_on(self.conn, claim).await
+    }
+    async fn get(&mut self, _claim: &Claim) -> Result<Option<Record>, Error> {
+        Ok(None)
+    }
+    async fn wait_for_change(&mut self, _request: &BeginRequest<'_>, timeout: Duration) -> Result<(), Error> {
+        // Another transaction's in-progress claim (a record-mode call on the
+        // same table) is only visible once committed: poll.
+        tokio::time::sleep(timeout).await;
+        Ok(())
+    }
+    fn retries_completion(&self) -> bool {
+        false
+    }
+}
+
+/// Claims the key (waiting for an in-progress call as the policy says), or
+/// returns the replayed result as `Err`.
+async fn claim_or_replay<R, T, E, O>(
+    records: &mut R,
+    call: &Checked,
+    outcomes: &O,
+) -> Result<Result<Claim, Result<T, E>>, Error>
+where
+    R: Records,
+    O: Outcomes<T, E>,
+{
+    let request = call.request();
+    let deadline = Instant::now() + call.policy.wait_bound();
     let mut step = FIRST_POLL;
     let mut waited = false;
-    loop {
-        match store.begin(request).await? {
-            Begin::Claimed(claim) => return Ok(Acquired::Claimed(claim)),
-            Begin::Replay(outcome) => return Ok(Acquired::Replay(outcome)),
+    let claim = loop {
+        match records.begin(&request).await? {
+            Begin::Claimed(claim) => break claim,
+            Begin::Replay(outcome) => {
+                tracing::debug!(decision = "replayed", "replaying the stored outcome");
+                let replayed = outcomes.decode(&outcome)?;
+                metrics::replayed(&call.scope, call.started.elapsed());
+                return Ok(Err(replayed));
+            }
             Begin::KeyReused => {
                 tracing::info!(
                     decision = "key reused",
                     "the key was used with another payload"
                 );
-                metrics::key_reused(request.scope);
+                metrics::key_reused(&call.scope);
                 return Err(Error::KeyReused);
             }
             Begin::InProgress { .. } => {
@@ -337,7 +520,7 @@ async fn acquire<S: Store + ?Sized>(
                         waited,
                         "another call holds the key"
                     );
-                    metrics::in_progress(request.scope);
+                    metrics::in_progress(&call.scope);
                     return Err(Error::InProgress {
                         retry_after: RETRY_AFTER,
                     });
@@ -349,24 +532,64 @@ async fn acquire<S: Store + ?Sized>(
                     );
                     waited = true;
                 }
-                store
-                    .wait_for_change(request.scope, request.key, step.min(deadline - now))
+                records
+                    .wait_for_change(&request, step.min(deadline - now))
                     .await?;
                 step = (step * 2).min(MAX_POLL);
             }
         }
+    };
+    if claim.is_takeover() {
+        tracing::info!(
+            decision = "taken over",
+            fence = claim.fence,
+            "claimed a lapsed or expired record"
+        );
+        metrics::taken_over(&call.scope);
+    } else {
+        tracing::debug!(
+            decision = "claimed",
+            fence = claim.fence,
+            "running the operation"
+        );
     }
+    metrics::executed(&call.scope);
+    Ok(Ok(claim))
 }
 
-/// Stores the outcome. A store error is retried twice; when the first
-/// attempt's answer was lost but its write landed, the record shows it.
-async fn save<S: Store + ?Sized>(store: &S, claim: &Claim, outcome: &Outcome) -> Result<(), Error> {
+/// Stores the body's result (or releases the key) and returns it.
+async fn finish<R, T, E, O>(
+    records: &mut R,
+    claim: &Claim,
+    result: Result<T, E>,
+    outcomes: &O,
+) -> Result<T, E>
+where
+    R: Records,
+    E: From<Error>,
+    O: Outcomes<T, E>,
+{
+    match outcomes.encode(&result) {
+        Some(Ok(outcome)) => save(records, claim, &outcome).await?,
+        Some(Err(err)) => {
+            release(records, claim).await;
+            return Err(err.into());
+        }
+        None => release(records, claim).await,
+    }
+    result
+}
+
+/// Stores the outcome. Outside a transaction a store error is retried
+/// twice; when an attempt's answer was lost but its write landed, the record
+/// shows it.
+async fn save<R: Records>(records: &mut R, claim: &Claim, outcome: &Outcome) -> Result<(), Error> {
     let mut pause = Duration::from_millis(20);
     let mut attempt = 1;
     loop {
-        match store.complete(claim, outcome).await {
+        match records.complete(claim, outcome).await {
             Ok(()) => return Ok(()),
-            Err(Error::LeaseLost) if attempt > 1 && landed(store, claim).await => return Ok(()),
+            Err(Error::LeaseLost) if attempt > 1 && landed(records, claim).await => return Ok(()),
             Err(Error::LeaseLost) => {
                 tracing::warn!(
                     decision = "lease lost",
@@ -375,7 +598,7 @@ async fn save<S: Store + ?Sized>(store: &S, claim: &Claim, outcome: &Outcome) ->
                 );
                 return Err(Error::LeaseLost);
             }
-            Err(err @ Error::Store(_)) if attempt < 3 => {
+            Err(err @ Error::Store(_)) if attempt < 3 && records.retries_completion() => {
                 tracing::warn!(error = %err, attempt, "storing the outcome failed; retrying");
                 tokio::time::sleep(pause).await;
                 pause *= 5;
@@ -389,15 +612,15 @@ async fn save<S: Store + ?Sized>(store: &S, claim: &Claim, outcome: &Outcome) ->
     }
 }
 
-async fn landed<S: Store + ?Sized>(store: &S, claim: &Claim) -> bool {
+async fn landed<R: Records>(records: &mut R, claim: &Claim) -> bool {
     matches!(
-        store.get(&claim.scope, &claim.key).await,
+        records.get(claim).await,
         Ok(Some(r)) if r.state == State::Completed && r.fence == claim.fence
     )
 }
 
-async fn release<S: Store + ?Sized>(store: &S, claim: &Claim) {
-    match store.release(claim).await {
+async fn release<R: Records>(records: &mut R, claim: &Claim) {
+    match records.release(claim).await {
         Ok(()) => tracing::debug!(
             decision = "released",
             "the operation failed; the key is free for a retry"

@@ -16,7 +16,10 @@ mod policy;
 pub mod record;
 pub mod store;
 
-pub use engine::{run, run_replaying, run_with_codec, Call, Codec};
+pub use engine::{
+    run, run_in_transaction, run_in_transaction_replaying, run_replaying, run_with_codec, Call,
+    Codec,
+};
 pub use error::Error;
 pub use fingerprint::Fingerprint;
 pub use key::{AsKey, Key, KeyError, Scope, MAX_KEY_LEN};
@@ -31,4 +34,4 @@ pub use store::PostgresStore;
 #[cfg(feature = "sqlite")]
 #[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
 pub use store::SqliteStore;
-pub use store::{BeginRequest, MemoryStore, Store};
+pub use store::{BeginRequest, MemoryStore, Store, TransactionalStore};

@@ -17,11 +17,12 @@ mod kw {
     syn::custom_keyword!(fail_fast);
     syn::custom_keyword!(fingerprint);
     syn::custom_keyword!(replayable);
+    syn::custom_keyword!(tx);
 }
 
 /// Every option name, in the order the documentation lists them.
-const OPTIONS: &str =
-    "`key`, `store`, `scope`, `ttl`, `lease`, `wait`, `fail_fast`, `fingerprint`, `replayable`";
+const OPTIONS: &str = "`key`, `store`, `scope`, `ttl`, `lease`, `wait`, `fail_fast`, \
+                       `fingerprint`, `replayable`, `tx`";
 
 /// The parsed and checked arguments.
 pub(crate) struct Args {
@@ -41,6 +42,8 @@ pub(crate) struct Args {
     pub(crate) fingerprint: Option<Expr>,
     /// `replayable = <expr>`.
     pub(crate) replayable: Option<Expr>,
+    /// `tx = <argument>`: transactional mode on that connection argument.
+    pub(crate) tx: Option<Ident>,
 }
 
 /// A duration literal checked at parse time.
@@ -71,6 +74,7 @@ struct Partial {
     fail_fast: Option<kw::fail_fast>,
     fingerprint: Option<Expr>,
     replayable: Option<Expr>,
+    tx: Option<Ident>,
 }
 
 impl Parse for Args {
@@ -95,6 +99,17 @@ impl Parse for Args {
                 let name = input.parse::<kw::replayable>()?;
                 let value = expr_value(input, "replayable")?;
                 set(&mut p.replayable, name, "replayable", value)?;
+            } else if lookahead.peek(kw::tx) {
+                let name = input.parse::<kw::tx>()?;
+                equals(input, "tx", "conn")?;
+                let value: Ident = input.parse().map_err(|e| {
+                    syn::Error::new(
+                        e.span(),
+                        "`tx` in `#[idempotent]` names the argument holding the open \
+                         transaction or connection, as in `tx = conn`",
+                    )
+                })?;
+                set(&mut p.tx, name, "tx", value)?;
             } else if lookahead.peek(kw::ttl) {
                 let name = input.parse::<kw::ttl>()?;
                 let value = duration_value(input, "ttl", "24h", false)?;
@@ -189,6 +204,7 @@ impl Partial {
             in_progress,
             fingerprint: self.fingerprint,
             replayable: self.replayable,
+            tx: self.tx,
         })
     }
 }

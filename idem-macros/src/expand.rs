@@ -19,12 +19,36 @@ pub(crate) fn idempotent(args: TokenStream, item: TokenStream) -> syn::Result<To
     let fingerprint_given = args.as_ref().map_or(true, |a| a.fingerprint.is_some());
     let function = valid::item(item, fingerprint_given);
     match (args, function) {
-        (Ok(args), Ok(function)) => Ok(expand(&args, function)),
+        (Ok(args), Ok(function)) => {
+            check_tx(&args, &function)?;
+            Ok(expand(&args, function))
+        }
         (Err(mut a), Err(b)) => {
             a.combine(b);
             Err(a)
         }
         (Err(e), _) | (_, Err(e)) => Err(e),
+    }
+}
+
+/// `tx = conn` must name an argument bound by a plain identifier.
+fn check_tx(args: &Args, function: &ItemFn) -> syn::Result<()> {
+    let Some(tx) = &args.tx else { return Ok(()) };
+    let named = function.sig.inputs.iter().any(|input| match input {
+        FnArg::Typed(arg) => matches!(&*arg.pat, Pat::Ident(pat) if pat.ident == *tx),
+        FnArg::Receiver(_) => false,
+    });
+    if named {
+        Ok(())
+    } else {
+        Err(syn::Error::new_spanned(
+            tx,
+            format!(
+                "`tx = {tx}` in `#[idempotent]` must name an argument of the function \
+                 holding the open transaction or connection, such as \
+                 `{tx}: &mut sqlx::Transaction<'_, sqlx::Sqlite>`"
+            ),
+        ))
     }
 }
 
@@ -41,9 +65,11 @@ pub(crate) fn expand(args: &Args, function: ItemFn) -> TokenStream {
         .partition(|attr| matches!(attr.style, AttrStyle::Inner(_)));
 
     let store_arg = bare_ident(&args.store);
+    // Neither the store nor the connection is part of the payload.
+    let not_payload: Vec<&Ident> = store_arg.iter().chain(args.tx.as_ref()).collect();
     let fingerprint = match &args.fingerprint {
         Some(expr) => expr.to_token_stream(),
-        None => default_fingerprint(&sig, store_arg.as_ref()),
+        None => default_fingerprint(&sig, &not_payload),
     };
 
     // Arguments the body names are moved into the body's future, as an
@@ -63,7 +89,8 @@ pub(crate) fn expand(args: &Args, function: ItemFn) -> TokenStream {
         else {
             continue;
         };
-        if Some(&*ident) == store_arg.as_ref() || !body_idents.contains(ident) {
+        // The connection reaches the body as the closure's argument.
+        if not_payload.contains(&&*ident) || !body_idents.contains(ident) {
             continue;
         }
         let mutability = mutability.take();
@@ -135,22 +162,42 @@ pub(crate) fn expand(args: &Args, function: ItemFn) -> TokenStream {
         }
     };
     let store_ref = quote_spanned!(store.span()=> &(#store));
-    let run = match &args.replayable {
-        None => quote_spanned!(return_span=> ::idem::__private::run),
-        Some(_) => quote_spanned!(return_span=> ::idem::__private::run_replaying),
+    let run = match (&args.tx, &args.replayable) {
+        (None, None) => quote_spanned!(return_span=> ::idem::__private::run),
+        (None, Some(_)) => quote_spanned!(return_span=> ::idem::__private::run_replaying),
+        (Some(_), None) => quote_spanned!(return_span=> ::idem::__private::run_in_transaction),
+        (Some(_), Some(_)) => {
+            quote_spanned!(return_span=> ::idem::__private::run_in_transaction_replaying)
+        }
     };
     let replayable = args.replayable.as_ref().map(|pred| quote!(, #pred));
-    let body = quote! {
+    let block = quote! {
         async {
             #(#rebinds)*
             #fake_return
             #(#stmts)*
         }
     };
+    // Transactional mode lends the connection to the body through a closure
+    // whose argument shadows the function's; the body hands it back with
+    // its result, so the engine can write the completion on it.
+    let (body, conn_arg) = match &args.tx {
+        Some(tx) => {
+            let result = Ident::new("__idem_result", Span::mixed_site());
+            let body = quote! {
+                move |#tx| async move {
+                    let #result = #block.await;
+                    (#result, #tx)
+                }
+            };
+            (body, quote!(#tx,))
+        }
+        None => (block, quote!()),
+    };
     // Spanned at the return type's first token only: the `.await` repeats
     // some of the call's bounds, and one span for both reports each once.
     let run_call = quote_spanned! {return_span=>
-        #run(#store_ref, #call, #body #replayable).await
+        #run(#store_ref, #conn_arg #call, #body #replayable).await
     };
 
     quote! {
@@ -199,10 +246,10 @@ fn policy(args: &Args) -> TokenStream {
 
 /// Every argument except `self` and the store, as a tuple of references:
 /// `(&a, &b,)`, or `()` when there is none.
-fn default_fingerprint(sig: &syn::Signature, store_arg: Option<&Ident>) -> TokenStream {
+fn default_fingerprint(sig: &syn::Signature, not_payload: &[&Ident]) -> TokenStream {
     let refs = sig.inputs.iter().filter_map(|input| match input {
         FnArg::Typed(arg) => match &*arg.pat {
-            Pat::Ident(pat) if Some(&pat.ident) != store_arg => {
+            Pat::Ident(pat) if !not_payload.contains(&&pat.ident) => {
                 let ident = &pat.ident;
                 Some(quote_spanned!(ident.span()=> &#ident,))
             }

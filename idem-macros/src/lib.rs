@@ -88,6 +88,7 @@ mod valid;
 /// | `wait = "5s"` | When the same key is still running elsewhere, wait up to this long for its result, then replay it. `"0s"` does not wait. Default: 5 seconds. |
 /// | `fail_fast` | When the same key is still running elsewhere, fail at once with `idem::Error::InProgress`. Cannot be combined with `wait`. |
 /// | `fingerprint = <expr>` | The payload compared between calls with the same key (`Serialize`). Default: every argument except `self` and the store, as a tuple of references. A different payload under a known key fails with `idem::Error::KeyReused`. |
+/// | `tx = <argument>` | Transactional mode: the argument (a `&mut Transaction<'_, DB>`, `&mut PoolConnection<DB>` or `&mut DB::Connection`) on which the claim and the completion are written, so they commit or roll back with the body's own writes. The body uses the argument as usual; it is not part of the default fingerprint. |
 /// | `replayable = <expr>` | A predicate `Fn(&E) -> bool` choosing the errors that are saved and replayed like results (`E` must then be `Serialize + DeserializeOwned`). Other errors release the key, so a retry runs the body again. |
 ///
 /// Durations are string literals checked at compile time: one or more

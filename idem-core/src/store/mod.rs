@@ -105,6 +105,93 @@ pub trait Store: Send + Sync {
     }
 }
 
+/// A store whose statements can also run on a caller's connection: the
+/// transactional mode of [`run_in_transaction`](crate::engine::run_in_transaction).
+///
+/// The SQL stores implement it for their connection, their transaction and
+/// their pooled connection types (`&mut SqliteConnection`,
+/// `&mut Transaction<'_, Sqlite>`, ...), running exactly the statements of
+/// record mode, so that the claim and the completion commit or roll back
+/// with the caller's own writes.
+#[async_trait]
+pub trait TransactionalStore<C: Send + ?Sized>: Send + Sync {
+    /// [`Store::begin`] on `conn`.
+    async fn begin_on(&self, conn: &mut C, request: &BeginRequest<'_>) -> Result<Begin, Error>;
+    /// [`Store::complete`] on `conn`.
+    async fn complete_on(&self, conn: &mut C, claim: &Claim, outcome: &Outcome)
+        -> Result<(), Error>;
+    /// [`Store::release`] on `conn`.
+    async fn release_on(&self, conn: &mut C, claim: &Claim) -> Result<(), Error>;
+}
+
+macro_rules! forward_transactional_store {
+    ($($ty:ty),*) => {$(
+        #[async_trait]
+        impl<C, S> TransactionalStore<C> for $ty
+        where
+            C: Send + ?Sized,
+            S: TransactionalStore<C> + ?Sized,
+        {
+            async fn begin_on(&self, conn: &mut C, request: &BeginRequest<'_>) -> Result<Begin, Error> {
+                (**self).begin_on(conn, request).await
+            }
+            async fn complete_on(
+                &self,
+                conn: &mut C,
+                claim: &Claim,
+                outcome: &Outcome,
+            ) -> Result<(), Error> {
+                (**self).complete_on(conn, claim, outcome).await
+            }
+            async fn release_on(&self, conn: &mut C, claim: &Claim) -> Result<(), Error> {
+                (**self).release_on(conn, claim).await
+            }
+        }
+    )*};
+}
+forward_transactional_store!(Arc<S>, Box<S>, &S);
+
+/// Implements [`TransactionalStore`] for a SQL store on its backend's
+/// connection, transaction and pooled connection, through the store's
+/// inherent `*_on` methods.
+#[cfg(feature = "_sql")]
+macro_rules! transactional_store {
+    ($store:ty, $db:ty, $conn:ty) => {
+        $crate::store::transactional_store!(@impl $store, $conn, [], |c| c);
+        $crate::store::transactional_store!(@impl $store, ::sqlx::Transaction<'c, $db>, ['c], |c| &mut **c);
+        $crate::store::transactional_store!(@impl $store, ::sqlx::pool::PoolConnection<$db>, [], |c| &mut **c);
+    };
+    (@impl $store:ty, $on:ty, [$($lt:lifetime)?], |$c:ident| $conn:expr) => {
+        #[::async_trait::async_trait]
+        impl<$($lt)?> $crate::store::TransactionalStore<$on> for $store {
+            async fn begin_on(
+                &self,
+                $c: &mut $on,
+                request: &$crate::store::BeginRequest<'_>,
+            ) -> Result<$crate::Begin, $crate::Error> {
+                <$store>::begin_on(self, $conn, request).await
+            }
+            async fn complete_on(
+                &self,
+                $c: &mut $on,
+                claim: &$crate::Claim,
+                outcome: &$crate::Outcome,
+            ) -> Result<(), $crate::Error> {
+                <$store>::complete_on(self, $conn, claim, outcome).await
+            }
+            async fn release_on(
+                &self,
+                $c: &mut $on,
+                claim: &$crate::Claim,
+            ) -> Result<(), $crate::Error> {
+                <$store>::release_on(self, $conn, claim).await
+            }
+        }
+    };
+}
+#[cfg(feature = "_sql")]
+pub(crate) use transactional_store;
+
 macro_rules! forward_store {
     ($($ty:ty),*) => {$(
         #[async_trait]

@@ -561,3 +561,5 @@ mod tests {
         assert_eq!(sql.matches('?').count(), 7);
     }
 }
+
+super::transactional_store!(MySqlStore, sqlx::MySql, MySqlConnection);

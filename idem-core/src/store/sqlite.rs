@@ -402,3 +402,5 @@ impl Store for SqliteStore {
             .await
     }
 }
+
+super::transactional_store!(SqliteStore, sqlx::Sqlite, SqliteConnection);
