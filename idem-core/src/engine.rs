@@ -124,7 +124,6 @@ impl Call {
     pub fn scope(&self) -> &Scope {
         &self.scope
     }
-
 }
 
 /// How an operation's `Ok` value becomes the stored outcome bytes, and back.
@@ -416,7 +415,11 @@ trait Records: Send {
     async fn release(&mut self, claim: &Claim) -> Result<(), Error>;
     /// The record, when the answer to a completion was lost.
     async fn get(&mut self, claim: &Claim) -> Result<Option<Record>, Error>;
-    async fn wait_for_change(&mut self, request: &BeginRequest<'_>, timeout: Duration) -> Result<(), Error>;
+    async fn wait_for_change(
+        &mut self,
+        request: &BeginRequest<'_>,
+        timeout: Duration,
+    ) -> Result<(), Error>;
     /// Whether a failed completion may be tried again: not inside a
     /// transaction, where the failed statement may have aborted it.
     fn retries_completion(&self) -> bool;
@@ -438,8 +441,14 @@ impl<S: Store + ?Sized> Records for Pooled<'_, S> {
     async fn get(&mut self, claim: &Claim) -> Result<Option<Record>, Error> {
         self.0.get(&claim.scope, &claim.key).await
     }
-    async fn wait_for_change(&mut self, request: &BeginRequest<'_>, timeout: Duration) -> Result<(), Error> {
-        self.0.wait_for_change(request.scope, request.key, timeout).await
+    async fn wait_for_change(
+        &mut self,
+        request: &BeginRequest<'_>,
+        timeout: Duration,
+    ) -> Result<(), Error> {
+        self.0
+            .wait_for_change(request.scope, request.key, timeout)
+            .await
     }
     fn retries_completion(&self) -> bool {
         true
@@ -469,7 +478,11 @@ where
     async fn get(&mut self, _claim: &Claim) -> Result<Option<Record>, Error> {
         Ok(None)
     }
-    async fn wait_for_change(&mut self, _request: &BeginRequest<'_>, timeout: Duration) -> Result<(), Error> {
+    async fn wait_for_change(
+        &mut self,
+        _request: &BeginRequest<'_>,
+        timeout: Duration,
+    ) -> Result<(), Error> {
         // Another transaction's in-progress claim (a record-mode call on the
         // same table) is only visible once committed: poll.
         tokio::time::sleep(timeout).await;
