@@ -247,25 +247,39 @@ transactional_suite!(sqlite, sqlx::Sqlite, idem::SqliteStore, ("?", "?"), async 
     (store, pool, "orders".to_owned(), guard)
 });
 
-transactional_suite!(postgres, sqlx::Postgres, idem::PostgresStore, ("$1", "$2"), async {
-    let server = servers::Server::Postgres;
-    let servers::Db::Postgres(pool) = server.pool(8).await else { unreachable!() };
-    let mut tables = servers::DropTables::new(server);
-    let records = tables.add(servers::unique_table("txrec"));
-    let orders = tables.add(servers::unique_table("txord"));
-    let store = idem::PostgresStore::new(pool.clone()).with_table_name(&records).unwrap();
-    store.migrate().await.unwrap();
-    let guard: Box<dyn std::any::Any + Send + Sync> = Box::new(tables);
-    (store, pool, orders, guard)
-});
+transactional_suite!(
+    postgres,
+    sqlx::Postgres,
+    idem::PostgresStore,
+    ("$1", "$2"),
+    async {
+        let server = servers::Server::Postgres;
+        let servers::Db::Postgres(pool) = server.pool(8).await else {
+            unreachable!()
+        };
+        let mut tables = servers::DropTables::new(server);
+        let records = tables.add(servers::unique_table("txrec"));
+        let orders = tables.add(servers::unique_table("txord"));
+        let store = idem::PostgresStore::new(pool.clone())
+            .with_table_name(&records)
+            .unwrap();
+        store.migrate().await.unwrap();
+        let guard: Box<dyn std::any::Any + Send + Sync> = Box::new(tables);
+        (store, pool, orders, guard)
+    }
+);
 
 transactional_suite!(mysql, sqlx::MySql, idem::MySqlStore, ("?", "?"), async {
     let server = servers::Server::MySql;
-    let servers::Db::MySql(pool) = server.pool(8).await else { unreachable!() };
+    let servers::Db::MySql(pool) = server.pool(8).await else {
+        unreachable!()
+    };
     let mut tables = servers::DropTables::new(server);
     let records = tables.add(servers::unique_table("txrec"));
     let orders = tables.add(servers::unique_table("txord"));
-    let store = idem::MySqlStore::new(pool.clone()).with_table_name(&records).unwrap();
+    let store = idem::MySqlStore::new(pool.clone())
+        .with_table_name(&records)
+        .unwrap();
     store.migrate().await.unwrap();
     let guard: Box<dyn std::any::Any + Send + Sync> = Box::new(tables);
     (store, pool, orders, guard)

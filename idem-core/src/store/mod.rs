@@ -118,8 +118,12 @@ pub trait TransactionalStore<C: Send + ?Sized>: Send + Sync {
     /// [`Store::begin`] on `conn`.
     async fn begin_on(&self, conn: &mut C, request: &BeginRequest<'_>) -> Result<Begin, Error>;
     /// [`Store::complete`] on `conn`.
-    async fn complete_on(&self, conn: &mut C, claim: &Claim, outcome: &Outcome)
-        -> Result<(), Error>;
+    async fn complete_on(
+        &self,
+        conn: &mut C,
+        claim: &Claim,
+        outcome: &Outcome,
+    ) -> Result<(), Error>;
     /// [`Store::release`] on `conn`.
     async fn release_on(&self, conn: &mut C, claim: &Claim) -> Result<(), Error>;
 }
