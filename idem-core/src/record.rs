@@ -124,6 +124,16 @@ pub struct Record {
     pub expires_at: Millis,
 }
 
+impl Record {
+    /// Whether the record is in progress under a lease that has not run
+    /// out at `now`: a duplicate must wait (or fail fast) rather than claim.
+    pub fn holds_lease(&self, now: Millis) -> bool {
+        self.state == State::InProgress
+            && self.expires_at > now
+            && self.lease_until.is_some_and(|lease| lease > now)
+    }
+}
+
 /// A caller's hold on a key: proof that it may run the operation and store
 /// its outcome, as long as the fence still matches.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -532,13 +532,7 @@ impl Store for MySqlStore {
         timeout: Duration,
     ) -> Result<(), Error> {
         self.waiters
-            .wait(scope, key, timeout, || async {
-                let now = now_millis();
-                Ok(matches!(
-                    self.get(scope, key).await?,
-                    Some(r) if r.state == State::InProgress && r.lease_until.is_some_and(|l| l > now)
-                ))
-            })
+            .wait(scope, key, timeout, || self.get(scope, key))
             .await
     }
 }

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use tokio::sync::Notify;
 
+use crate::record::{now_millis, Record};
 use crate::{Key, Scope};
 
 type Slot = (String, String);
@@ -31,19 +32,20 @@ impl Waiters {
     }
 
     /// Waits for a wake-up of `(scope, key)` or `timeout`, whichever comes
-    /// first. `still_waiting` runs after the waiter is registered, so a wake
-    /// between the caller's last look and the registration is not lost: if it
-    /// answers `false` (the record changed already) this returns at once.
+    /// first, while the record holds a live lease. `read` fetches the record
+    /// after the waiter is registered, so a wake between the caller's last
+    /// look and the registration is not lost: if the record no longer holds
+    /// a lease (completed, released, lapsed) this returns at once.
     pub(crate) async fn wait<F, Fut, E>(
         &self,
         scope: &Scope,
         key: &Key,
         timeout: Duration,
-        still_waiting: F,
+        read: F,
     ) -> Result<(), E>
     where
         F: FnOnce() -> Fut,
-        Fut: std::future::Future<Output = Result<bool, E>>,
+        Fut: std::future::Future<Output = Result<Option<Record>, E>>,
     {
         let slot: Slot = (scope.as_str().to_owned(), key.as_str().to_owned());
         let notify = {
@@ -58,7 +60,8 @@ impl Waiters {
         let notified = notify.notified();
         tokio::pin!(notified);
         notified.as_mut().enable();
-        if !still_waiting().await? {
+        let now = now_millis();
+        if !read().await?.is_some_and(|r| r.holds_lease(now)) {
             return Ok(());
         }
         let _ = tokio::time::timeout(timeout, notified).await;
@@ -90,7 +93,24 @@ impl Drop for Cleanup<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::record::State;
+    use crate::Fingerprint;
     use std::time::Instant;
+
+    fn leased(scope: &Scope, key: &Key) -> Record {
+        let now = now_millis();
+        Record {
+            scope: scope.clone(),
+            key: key.clone(),
+            fingerprint: Fingerprint::of_bytes(b""),
+            state: State::InProgress,
+            fence: 1,
+            lease_until: Some(now + 60_000),
+            outcome: None,
+            created_at: now,
+            expires_at: now + 60_000,
+        }
+    }
 
     #[tokio::test]
     async fn wake_is_prompt_and_slots_are_cleaned() {
@@ -102,7 +122,7 @@ mod tests {
         let start = Instant::now();
         let task = tokio::spawn(async move {
             w.wait(&s2, &k2, Duration::from_secs(10), || async {
-                Ok::<_, ()>(true)
+                Ok::<_, ()>(Some(leased(&s2, &k2)))
             })
             .await
         });
@@ -123,7 +143,7 @@ mod tests {
         let start = Instant::now();
         waiters
             .wait(&scope, &key, Duration::from_secs(10), || async {
-                Ok::<_, ()>(false)
+                Ok::<_, ()>(None)
             })
             .await
             .unwrap();
