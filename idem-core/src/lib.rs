@@ -4,6 +4,7 @@
 #![warn(missing_docs, unreachable_pub)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+pub mod consumer;
 pub mod engine;
 mod error;
 pub mod fingerprint;
