@@ -1,0 +1,768 @@
+//! Exactly-once effects from an at-least-once RabbitMQ queue.
+//!
+//! A publisher sends `OrderPlaced` events to a queue of this run's own:
+//! some twice (a producer's retry), some again with the same content
+//! written in another member order (a relay that re-serializes). Four
+//! consumers reserve the stock and write an invoice for each order, in one
+//! database transaction with the "processed" marker
+//! (`Deduplicator::process_in_transaction`). Some consumers crash after
+//! committing an order but before acknowledging it: RabbitMQ redelivers
+//! what they held, and the redeliveries are answered `Duplicate` and
+//! acknowledged without touching the stock again.
+//!
+//! At the end it prints what was delivered and what was applied, and
+//! exits non-zero unless every distinct order was applied exactly once.
+//!
+//! ```sh
+//! cargo run --example consumer_rabbitmq                                   # SQLite
+//! cargo run --example consumer_rabbitmq --features postgres -- postgres   # PostgreSQL
+//! cargo run --example consumer_rabbitmq -- sqlite --by-content            # keyed by content hash
+//! ```
+//!
+//! RabbitMQ: `amqp://guest:guest@127.0.0.1:5672/%2f`, or `IDEM_AMQP_URL`.
+//! PostgreSQL: `postgres://postgres@127.0.0.1:5432/test`, or
+//! `IDEM_POSTGRES_URL`; the run's tables are dropped at the end. The queue
+//! is deleted at the end too (and by the broker an hour after its last use,
+//! should the run be killed).
+
+use std::error::Error as StdError;
+use std::future::Future;
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use futures::StreamExt;
+use idem::consumer::{content_key, Deduplicator, Handled};
+use idem::{AsKey, Key};
+use lapin::options::{
+    BasicAckOptions, BasicConsumeOptions, BasicNackOptions, BasicPublishOptions, BasicQosOptions,
+    BasicRejectOptions, ConfirmSelectOptions, QueueDeclareOptions, QueueDeleteOptions,
+};
+use lapin::types::{AMQPValue, FieldTable};
+use lapin::{BasicProperties, Connection, ConnectionProperties};
+use serde::{Deserialize, Serialize};
+
+type BoxError = Box<dyn StdError + Send + Sync>;
+
+const ORDERS: usize = 30;
+const CONSUMERS: usize = 4;
+const PREFETCH: u16 = 4;
+/// The longest the run may take before it gives up.
+const DEADLINE: Duration = Duration::from_secs(60);
+/// Units of each product in stock at the start.
+const STOCK: i64 = 10_000;
+const PRODUCTS: [&str; 3] = ["apple", "pear", "plum"];
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+struct OrderPlaced {
+    order_id: String,
+    customer: String,
+    lines: Vec<Line>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+struct Line {
+    sku: String,
+    quantity: i64,
+}
+
+impl OrderPlaced {
+    fn number(n: usize) -> Self {
+        let lines = (0..1 + n % 2)
+            .map(|i| Line {
+                sku: PRODUCTS[(n + i) % PRODUCTS.len()].to_owned(),
+                quantity: (n % 4 + 1) as i64,
+            })
+            .collect();
+        OrderPlaced {
+            order_id: format!("order-{n:03}"),
+            customer: format!("customer-{}", n % 7),
+            lines,
+        }
+    }
+
+    fn units(&self) -> i64 {
+        self.lines.iter().map(|l| l.quantity).sum()
+    }
+
+    /// The event as the publisher writes it.
+    fn encode(&self) -> Vec<u8> {
+        serde_json::to_vec(self).expect("an event serializes")
+    }
+
+    /// The same event as another writer would put it: every object's
+    /// members in reverse order, with whitespace. The bytes differ; the
+    /// canonical JSON does not.
+    fn re_encode(&self) -> Vec<u8> {
+        let lines: Vec<String> = self
+            .lines
+            .iter()
+            .map(|l| format!("{{ \"quantity\": {}, \"sku\": {:?} }}", l.quantity, l.sku))
+            .collect();
+        format!(
+            "{{ \"lines\": [{}], \"customer\": {:?}, \"order_id\": {:?} }}",
+            lines.join(", "),
+            self.customer,
+            self.order_id
+        )
+        .into_bytes()
+    }
+}
+
+/// Crash after committing these orders, before acknowledging them.
+fn crashes_on(order: &OrderPlaced) -> bool {
+    order
+        .order_id
+        .strip_prefix("order-")
+        .and_then(|n| n.parse::<usize>().ok())
+        .is_some_and(|n| n % 7 == 3)
+}
+
+#[derive(Debug, thiserror::Error)]
+enum ShopError {
+    #[error("not enough {0} in stock")]
+    OutOfStock(String),
+    #[error("database: {0}")]
+    Db(#[from] sqlx::Error),
+    #[error(transparent)]
+    Idem(#[from] idem::Error),
+}
+
+impl ShopError {
+    /// Whether a redelivery may succeed: requeue it; otherwise dead-letter.
+    fn is_retryable(&self) -> bool {
+        match self {
+            ShopError::OutOfStock(_) => false,
+            ShopError::Db(_) => true,
+            ShopError::Idem(err) => err.is_retryable(),
+        }
+    }
+}
+
+/// The business database, SQLite or PostgreSQL.
+trait Shop: Send + Sync + 'static {
+    /// Reserves the order's stock and writes its invoice, once per `key`:
+    /// the marker and the rows commit together.
+    fn handle(
+        &self,
+        key: &Key,
+        message: &serde_json::Value,
+        order: &OrderPlaced,
+    ) -> impl Future<Output = Result<Handled<i64>, ShopError>> + Send;
+    /// Invoices written and units reserved.
+    fn effects(&self) -> impl Future<Output = Result<(i64, i64), sqlx::Error>> + Send;
+    /// Where the data lives, for the report.
+    fn describe(&self) -> String;
+    /// Drops what the run created.
+    fn clean_up(&self) -> impl Future<Output = Result<(), sqlx::Error>> + Send;
+}
+
+/// The statements, the same on both databases (sqlx binds `$n` on SQLite
+/// too). `{stock}` and `{invoices}` are the run's tables.
+const SCHEMA: &[&str] = &[
+    "CREATE TABLE {stock} (sku VARCHAR(64) PRIMARY KEY, available BIGINT NOT NULL)",
+    "CREATE TABLE {invoices} (order_id VARCHAR(255) NOT NULL, customer VARCHAR(255) NOT NULL, \
+     units BIGINT NOT NULL)",
+];
+const SEED: &str = "INSERT INTO {stock} (sku, available) VALUES ($1, $2)";
+const RESERVE: &str =
+    "UPDATE {stock} SET available = available - $1 WHERE sku = $2 AND available >= $1";
+const INVOICE: &str = "INSERT INTO {invoices} (order_id, customer, units) VALUES ($1, $2, $3)";
+const INVOICES: &str = "SELECT COUNT(*) FROM {invoices}";
+const AVAILABLE: &str = "SELECT CAST(COALESCE(SUM(available), 0) AS BIGINT) FROM {stock}";
+
+fn sql(template: &str, stock: &str, invoices: &str) -> String {
+    template
+        .replace("{stock}", stock)
+        .replace("{invoices}", invoices)
+}
+
+/// The order's lines in one order on every consumer, so that two
+/// transactions never lock the same rows in opposite orders.
+fn sorted_lines(order: &OrderPlaced) -> Vec<&Line> {
+    let mut lines: Vec<&Line> = order.lines.iter().collect();
+    lines.sort_by(|a, b| a.sku.cmp(&b.sku));
+    lines
+}
+
+mod sqlite {
+    use super::*;
+    use idem::SqliteStore;
+    use sqlx::{SqliteConnection, SqlitePool};
+
+    pub(crate) struct SqliteShop {
+        dedup: Deduplicator<SqliteStore>,
+        pool: SqlitePool,
+        dir: tempfile::TempDir,
+    }
+
+    impl SqliteShop {
+        /// A database file in a temporary directory, removed at the end.
+        pub(crate) async fn open() -> Result<Self, BoxError> {
+            let dir = tempfile::tempdir()?;
+            let url = format!("sqlite://{}", dir.path().join("shop.db").display());
+            let store = SqliteStore::connect(&url).await?;
+            let pool = store.pool().clone();
+            for statement in SCHEMA {
+                sqlx::query(&sql(statement, "stock", "invoices"))
+                    .execute(&pool)
+                    .await?;
+            }
+            for sku in PRODUCTS {
+                sqlx::query(&sql(SEED, "stock", "invoices"))
+                    .bind(sku)
+                    .bind(STOCK)
+                    .execute(&pool)
+                    .await?;
+            }
+            let dedup = Deduplicator::new(store, "orders.reserve-and-invoice");
+            Ok(SqliteShop { dedup, pool, dir })
+        }
+    }
+
+    async fn reserve_and_invoice(
+        conn: &mut SqliteConnection,
+        order: &OrderPlaced,
+    ) -> Result<i64, ShopError> {
+        for line in sorted_lines(order) {
+            let done = sqlx::query(&sql(RESERVE, "stock", "invoices"))
+                .bind(line.quantity)
+                .bind(&line.sku)
+                .execute(&mut *conn)
+                .await?;
+            if done.rows_affected() == 0 {
+                return Err(ShopError::OutOfStock(line.sku.clone()));
+            }
+        }
+        sqlx::query(&sql(INVOICE, "stock", "invoices"))
+            .bind(&order.order_id)
+            .bind(&order.customer)
+            .bind(order.units())
+            .execute(&mut *conn)
+            .await?;
+        Ok(order.units())
+    }
+
+    impl Shop for SqliteShop {
+        async fn handle(
+            &self,
+            key: &Key,
+            message: &serde_json::Value,
+            order: &OrderPlaced,
+        ) -> Result<Handled<i64>, ShopError> {
+            // SQLite: take the write lock at BEGIN (README: Transactional mode).
+            let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
+            let handled = self
+                .dedup
+                .process_in_transaction(&mut tx, key, message, |tx| async move {
+                    let result = reserve_and_invoice(tx, order).await;
+                    (result, tx)
+                })
+                .await;
+            match handled {
+                Ok(handled) => {
+                    tx.commit().await?;
+                    Ok(handled)
+                }
+                Err(err) => {
+                    tx.rollback().await?;
+                    Err(err)
+                }
+            }
+        }
+
+        async fn effects(&self) -> Result<(i64, i64), sqlx::Error> {
+            let invoices: i64 = sqlx::query_scalar(&sql(INVOICES, "stock", "invoices"))
+                .fetch_one(&self.pool)
+                .await?;
+            let available: i64 = sqlx::query_scalar(&sql(AVAILABLE, "stock", "invoices"))
+                .fetch_one(&self.pool)
+                .await?;
+            Ok((invoices, STOCK * PRODUCTS.len() as i64 - available))
+        }
+
+        fn describe(&self) -> String {
+            format!("SQLite ({})", self.dir.path().join("shop.db").display())
+        }
+
+        async fn clean_up(&self) -> Result<(), sqlx::Error> {
+            Ok(())
+        }
+    }
+}
+
+#[cfg(feature = "postgres")]
+mod postgres {
+    use super::*;
+    use idem::PostgresStore;
+    use sqlx::{PgConnection, PgPool};
+
+    pub(crate) struct PostgresShop {
+        dedup: Deduplicator<PostgresStore>,
+        pool: PgPool,
+        url: String,
+        tables: [String; 3],
+    }
+
+    impl PostgresShop {
+        /// Tables of this run's own: the markers, the stock, the invoices.
+        pub(crate) async fn open(run: &str) -> Result<Self, BoxError> {
+            let url = std::env::var("IDEM_POSTGRES_URL")
+                .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned());
+            let pool = PgPool::connect(&url).await.map_err(|err| {
+                format!(
+                    "cannot reach PostgreSQL at {url} (set IDEM_POSTGRES_URL to the URL of a \
+                     reachable server): {err}"
+                )
+            })?;
+            let tables =
+                ["records", "stock", "invoices"].map(|t| format!("idem_example_{run}_{t}"));
+            let store = PostgresStore::new(pool.clone()).with_table_name(&tables[0])?;
+            store.migrate().await?;
+            let shop = PostgresShop {
+                dedup: Deduplicator::new(store, "orders.reserve-and-invoice"),
+                pool,
+                url,
+                tables,
+            };
+            for statement in SCHEMA {
+                sqlx::query(&shop.sql(statement))
+                    .execute(&shop.pool)
+                    .await?;
+            }
+            for sku in PRODUCTS {
+                sqlx::query(&shop.sql(SEED))
+                    .bind(sku)
+                    .bind(STOCK)
+                    .execute(&shop.pool)
+                    .await?;
+            }
+            Ok(shop)
+        }
+
+        fn sql(&self, template: &str) -> String {
+            sql(template, &self.tables[1], &self.tables[2])
+        }
+
+        async fn reserve_and_invoice(
+            &self,
+            conn: &mut PgConnection,
+            order: &OrderPlaced,
+        ) -> Result<i64, ShopError> {
+            for line in sorted_lines(order) {
+                let done = sqlx::query(&self.sql(RESERVE))
+                    .bind(line.quantity)
+                    .bind(&line.sku)
+                    .execute(&mut *conn)
+                    .await?;
+                if done.rows_affected() == 0 {
+                    return Err(ShopError::OutOfStock(line.sku.clone()));
+                }
+            }
+            sqlx::query(&self.sql(INVOICE))
+                .bind(&order.order_id)
+                .bind(&order.customer)
+                .bind(order.units())
+                .execute(&mut *conn)
+                .await?;
+            Ok(order.units())
+        }
+    }
+
+    impl Shop for PostgresShop {
+        async fn handle(
+            &self,
+            key: &Key,
+            message: &serde_json::Value,
+            order: &OrderPlaced,
+        ) -> Result<Handled<i64>, ShopError> {
+            let mut tx = self.pool.begin().await?;
+            let handled = self
+                .dedup
+                .process_in_transaction(&mut tx, key, message, |tx| async move {
+                    let result = self.reserve_and_invoice(tx, order).await;
+                    (result, tx)
+                })
+                .await;
+            match handled {
+                Ok(handled) => {
+                    tx.commit().await?;
+                    Ok(handled)
+                }
+                Err(err) => {
+                    tx.rollback().await?;
+                    Err(err)
+                }
+            }
+        }
+
+        async fn effects(&self) -> Result<(i64, i64), sqlx::Error> {
+            let invoices: i64 = sqlx::query_scalar(&self.sql(INVOICES))
+                .fetch_one(&self.pool)
+                .await?;
+            let available: i64 = sqlx::query_scalar(&self.sql(AVAILABLE))
+                .fetch_one(&self.pool)
+                .await?;
+            Ok((invoices, STOCK * PRODUCTS.len() as i64 - available))
+        }
+
+        fn describe(&self) -> String {
+            format!(
+                "PostgreSQL ({}, tables {})",
+                self.url,
+                self.tables.join(", ")
+            )
+        }
+
+        async fn clean_up(&self) -> Result<(), sqlx::Error> {
+            for table in &self.tables {
+                sqlx::query(&format!("DROP TABLE IF EXISTS {table}"))
+                    .execute(&self.pool)
+                    .await?;
+            }
+            sqlx::query("DELETE FROM idem_migrations WHERE table_name = $1")
+                .bind(&self.tables[0])
+                .execute(&self.pool)
+                .await?;
+            Ok(())
+        }
+    }
+}
+
+/// How a message is keyed.
+#[derive(Clone, Copy, Debug)]
+enum KeyBy {
+    /// Its natural id, `order_id`.
+    OrderId,
+    /// The SHA-256 of its canonical JSON, for messages without an id.
+    Content,
+}
+
+#[derive(Debug, Default)]
+struct Counters {
+    delivered: AtomicUsize,
+    redelivered: AtomicUsize,
+    crashes: AtomicUsize,
+    processed: AtomicUsize,
+    duplicates: AtomicUsize,
+    requeued: AtomicUsize,
+    dead_lettered: AtomicUsize,
+    /// Acknowledged or dead-lettered: done with.
+    settled: AtomicUsize,
+}
+
+fn bump(counter: &AtomicUsize) {
+    counter.fetch_add(1, Ordering::SeqCst);
+}
+
+fn read(counter: &AtomicUsize) -> usize {
+    counter.load(Ordering::SeqCst)
+}
+
+fn amqp_url() -> String {
+    std::env::var("IDEM_AMQP_URL")
+        .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".to_owned())
+}
+
+async fn connect(url: &str) -> Result<Connection, BoxError> {
+    let connecting = Connection::connect(url, ConnectionProperties::default());
+    let why = match tokio::time::timeout(Duration::from_secs(10), connecting).await {
+        Ok(Ok(conn)) => return Ok(conn),
+        Ok(Err(err)) => err.to_string(),
+        Err(_) => "no answer within 10 s".to_owned(),
+    };
+    Err(format!(
+        "cannot reach RabbitMQ at {url} (set IDEM_AMQP_URL to the URL of a reachable broker): {why}"
+    )
+    .into())
+}
+
+/// One consumer: handles deliveries until every message is settled. On an
+/// order that `crashes_on`, first delivery only, it dies after the commit
+/// and before the ack: its connection goes away, and RabbitMQ requeues
+/// every delivery it had not acknowledged.
+async fn consume<S: Shop>(
+    id: usize,
+    shop: Arc<S>,
+    queue: String,
+    key_by: KeyBy,
+    counters: Arc<Counters>,
+    total: usize,
+) -> Result<(), BoxError> {
+    'connections: while read(&counters.settled) < total {
+        let conn = connect(&amqp_url()).await?;
+        let channel = conn.create_channel().await?;
+        channel
+            .basic_qos(PREFETCH, BasicQosOptions::default())
+            .await?;
+        let mut deliveries = channel
+            .basic_consume(
+                queue.as_str().into(),
+                format!("consumer-{id}").as_str().into(),
+                BasicConsumeOptions::default(),
+                FieldTable::default(),
+            )
+            .await?;
+        while read(&counters.settled) < total {
+            let delivery =
+                match tokio::time::timeout(Duration::from_millis(200), deliveries.next()).await {
+                    Err(_) => continue,
+                    Ok(None) => return Err("the broker cancelled the consumer".into()),
+                    Ok(Some(delivery)) => delivery?,
+                };
+            bump(&counters.delivered);
+            if delivery.redelivered {
+                bump(&counters.redelivered);
+            }
+
+            // The message as received identifies it; the typed event is
+            // what the handler works with.
+            let parsed = serde_json::from_slice::<serde_json::Value>(&delivery.data)
+                .and_then(|message| Ok((serde_json::from_value(message.clone())?, message)));
+            let (order, message): (OrderPlaced, _) = match parsed {
+                Ok(parsed) => parsed,
+                Err(err) => {
+                    eprintln!("consumer {id}: dead-lettering a malformed message: {err}");
+                    delivery.reject(BasicRejectOptions::default()).await?;
+                    bump(&counters.dead_lettered);
+                    bump(&counters.settled);
+                    continue;
+                }
+            };
+            let key = match key_by {
+                KeyBy::OrderId => order.order_id.to_key().map_err(idem::Error::from),
+                KeyBy::Content => content_key(&message),
+            }?;
+
+            match shop.handle(&key, &message, &order).await {
+                Ok(handled) => {
+                    bump(if handled.is_duplicate() {
+                        &counters.duplicates
+                    } else {
+                        &counters.processed
+                    });
+                    if crashes_on(&order) && !delivery.redelivered {
+                        bump(&counters.crashes);
+                        let what = if handled.is_duplicate() {
+                            "a duplicate, nothing committed"
+                        } else {
+                            "processed and committed"
+                        };
+                        println!(
+                            "consumer {id}: crashed before acking {} ({what})",
+                            order.order_id
+                        );
+                        drop(deliveries);
+                        drop(channel);
+                        conn.close(320, "simulated crash".into()).await.ok();
+                        continue 'connections;
+                    }
+                    delivery.ack(BasicAckOptions::default()).await?;
+                    bump(&counters.settled);
+                }
+                Err(err) if err.is_retryable() => {
+                    // Nothing was committed: let the broker deliver it again.
+                    eprintln!("consumer {id}: requeueing {}: {err}", order.order_id);
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    let requeue = BasicNackOptions {
+                        requeue: true,
+                        ..BasicNackOptions::default()
+                    };
+                    delivery.nack(requeue).await?;
+                    bump(&counters.requeued);
+                }
+                Err(err) => {
+                    eprintln!("consumer {id}: dead-lettering {}: {err}", order.order_id);
+                    delivery.reject(BasicRejectOptions::default()).await?;
+                    bump(&counters.dead_lettered);
+                    bump(&counters.settled);
+                }
+            }
+        }
+        conn.close(200, "done".into()).await?;
+    }
+    Ok(())
+}
+
+/// Publishes, consumes, and reports. `Ok(true)` when every distinct order
+/// was applied exactly once.
+async fn run<S: Shop>(shop: S, key_by: KeyBy, run_id: &str) -> Result<bool, BoxError> {
+    let shop = Arc::new(shop);
+    let url = amqp_url();
+    let conn = connect(&url).await?;
+    let publisher = conn.create_channel().await?;
+    publisher
+        .confirm_select(ConfirmSelectOptions::default())
+        .await?;
+    let queue = format!("idem-example-orders-{run_id}");
+    let mut arguments = FieldTable::default();
+    arguments.insert("x-expires".into(), AMQPValue::LongInt(3_600_000));
+    publisher
+        .queue_declare(
+            queue.as_str().into(),
+            QueueDeclareOptions::default(),
+            arguments,
+        )
+        .await?;
+
+    // Every order once; every 4th again right away (a producer's retry);
+    // every 5th again at the end, re-encoded (a relay's copy, late).
+    let orders: Vec<OrderPlaced> = (1..=ORDERS).map(OrderPlaced::number).collect();
+    let mut messages = Vec::new();
+    let (mut twice, mut re_encoded) = (0, 0);
+    for (n, order) in (1..).zip(&orders) {
+        messages.push(order.encode());
+        if n % 4 == 0 {
+            messages.push(order.encode());
+            twice += 1;
+        }
+    }
+    for (n, order) in (1..).zip(&orders) {
+        if n % 5 == 0 {
+            messages.push(order.re_encode());
+            re_encoded += 1;
+        }
+    }
+    let total = messages.len();
+
+    println!("queue     {queue} on {url}");
+    println!("database  {}", shop.describe());
+    println!("keyed by  {key_by:?}\n");
+
+    let counters = Arc::new(Counters::default());
+    let consumers: Vec<_> = (1..=CONSUMERS)
+        .map(|id| {
+            tokio::spawn(consume(
+                id,
+                shop.clone(),
+                queue.clone(),
+                key_by,
+                counters.clone(),
+                total,
+            ))
+        })
+        .collect();
+    for body in &messages {
+        let properties = BasicProperties::default()
+            .with_content_type("application/json".into())
+            .with_delivery_mode(2);
+        let confirm = publisher
+            .basic_publish(
+                "".into(),
+                queue.as_str().into(),
+                BasicPublishOptions::default(),
+                body,
+                properties,
+            )
+            .await?;
+        if !confirm.await?.is_ack() {
+            return Err("the broker refused a message".into());
+        }
+    }
+
+    let finished = tokio::time::timeout(DEADLINE, async {
+        for consumer in consumers {
+            consumer.await??;
+        }
+        Ok::<_, BoxError>(())
+    })
+    .await;
+    publisher
+        .queue_delete(queue.as_str().into(), QueueDeleteOptions::default())
+        .await?;
+    conn.close(200, "done".into()).await?;
+    match finished {
+        Ok(result) => result?,
+        Err(_) => {
+            return Err(format!(
+                "the consumers did not settle all {total} messages within {} s ({} settled)",
+                DEADLINE.as_secs(),
+                read(&counters.settled)
+            )
+            .into())
+        }
+    }
+
+    let (invoices, reserved) = shop.effects().await?;
+    shop.clean_up().await?;
+    let distinct = orders.len() as i64;
+    let expected_units: i64 = orders.iter().map(OrderPlaced::units).sum();
+    let c = &counters;
+    println!();
+    println!(
+        "published      {total} messages for {distinct} distinct orders \
+         ({twice} sent twice, {re_encoded} re-encoded)"
+    );
+    println!(
+        "delivered      {} ({} redeliveries)",
+        read(&c.delivered),
+        read(&c.redelivered)
+    );
+    println!(
+        "crashes        {} (after handling, before the ack)",
+        read(&c.crashes)
+    );
+    println!(
+        "handler        {} processed, {} duplicates acknowledged without running",
+        read(&c.processed),
+        read(&c.duplicates)
+    );
+    println!(
+        "requeued       {}, dead-lettered {}",
+        read(&c.requeued),
+        read(&c.dead_lettered)
+    );
+    println!(
+        "effects        {invoices} invoices, {reserved} units reserved \
+         (expected {distinct} and {expected_units})"
+    );
+    let exact = invoices == distinct && reserved == expected_units;
+    if exact {
+        println!("\nOK: every distinct order was applied exactly once");
+    } else {
+        println!("\nFAILED: the effects do not match the distinct orders");
+    }
+    Ok(exact)
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let key_by = if args.iter().any(|a| a == "--by-content") {
+        KeyBy::Content
+    } else {
+        KeyBy::OrderId
+    };
+    let database = args
+        .iter()
+        .find(|a| !a.starts_with("--"))
+        .map_or("sqlite", String::as_str);
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    let run_id = format!("{}_{nanos}", std::process::id());
+
+    let result = match database {
+        "sqlite" => match sqlite::SqliteShop::open().await {
+            Ok(shop) => run(shop, key_by, &run_id).await,
+            Err(err) => Err(err),
+        },
+        #[cfg(feature = "postgres")]
+        "postgres" => match postgres::PostgresShop::open(&run_id).await {
+            Ok(shop) => run(shop, key_by, &run_id).await,
+            Err(err) => Err(err),
+        },
+        #[cfg(not(feature = "postgres"))]
+        "postgres" => Err("PostgreSQL needs `--features postgres`".into()),
+        other => Err(format!("unknown database {other:?}: `sqlite` or `postgres`").into()),
+    };
+    match result {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::FAILURE,
+        Err(err) => {
+            eprintln!("error: {err}");
+            ExitCode::from(2)
+        }
+    }
+}
