@@ -124,6 +124,19 @@ impl Call {
     pub fn scope(&self) -> &Scope {
         &self.scope
     }
+
+    /// The parts, for the flows outside this module (entity mode).
+    #[cfg(feature = "_sql")]
+    pub(crate) fn into_parts(
+        self,
+    ) -> (
+        Scope,
+        Result<Key, Error>,
+        Result<Fingerprint, Error>,
+        Policy,
+    ) {
+        (self.scope, self.key, self.fingerprint, self.policy)
+    }
 }
 
 /// How an operation's `Ok` value becomes the stored outcome bytes, and back.

@@ -6,6 +6,12 @@
 
 pub mod consumer;
 pub mod engine;
+#[cfg(feature = "_sql")]
+#[cfg_attr(
+    docsrs,
+    doc(cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql")))
+)]
+pub mod entity;
 mod error;
 pub mod fingerprint;
 #[cfg(feature = "http")]
@@ -21,6 +27,12 @@ pub use engine::{
     run, run_in_transaction, run_in_transaction_replaying, run_replaying, run_with_codec, Call,
     Codec,
 };
+#[cfg(feature = "_sql")]
+#[cfg_attr(
+    docsrs,
+    doc(cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql")))
+)]
+pub use entity::{is_unique_violation, Entity, EntityBind, TokenEntity};
 pub use error::Error;
 pub use fingerprint::Fingerprint;
 pub use key::{AsKey, Key, KeyError, Scope, MAX_KEY_LEN};
