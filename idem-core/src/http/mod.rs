@@ -132,3 +132,11 @@ pub use future::ResponseFuture;
 pub use layer::{stored_by_default, IdempotencyLayer, MakePrincipal};
 pub use problem::Problem;
 pub use service::Idempotency;
+
+/// Parses one `Idempotency-Key` header value as the layer does: the key, or
+/// `None` when the layer would answer 400. Exposed for the property tests of
+/// the parser; not a public API.
+#[doc(hidden)]
+pub fn parse_key_header(value: &[u8]) -> Option<crate::Key> {
+    key_header::parse_key(value).ok()
+}
