@@ -59,6 +59,7 @@ pub use idem_core::*;
 ///     fingerprint = <expr>,    // default: all arguments but the receiver
 ///     replayable = <Fn(&E) -> bool>, // errors stored and replayed like results
 ///     tx = <argument>,         // transactional mode: claim and completion on that transaction
+///     entity,                  // entity mode: `store` is a sqlx pool, the body's entity is the record
 /// )]
 /// ```
 ///
@@ -70,6 +71,14 @@ pub use idem_core::*;
 #[doc(inline)]
 pub use idem_macros::idempotent;
 
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
+#[cfg_attr(
+    docsrs,
+    doc(cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql")))
+)]
+#[doc(inline)]
+pub use idem_macros::Entity;
+
 /// What `#[idempotent]` expands to. Not a public API: it may change in any
 /// release.
 #[doc(hidden)]
@@ -78,9 +87,12 @@ pub mod __private {
     pub use idem_core::engine::{
         run, run_in_transaction, run_in_transaction_replaying, run_replaying,
     };
-    pub use idem_core::{Call, Policy, Scope};
+    pub use idem_core::{AsKey, Call, Error, Fingerprint, Key, KeyError, Policy, Scope};
 
-    use idem_core::{AsKey, Error, Fingerprint, Key};
+    #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
+    pub use idem_core::entity::{
+        run as run_entity, sqlx, Entity, EntityBind, RequestHash, TokenEntity,
+    };
 
     /// Validates the key expression's value.
     pub fn key<K: AsKey + ?Sized>(key: &K) -> Result<Key, Error> {

@@ -18,11 +18,12 @@ mod kw {
     syn::custom_keyword!(fingerprint);
     syn::custom_keyword!(replayable);
     syn::custom_keyword!(tx);
+    syn::custom_keyword!(entity);
 }
 
 /// Every option name, in the order the documentation lists them.
 const OPTIONS: &str = "`key`, `store`, `scope`, `ttl`, `lease`, `wait`, `fail_fast`, \
-                       `fingerprint`, `replayable`, `tx`";
+                       `fingerprint`, `replayable`, `tx`, `entity`";
 
 /// The parsed and checked arguments.
 pub(crate) struct Args {
@@ -44,6 +45,8 @@ pub(crate) struct Args {
     pub(crate) replayable: Option<Expr>,
     /// `tx = <argument>`: transactional mode on that connection argument.
     pub(crate) tx: Option<Ident>,
+    /// `entity`: entity mode, `store` being a sqlx pool.
+    pub(crate) entity: Option<kw::entity>,
 }
 
 /// A duration literal checked at parse time.
@@ -75,6 +78,7 @@ struct Partial {
     fingerprint: Option<Expr>,
     replayable: Option<Expr>,
     tx: Option<Ident>,
+    entity: Option<kw::entity>,
 }
 
 impl Parse for Args {
@@ -110,6 +114,19 @@ impl Parse for Args {
                     )
                 })?;
                 set(&mut p.tx, name, "tx", value)?;
+            } else if lookahead.peek(kw::entity) {
+                let flag = input.parse::<kw::entity>()?;
+                if input.peek(Token![=]) {
+                    return Err(syn::Error::new_spanned(
+                        flag,
+                        "`entity` in `#[idempotent]` is a flag and takes no value; \
+                         write `entity` alone",
+                    ));
+                }
+                if p.entity.is_some() {
+                    return Err(repeated(flag, "entity"));
+                }
+                p.entity = Some(flag);
             } else if lookahead.peek(kw::ttl) {
                 let name = input.parse::<kw::ttl>()?;
                 let value = duration_value(input, "ttl", "24h", false)?;
@@ -165,6 +182,9 @@ impl Parse for Args {
 
 impl Partial {
     fn finish(self) -> syn::Result<Args> {
+        if let Some(flag) = &self.entity {
+            entity_alone(flag, &self)?;
+        }
         let missing = |name: &str, example: &str| {
             syn::Error::new(
                 Span::call_site(),
@@ -205,7 +225,42 @@ impl Partial {
             fingerprint: self.fingerprint,
             replayable: self.replayable,
             tx: self.tx,
+            entity: self.entity,
         })
+    }
+}
+
+/// Entity mode keeps no record: the options about records do not apply.
+fn entity_alone(flag: &kw::entity, p: &Partial) -> syn::Result<()> {
+    let why = if p.replayable.is_some() {
+        Some((
+            "replayable",
+            "entity mode stores only the entity the body returns, never an error",
+        ))
+    } else if p.ttl.is_some() {
+        Some((
+            "ttl",
+            "the entity's row lives as long as the table keeps it",
+        ))
+    } else if p.lease.is_some() {
+        Some((
+            "lease",
+            "entity mode holds a lock for as long as the body runs, not a lease",
+        ))
+    } else if p.tx.is_some() {
+        Some((
+            "tx",
+            "entity mode runs in a transaction of its own, on the pool given as `store`",
+        ))
+    } else {
+        None
+    };
+    match why {
+        Some((option, why)) => Err(syn::Error::new_spanned(
+            flag,
+            format!("`entity` cannot be combined with `{option}` in `#[idempotent]`: {why}"),
+        )),
+        None => Ok(()),
     }
 }
 
@@ -311,7 +366,27 @@ mod tests {
         assert_eq!(args.store.to_token_stream().to_string(), "self . store");
         assert!(args.scope.is_none() && args.ttl.is_none() && args.lease.is_none());
         assert!(args.in_progress.is_none() && args.fingerprint.is_none());
-        assert!(args.replayable.is_none());
+        assert!(args.replayable.is_none() && args.entity.is_none());
+    }
+
+    #[test]
+    fn entity_flag_and_what_it_excludes() {
+        let args = parse("key = cmd.token, store = self.pool, entity, wait = \"2s\"").unwrap();
+        assert!(args.entity.is_some());
+        assert!(error("key = k, store = s, entity = true").contains("is a flag"));
+        assert!(error("key = k, store = s, entity, entity").starts_with("`entity` is given more"));
+        for (option, src) in [
+            ("replayable", "replayable = |e| true"),
+            ("ttl", "ttl = \"1h\""),
+            ("lease", "lease = \"1s\""),
+            ("tx", "tx = conn"),
+        ] {
+            let e = error(&format!("key = k, store = s, entity, {src}"));
+            assert!(
+                e.starts_with(&format!("`entity` cannot be combined with `{option}`")),
+                "{e}"
+            );
+        }
     }
 
     #[test]

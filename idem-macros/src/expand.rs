@@ -163,6 +163,8 @@ pub(crate) fn expand(args: &Args, function: ItemFn) -> TokenStream {
     };
     let store_ref = quote_spanned!(store.span()=> &(#store));
     let run = match (&args.tx, &args.replayable) {
+        // Entity mode excludes `tx` and `replayable` (see `attr`).
+        _ if args.entity.is_some() => quote_spanned!(return_span=> ::idem::__private::run_entity),
         (None, None) => quote_spanned!(return_span=> ::idem::__private::run),
         (None, Some(_)) => quote_spanned!(return_span=> ::idem::__private::run_replaying),
         (Some(_), None) => quote_spanned!(return_span=> ::idem::__private::run_in_transaction),
@@ -460,6 +462,25 @@ mod tests {
             "{out}"
         );
         assert!(out.contains(", | e | e . is_final ()) . await }"), "{out}");
+    }
+
+    #[test]
+    fn entity_mode_passes_another_runtime_function() {
+        let out = expand_str(
+            quote!(key = cmd.token, store = self.pool, entity),
+            quote!(
+                async fn pay(&self, cmd: Cmd) -> Result<Payment, E> {
+                    Ok(Payment::new(cmd))
+                }
+            ),
+        );
+        assert!(
+            out.contains(
+                ":: idem :: __private :: run_entity (& (self . pool) , __idem_call , async"
+            ),
+            "{out}"
+        );
+        assert!(!out.contains("__private :: run ("), "{out}");
     }
 
     #[test]

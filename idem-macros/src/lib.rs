@@ -10,6 +10,7 @@ use proc_macro::TokenStream;
 
 mod attr;
 mod duration;
+mod entity;
 mod expand;
 mod valid;
 
@@ -89,6 +90,7 @@ mod valid;
 /// | `fail_fast` | When the same key is still running elsewhere, fail at once with `idem::Error::InProgress`. Cannot be combined with `wait`. |
 /// | `fingerprint = <expr>` | The payload compared between calls with the same key (`Serialize`). Default: every argument except `self` and the store, as a tuple of references. A different payload under a known key fails with `idem::Error::KeyReused`. |
 /// | `tx = <argument>` | Transactional mode: the argument (a `&mut Transaction<'_, DB>`, `&mut PoolConnection<DB>` or `&mut DB::Connection`) on which the claim and the completion are written, so they commit or roll back with the body's own writes. The body uses the argument as usual; it is not part of the default fingerprint. |
+/// | `entity` | Entity mode: no records table, the business row is the record. `store` is a sqlx pool (`SqlitePool`, `PgPool`, `MySqlPool`) and `T` a `#[derive(idem::Entity)]` type with a `#[idem(token)]` field, read with `sqlx::FromRow` (it need not be `Serialize`). The row whose token is the key is returned; otherwise the body runs once per token, under a per-token lock, and the entity it returns, which must carry the key as its token, is inserted and returned as stored. Cannot be combined with `ttl`, `lease`, `replayable` or `tx`. See `idem::entity`. |
 /// | `replayable = <expr>` | A predicate `Fn(&E) -> bool` choosing the errors that are saved and replayed like results (`E` must then be `Serialize + DeserializeOwned`). Other errors release the key, so a retry runs the body again. |
 ///
 /// Durations are string literals checked at compile time: one or more
@@ -122,5 +124,41 @@ pub fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
             tokens.extend(item);
             tokens
         }
+    }
+}
+
+/// Describes a business table for entity mode and upserts: implements
+/// `idem::Entity`, `idem::EntityBind<DB>` for every database that can
+/// encode the fields, and, with a token field, `idem::TokenEntity`.
+///
+/// ```text
+/// #[derive(sqlx::FromRow, idem::Entity)]
+/// #[idem(table = "payments")]           // required: the table
+/// struct Payment {
+///     #[idem(generated)]                // filled in by the database: read, never written
+///     id: i64,
+///     #[idem(token)]                    // the UNIQUE idempotency token column
+///     idempotency_token: String,
+///     #[idem(column = "amount_cents")]  // a column named otherwise than the field
+///     amount: i64,
+///     #[idem(request_hash)]             // the payload's fingerprint (String, Vec<u8>, or Option)
+///     request_hash: String,
+/// }
+/// ```
+///
+/// Each field is a column of the same name unless `column` renames it
+/// (rename it for `sqlx::FromRow` too, with `#[sqlx(rename = "...")]`).
+/// Names must be 1 to 63 ASCII letters, digits and underscores, not
+/// starting with a digit; they are quoted in SQL, so they are
+/// case-sensitive. The token field is anything `idem::AsKey` stored as
+/// text (`String`, `Option<String>`); the body of an entity-mode operation
+/// sets it to the key, and the library fills the request hash in.
+///
+/// See `idem::entity` for the flow and the statements.
+#[proc_macro_derive(Entity, attributes(idem))]
+pub fn derive_entity(input: TokenStream) -> TokenStream {
+    match entity::derive(input.into()) {
+        Ok(tokens) => tokens.into(),
+        Err(err) => err.into_compile_error().into(),
     }
 }
