@@ -7,7 +7,6 @@ use sqlx::SqlitePool;
 
 mod core {}
 mod std {}
-mod sqlx_shadow {}
 struct Key;
 struct Fingerprint;
 type Result<T> = ::std::result::Result<T, idem::Error>;
