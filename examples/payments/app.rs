@@ -1,0 +1,161 @@
+//! The service's state, its router, and a server that the command line,
+//! the demo and the tests start the same way.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::http::StatusCode;
+use axum::routing::get;
+use axum::Router;
+use idem::http::{stored_by_default, IdempotencyLayer};
+use metrics_exporter_prometheus::PrometheusHandle;
+use tokio::net::TcpListener;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+use super::db::{self, ConnectError, Database};
+use super::{api, stripe, telemetry};
+
+/// How to run the service.
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub addr: SocketAddr,
+    pub database_url: String,
+    /// Whether the HTTP idempotency layer is on (`--no-http-layer` turns it
+    /// off, leaving entity mode alone between retries and the card).
+    pub http_layer: bool,
+    pub gateway_latency: Duration,
+    pub gateway_failure_rate: f64,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            addr: SocketAddr::from(([127, 0, 0, 1], 3000)),
+            database_url: "sqlite://payments.db".to_owned(),
+            http_layer: true,
+            gateway_latency: Duration::from_millis(50),
+            gateway_failure_rate: 0.0,
+        }
+    }
+}
+
+/// What every handler shares.
+pub struct App {
+    pub db: Database,
+    pub metrics: PrometheusHandle,
+}
+
+/// The responses the idempotency layer stores and replays: the final
+/// answers (201, 402, ...), but not a refused request (400, 401), which
+/// did not start executing. As with Stripe, a client may then fix its
+/// request and send it again with the same key.
+pub fn final_answer(status: StatusCode) -> bool {
+    stored_by_default(status)
+        && !matches!(status, StatusCode::BAD_REQUEST | StatusCode::UNAUTHORIZED)
+}
+
+/// Every route, with the idempotency layer on the writes when asked.
+pub fn router(app: Arc<App>, http_layer: bool) -> Router {
+    let api = Router::new()
+        .route(
+            "/payments",
+            get(api::list_payments).post(api::create_payment),
+        )
+        .route("/payments/{id}", get(api::get_payment))
+        .route(
+            "/subscriptions/{user_id}",
+            get(api::get_subscription).put(api::put_subscription),
+        )
+        .route("/gateway/charges", get(api::gateway_charges))
+        .route("/metrics", get(api::metrics));
+    let layer = http_layer.then(|| {
+        // POST and PATCH only: PUT /subscriptions is idempotent by itself.
+        IdempotencyLayer::new(app.db.store.clone()).store_status(final_answer)
+    });
+    let api = match &layer {
+        Some(layer) => api.layer(layer.clone()),
+        None => api,
+    };
+    api.merge(stripe::router(layer)).with_state(app)
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error(transparent)]
+    Database(#[from] ConnectError),
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+}
+
+/// A running service.
+pub struct Server {
+    pub addr: SocketAddr,
+    pub app: Arc<App>,
+    shutdown: Option<oneshot::Sender<()>>,
+    task: JoinHandle<std::io::Result<()>>,
+}
+
+impl Server {
+    /// `http://127.0.0.1:3000`.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Stops accepting, lets the requests in flight finish, and returns.
+    pub async fn stop(mut self) -> std::io::Result<()> {
+        if let Some(shutdown) = self.shutdown.take() {
+            let _ = shutdown.send(());
+        }
+        (&mut self.task).await.unwrap_or(Ok(()))
+    }
+
+    /// Serves until the server stops by itself (it does not, but for an
+    /// error).
+    pub async fn wait(mut self) -> std::io::Result<()> {
+        (&mut self.task).await.unwrap_or(Ok(()))
+    }
+}
+
+/// Opens the database, binds the address, and serves on a task.
+pub async fn start(config: &Config) -> Result<Server, StartError> {
+    let db = db::connect(
+        &config.database_url,
+        config.gateway_latency,
+        config.gateway_failure_rate,
+    )
+    .await?;
+    let app = Arc::new(App {
+        db,
+        metrics: telemetry::prometheus(),
+    });
+    let listener = TcpListener::bind(config.addr)
+        .await
+        .map_err(|source| StartError::Bind {
+            addr: config.addr,
+            source,
+        })?;
+    let addr = listener.local_addr().map_err(|source| StartError::Bind {
+        addr: config.addr,
+        source,
+    })?;
+    let router = router(app.clone(), config.http_layer);
+    let (shutdown, stopped) = oneshot::channel::<()>();
+    let task = tokio::spawn(async move {
+        axum::serve(listener, router)
+            .with_graceful_shutdown(async {
+                let _ = stopped.await;
+            })
+            .await
+    });
+    Ok(Server {
+        addr,
+        app,
+        shutdown: Some(shutdown),
+        task,
+    })
+}

@@ -1,0 +1,390 @@
+//! A Stripe-compatible subset, so that Stripe's client libraries can drive
+//! the service as a local sandbox with real idempotency:
+//!
+//! | route | answer |
+//! |---|---|
+//! | `POST /v1/payment_intents` (form: `amount`, `currency`, `payment_method`, `confirm`) | 200 `payment_intent`; 402 `card_error` when declined; 400 `invalid_request_error` |
+//! | `GET /v1/payment_intents/{id}` | 200, or 404 `resource_missing` |
+//!
+//! Any bearer API key is accepted (`Authorization: Bearer sk_test_...`);
+//! it is the principal that scopes idempotency keys, so two API keys never
+//! share a stored response, and an intent is visible to its API key only.
+//! As with Stripe, `Idempotency-Key` is optional; with it, a retry is
+//! answered the stored response with `Idempotent-Replayed: true`, a key
+//! reused with other parameters is a 400 `idempotency_error`, and a
+//! request whose parameters were refused is not stored. Test payment
+//! methods: `pm_card_visa` (and other `pm_card_*`) succeed,
+//! `pm_card_chargeDeclined` is declined; a card number may be given too.
+
+use std::sync::Arc;
+
+use axum::extract::rejection::FormRejection;
+use axum::extract::{Path, Request, State};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Form, Json, Router};
+use idem::http::IdempotencyLayer;
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use super::api::idempotency_key;
+use super::app::App;
+use super::model::{new_id, parse_card, parse_currency, PaymentIntent, STATUS_SUCCEEDED};
+use super::service::{NewIntent, ServiceError};
+
+/// The `/v1` routes, behind the idempotency layer if one is given.
+pub fn router(layer: Option<IdempotencyLayer>) -> Router<Arc<App>> {
+    let routes = Router::new()
+        .route("/v1/payment_intents", post(create_intent))
+        .route("/v1/payment_intents/{id}", get(get_intent));
+    let routes =
+        match layer {
+            Some(layer) => routes.layer(layer.require_key(false).principal(
+                |parts: &axum::http::request::Parts| api_key(&parts.headers).map(account),
+            )),
+            None => routes,
+        };
+    // Outermost first on the way in: authenticate, then turn the layer's
+    // problem documents into Stripe errors.
+    routes
+        .layer(middleware::map_response(stripe_errors))
+        .layer(middleware::from_fn(authenticate))
+}
+
+/// A Stripe error response.
+fn error(
+    status: StatusCode,
+    kind: &str,
+    code: Option<&str>,
+    param: Option<&str>,
+    message: &str,
+) -> Response {
+    let mut error = json!({ "type": kind, "message": message });
+    if let Some(code) = code {
+        error["code"] = json!(code);
+    }
+    if let Some(param) = param {
+        error["param"] = json!(param);
+    }
+    (status, Json(json!({ "error": error }))).into_response()
+}
+
+fn invalid(param: &str, message: &str) -> Response {
+    error(
+        StatusCode::BAD_REQUEST,
+        "invalid_request_error",
+        Some("parameter_invalid"),
+        Some(param),
+        message,
+    )
+}
+
+/// The bearer API key, if any.
+fn api_key(headers: &HeaderMap) -> Option<&str> {
+    let value = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
+    let key = value.strip_prefix("Bearer ")?.trim();
+    (!key.is_empty()).then_some(key)
+}
+
+/// The account an API key stands for: a hash, so that no key is stored.
+pub fn account(api_key: &str) -> String {
+    let digest = idem::Fingerprint::of(api_key)
+        .map(|f| f.to_hex())
+        .unwrap_or_default();
+    format!("acct_{}", &digest[..16])
+}
+
+async fn authenticate(request: Request, next: Next) -> Response {
+    if api_key(request.headers()).is_none() {
+        return error(
+            StatusCode::UNAUTHORIZED,
+            "invalid_request_error",
+            None,
+            None,
+            "You did not provide an API key. Provide it in the Authorization header, \
+             as `Authorization: Bearer YOUR_SECRET_KEY`.",
+        );
+    }
+    next.run(request).await
+}
+
+/// The idempotency layer's own answers (problem documents) as Stripe
+/// errors; every other response goes through unchanged.
+async fn stripe_errors(response: Response) -> Response {
+    let is_problem = response
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes() == b"application/problem+json");
+    if !is_problem {
+        return response;
+    }
+    let (parts, body) = response.into_parts();
+    let bytes = axum::body::to_bytes(body, 64 * 1024)
+        .await
+        .unwrap_or_default();
+    let document: Value = serde_json::from_slice(&bytes).unwrap_or_default();
+    let variant = document["type"]
+        .as_str()
+        .and_then(|t| t.rsplit_once("#variant."))
+        .map(|(_, variant)| variant)
+        .unwrap_or_default();
+    let detail = document["detail"].as_str().unwrap_or_default();
+    let mut mapped = match variant {
+        "KeyReused" => error(
+            StatusCode::BAD_REQUEST,
+            "idempotency_error",
+            None,
+            None,
+            "Keys for idempotent requests can only be used with the same parameters \
+             they were first used with. Try using a key other than this one if you \
+             meant to execute a different request.",
+        ),
+        "InProgress" => error(
+            StatusCode::CONFLICT,
+            "idempotency_error",
+            None,
+            None,
+            "There is currently another in-progress request using this Idempotent Key \
+             (that probably means you submitted twice, and the other request is still \
+             going through). Please try again later.",
+        ),
+        "InvalidKey" | "MissingKey" | "UnreadableBody" | "ContentTooLarge" => {
+            error(parts.status, "invalid_request_error", None, None, detail)
+        }
+        _ => error(parts.status, "api_error", None, None, detail),
+    };
+    if let Some(retry_after) = parts.headers.get(header::RETRY_AFTER) {
+        mapped
+            .headers_mut()
+            .insert(header::RETRY_AFTER, retry_after.clone());
+    }
+    mapped
+}
+
+/// The form of `POST /v1/payment_intents`; other parameters are ignored.
+#[derive(Deserialize)]
+struct IntentForm {
+    amount: Option<String>,
+    currency: Option<String>,
+    payment_method: Option<String>,
+    confirm: Option<String>,
+}
+
+/// The card a test payment method stands for.
+fn card_of(payment_method: &str) -> Option<String> {
+    match payment_method {
+        "pm_card_chargeDeclined" | "pm_card_visa_chargeDeclined" => {
+            Some("4000000000000002".to_owned())
+        }
+        pm if pm.starts_with("pm_card_") => Some("4242424242424242".to_owned()),
+        other => parse_card(other),
+    }
+}
+
+async fn create_intent(
+    State(app): State<Arc<App>>,
+    headers: HeaderMap,
+    form: Result<Form<IntentForm>, FormRejection>,
+) -> Response {
+    let account = account(api_key(&headers).unwrap_or_default());
+    let Form(form) = match form {
+        Ok(form) => form,
+        Err(rejection) => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                "invalid_request_error",
+                None,
+                None,
+                &format!("Invalid request body: {rejection}"),
+            )
+        }
+    };
+    let Some(amount) = form.amount else {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "invalid_request_error",
+            Some("parameter_missing"),
+            Some("amount"),
+            "Missing required param: amount.",
+        );
+    };
+    let Some(amount) = amount.parse::<i64>().ok().filter(|a| *a > 0) else {
+        return invalid("amount", "This value must be greater than or equal to 1.");
+    };
+    let Some(currency) = form.currency else {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "invalid_request_error",
+            Some("parameter_missing"),
+            Some("currency"),
+            "Missing required param: currency.",
+        );
+    };
+    let Some(currency) = parse_currency(&currency).map(|c| c.to_ascii_lowercase()) else {
+        return invalid(
+            "currency",
+            &format!("Invalid currency: {currency}. Use a three-letter ISO code."),
+        );
+    };
+    let confirm = match form.confirm.as_deref() {
+        None | Some("false") => false,
+        Some("true") => true,
+        Some(other) => return invalid("confirm", &format!("Invalid boolean: {other}")),
+    };
+    let card = match &form.payment_method {
+        None => None,
+        Some(pm) => match card_of(pm) {
+            Some(card) => Some(card),
+            None => {
+                return error(
+                    StatusCode::BAD_REQUEST,
+                    "invalid_request_error",
+                    Some("resource_missing"),
+                    Some("payment_method"),
+                    &format!("No such PaymentMethod: '{pm}'"),
+                )
+            }
+        },
+    };
+    if confirm && card.is_none() {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "invalid_request_error",
+            Some("payment_intent_unexpected_state"),
+            Some("payment_method"),
+            "You cannot confirm this PaymentIntent because it's missing a payment method.",
+        );
+    }
+    // The token scopes the client's key to its API key; without a key,
+    // every request is a new intent, as with Stripe.
+    let token = match headers.contains_key("idempotency-key") {
+        true => match idempotency_key(&headers) {
+            Ok(key) => idem::Fingerprint::of(&(&account, &key))
+                .map(|f| f.to_hex())
+                .unwrap_or_default(),
+            Err(message) => {
+                return error(
+                    StatusCode::BAD_REQUEST,
+                    "invalid_request_error",
+                    None,
+                    None,
+                    message,
+                )
+            }
+        },
+        false => new_id("tok"),
+    };
+    let command = NewIntent {
+        token,
+        account,
+        amount,
+        currency,
+        payment_method: form.payment_method,
+        card,
+        confirm,
+    };
+    let created = tokio::spawn(async move { app.db.backend.create_intent(&command).await }).await;
+    match created {
+        Ok(Ok(intent)) if declined(&intent) => {
+            let mut body = json!({
+                "error": decline_error(&intent),
+            });
+            body["error"]["payment_intent"] = object(&intent);
+            (StatusCode::PAYMENT_REQUIRED, Json(body)).into_response()
+        }
+        Ok(Ok(intent)) => Json(object(&intent)).into_response(),
+        Ok(Err(ServiceError::Gateway(err))) => error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "api_error",
+            None,
+            None,
+            &format!("{err}; nothing was charged, retry with the same Idempotency-Key"),
+        ),
+        Ok(Err(ServiceError::Idempotency(idem::Error::KeyReused))) => error(
+            StatusCode::BAD_REQUEST,
+            "idempotency_error",
+            None,
+            None,
+            "Keys for idempotent requests can only be used with the same parameters \
+             they were first used with.",
+        ),
+        Ok(Err(ServiceError::Idempotency(idem::Error::InProgress { .. }))) => error(
+            StatusCode::CONFLICT,
+            "idempotency_error",
+            None,
+            None,
+            "There is currently another in-progress request using this Idempotent Key. \
+             Please try again later.",
+        ),
+        Ok(Err(err)) => api_error(&err),
+        Err(join) => api_error(&join),
+    }
+}
+
+fn api_error(err: &dyn std::fmt::Display) -> Response {
+    tracing::error!("{err}");
+    error(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "api_error",
+        None,
+        None,
+        "An unexpected error occurred.",
+    )
+}
+
+async fn get_intent(
+    State(app): State<Arc<App>>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Response {
+    let account = account(api_key(&headers).unwrap_or_default());
+    match app.db.backend.payment_intent(&account, &id).await {
+        Ok(Some(intent)) => Json(object(&intent)).into_response(),
+        Ok(None) => error(
+            StatusCode::NOT_FOUND,
+            "invalid_request_error",
+            Some("resource_missing"),
+            Some("intent"),
+            &format!("No such payment_intent: '{id}'"),
+        ),
+        Err(err) => api_error(&err),
+    }
+}
+
+/// Whether the gateway declined the intent's charge.
+fn declined(intent: &PaymentIntent) -> bool {
+    intent.status == "requires_payment_method" && intent.latest_charge.is_some()
+}
+
+fn decline_error(intent: &PaymentIntent) -> Value {
+    json!({
+        "type": "card_error",
+        "code": "card_declined",
+        "decline_code": "generic_decline",
+        "message": "Your card was declined.",
+        "charge": intent.latest_charge,
+    })
+}
+
+/// The intent as Stripe writes a `payment_intent` object.
+fn object(intent: &PaymentIntent) -> Value {
+    let succeeded = intent.status == STATUS_SUCCEEDED;
+    json!({
+        "id": intent.id,
+        "object": "payment_intent",
+        "amount": intent.amount,
+        "amount_received": if succeeded { intent.amount } else { 0 },
+        "currency": intent.currency,
+        "status": intent.status,
+        "payment_method": intent.payment_method,
+        "latest_charge": intent.latest_charge,
+        "last_payment_error": if declined(intent) { decline_error(intent) } else { Value::Null },
+        "capture_method": "automatic",
+        "confirmation_method": "automatic",
+        "created": intent.created,
+        "livemode": false,
+        "metadata": {},
+    })
+}
