@@ -1,0 +1,964 @@
+//! Issue 6: the payments example app, driven over HTTP on SQLite,
+//! PostgreSQL and MariaDB/MySQL.
+//!
+//! The app's modules are compiled into this test (`#[path]`), so each case
+//! starts the real service on an ephemeral port of 127.0.0.1 and talks to
+//! it with a real client: every endpoint and status, retries after lost
+//! answers, concurrent duplicates, the declined card's replay, transient
+//! gateway failures, entity mode alone (`--no-http-layer`), the
+//! Stripe-compatible routes and `/metrics`. Cases that need processes (two
+//! instances sharing one PostgreSQL, the demo's exit status) start this
+//! test binary again as the app (see [`app_process`]), so they run the
+//! same code as `cargo run --example payments`.
+//!
+//! The ground truth is the gateway's ledger (`GET /gateway/charges`): one
+//! charge per accepted key, whatever the client did.
+
+#[path = "../examples/payments/main.rs"]
+#[allow(dead_code)]
+mod payments;
+
+#[path = "conformance/servers.rs"]
+mod servers;
+
+use std::collections::HashSet;
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::Duration;
+
+use payments::app::{self, Config};
+use reqwest::header::{HeaderMap, CONTENT_TYPE, RETRY_AFTER};
+use reqwest::StatusCode;
+use serde_json::{json, Value};
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::sync::Barrier;
+
+/// Not a test: the entry point of the app's processes that the tests
+/// start. Run as a test, without `PAYMENTS_APP_ARGS`, it returns at once.
+#[test]
+fn app_process() {
+    let Ok(args) = std::env::var("PAYMENTS_APP_ARGS") else {
+        return;
+    };
+    let args: Vec<String> = serde_json::from_str(&args).expect("a JSON list of arguments");
+    std::process::exit(payments::cli::main(args).into());
+}
+
+/// This test binary, started as the app with `args`.
+fn app_command(args: &[&str]) -> tokio::process::Command {
+    let mut command = tokio::process::Command::new(std::env::current_exe().unwrap());
+    command
+        .args(["app_process", "--exact", "--nocapture", "--test-threads=1"])
+        .env("PAYMENTS_APP_ARGS", serde_json::to_string(args).unwrap())
+        .env_remove("DATABASE_URL")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .kill_on_drop(true);
+    command
+}
+
+/// An instance of the app in a process of its own, killed when dropped.
+struct Process {
+    url: String,
+    _child: tokio::process::Child,
+    _stdout: tokio::io::Lines<BufReader<tokio::process::ChildStdout>>,
+}
+
+/// Starts `payments serve` with `args` and waits (30 s at most) for its
+/// banner's URL.
+async fn spawn_instance(args: &[&str]) -> Process {
+    let mut child = app_command(args).spawn().expect("start the app process");
+    let mut stdout = BufReader::new(child.stdout.take().unwrap()).lines();
+    let url = tokio::time::timeout(Duration::from_secs(30), async {
+        while let Some(line) = stdout.next_line().await.unwrap() {
+            // The test harness may print its own words first on the line.
+            if let Some((_, rest)) = line.split_once("payments: listening on ") {
+                return rest.split_whitespace().next().unwrap().to_owned();
+            }
+        }
+        panic!("the app process exited before listening");
+    })
+    .await
+    .expect("the app process did not listen within 30 s");
+    Process {
+        url,
+        _child: child,
+        _stdout: stdout,
+    }
+}
+
+/// A database of its own for one test, dropped at the end: a SQLite file
+/// in a temporary directory, a PostgreSQL schema (the URL puts it first on
+/// the search path), or a MariaDB/MySQL database.
+struct Database {
+    url: String,
+    /// The server and the statement that drops the namespace.
+    drop: Option<(servers::Server, String)>,
+    _dir: Option<tempfile::TempDir>,
+}
+
+impl Database {
+    async fn sqlite() -> Database {
+        let dir = tempfile::tempdir().unwrap();
+        Database {
+            url: format!("sqlite://{}", dir.path().join("payments.db").display()),
+            drop: None,
+            _dir: Some(dir),
+        }
+    }
+
+    async fn postgres() -> Database {
+        // Fails the test, naming IDEM_POSTGRES_URL, if the server is down.
+        let probe = servers::Server::Postgres.pool(1).await;
+        let schema = servers::unique_table("pay");
+        probe.execute(&format!("CREATE SCHEMA \"{schema}\"")).await;
+        let base = servers::Server::Postgres.url();
+        let separator = if base.contains('?') { '&' } else { '?' };
+        Database {
+            url: format!("{base}{separator}options=-c%20search_path%3D{schema}"),
+            drop: Some((
+                servers::Server::Postgres,
+                format!("DROP SCHEMA IF EXISTS \"{schema}\" CASCADE"),
+            )),
+            _dir: None,
+        }
+    }
+
+    async fn mysql() -> Database {
+        // Fails the test, naming IDEM_MYSQL_URL, if the server is down.
+        let probe = servers::Server::MySql.pool(1).await;
+        let name = servers::unique_table("pay");
+        probe.execute(&format!("CREATE DATABASE `{name}`")).await;
+        let mut url = reqwest::Url::parse(&servers::Server::MySql.url()).unwrap();
+        url.set_path(&name);
+        Database {
+            url: url.to_string(),
+            drop: Some((
+                servers::Server::MySql,
+                format!("DROP DATABASE IF EXISTS `{name}`"),
+            )),
+            _dir: None,
+        }
+    }
+}
+
+impl Drop for Database {
+    fn drop(&mut self) {
+        let Some((server, statement)) = self.drop.take() else {
+            return;
+        };
+        // A connection of its own, on a thread of its own, from any runtime.
+        let dropped = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            runtime.block_on(async move {
+                use sqlx::Connection;
+                let url = server.url();
+                match server {
+                    servers::Server::Postgres => {
+                        let mut conn = sqlx::PgConnection::connect(&url).await?;
+                        sqlx::raw_sql(&statement).execute(&mut conn).await.map(drop)
+                    }
+                    servers::Server::MySql => {
+                        let mut conn = sqlx::MySqlConnection::connect(&url).await?;
+                        sqlx::raw_sql(&statement).execute(&mut conn).await.map(drop)
+                    }
+                }
+            })
+        })
+        .join();
+        if !matches!(dropped, Ok(Ok(()))) {
+            eprintln!("dropping the test namespace failed: {dropped:?}");
+        }
+    }
+}
+
+/// The service's defaults for tests: a fast gateway that never fails.
+fn config(db: &Database) -> Config {
+    Config {
+        addr: ([127, 0, 0, 1], 0).into(),
+        database_url: db.url.clone(),
+        http_layer: true,
+        gateway_latency: Duration::from_millis(10),
+        gateway_failure_rate: 0.0,
+    }
+}
+
+async fn start(config: Config) -> (app::Server, Api) {
+    let server = app::start(&config).await.expect("the app starts");
+    let api = Api::new(server.url());
+    (server, api)
+}
+
+/// An answer: status, headers, JSON body (`Null` if none).
+struct Answer {
+    status: StatusCode,
+    headers: HeaderMap,
+    body: Value,
+}
+
+impl Answer {
+    fn replayed(&self) -> bool {
+        self.headers
+            .get("idempotent-replayed")
+            .is_some_and(|v| v == "true")
+    }
+
+    fn content_type(&self) -> &str {
+        self.headers
+            .get(CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+    }
+
+    #[track_caller]
+    fn assert_problem(&self, status: u16) {
+        assert_eq!(self.status.as_u16(), status, "{}", self.body);
+        assert_eq!(self.content_type(), "application/problem+json");
+        assert_eq!(self.body["status"], status, "{}", self.body);
+        assert!(self.body["type"].is_string(), "{}", self.body);
+        assert!(self.body["title"].is_string(), "{}", self.body);
+        assert!(self.body["detail"].is_string(), "{}", self.body);
+    }
+}
+
+/// A client of one instance.
+#[derive(Clone)]
+struct Api {
+    http: reqwest::Client,
+    url: String,
+}
+
+impl Api {
+    fn new(url: String) -> Api {
+        Api {
+            http: reqwest::Client::new(),
+            url,
+        }
+    }
+
+    async fn answer(request: reqwest::RequestBuilder) -> Answer {
+        let response = request.send().await.expect("an answer");
+        let status = response.status();
+        let headers = response.headers().clone();
+        let bytes = response.bytes().await.unwrap();
+        let body = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+        Answer {
+            status,
+            headers,
+            body,
+        }
+    }
+
+    /// `POST /payments` with a raw body.
+    async fn pay_raw(&self, key: Option<&str>, body: &str) -> Answer {
+        let mut request = self
+            .http
+            .post(format!("{}/payments", self.url))
+            .header(CONTENT_TYPE, "application/json")
+            .body(body.to_owned());
+        if let Some(key) = key {
+            request = request.header("Idempotency-Key", key);
+        }
+        Self::answer(request).await
+    }
+
+    async fn pay(&self, key: &str, body: &Value) -> Answer {
+        self.pay_raw(Some(key), &body.to_string()).await
+    }
+
+    async fn get(&self, path: &str) -> Answer {
+        Self::answer(self.http.get(format!("{}{path}", self.url))).await
+    }
+
+    async fn put(&self, path: &str, body: &str) -> Answer {
+        Self::answer(
+            self.http
+                .put(format!("{}{path}", self.url))
+                .header(CONTENT_TYPE, "application/json")
+                .body(body.to_owned()),
+        )
+        .await
+    }
+
+    /// `POST /v1/payment_intents`, form-encoded.
+    async fn intent(&self, api_key: Option<&str>, key: Option<&str>, form: &str) -> Answer {
+        let mut request = self
+            .http
+            .post(format!("{}/v1/payment_intents", self.url))
+            .header(CONTENT_TYPE, "application/x-www-form-urlencoded")
+            .body(form.to_owned());
+        if let Some(api_key) = api_key {
+            request = request.bearer_auth(api_key);
+        }
+        if let Some(key) = key {
+            request = request.header("Idempotency-Key", key);
+        }
+        Self::answer(request).await
+    }
+
+    async fn intent_by_id(&self, api_key: &str, id: &str) -> Answer {
+        Self::answer(
+            self.http
+                .get(format!("{}/v1/payment_intents/{id}", self.url))
+                .bearer_auth(api_key),
+        )
+        .await
+    }
+
+    /// The gateway's ledger.
+    async fn charges(&self) -> Vec<Value> {
+        let answer = self.get("/gateway/charges").await;
+        assert_eq!(answer.status, StatusCode::OK);
+        let charges = answer.body["charges"].as_array().unwrap().clone();
+        assert_eq!(answer.body["count"], charges.len());
+        charges
+    }
+
+    async fn payment_count(&self) -> u64 {
+        let answer = self.get("/payments").await;
+        assert_eq!(answer.status, StatusCode::OK);
+        answer.body["count"].as_u64().unwrap()
+    }
+
+    /// Sends until a final answer (201 or 402), retrying lost answers, 409
+    /// and 503 with the same key, at most 100 times.
+    async fn pay_until_final(&self, key: &str, body: &Value) -> Answer {
+        for _ in 0..100 {
+            let answer = self.pay(key, body).await;
+            if matches!(answer.status.as_u16(), 201 | 402) {
+                return answer;
+            }
+            assert!(
+                matches!(answer.status.as_u16(), 409 | 503),
+                "{key}: {} {}",
+                answer.status,
+                answer.body
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        panic!("{key}: no final answer after 100 attempts");
+    }
+}
+
+fn card(amount: i64, card: &str) -> Value {
+    json!({ "amount": amount, "currency": "EUR", "card": card, "description": "test" })
+}
+
+const VISA: &str = "4242424242424242";
+const DECLINED: &str = "4000000000000002";
+
+/// Each charge's reference appears once: one charge per key.
+#[track_caller]
+fn assert_one_charge_per_key(charges: &[Value], keys: usize) {
+    let references: HashSet<&str> = charges
+        .iter()
+        .map(|c| c["reference"].as_str().unwrap())
+        .collect();
+    assert_eq!(charges.len(), keys, "{charges:#?}");
+    assert_eq!(
+        references.len(),
+        keys,
+        "a key was charged twice: {charges:#?}"
+    );
+}
+
+// ---------------------------------------------------------------- cases
+
+async fn create_then_replay(db: Database) {
+    let (server, api) = start(config(&db)).await;
+    let body = card(2500, "4242 4242 4242 4242");
+    let first = api.pay("order-1", &body).await;
+    assert_eq!(first.status, StatusCode::CREATED, "{}", first.body);
+    assert!(!first.replayed());
+    let payment = &first.body;
+    assert!(
+        payment["id"].as_str().unwrap().starts_with("pay_"),
+        "{payment}"
+    );
+    assert_eq!(payment["amount"], 2500);
+    assert_eq!(payment["currency"], "EUR");
+    assert_eq!(payment["status"], "succeeded");
+    assert_eq!(payment["card"], "**** 4242");
+    assert_eq!(payment["description"], "test");
+    assert!(
+        payment["created_at"].as_str().unwrap().ends_with('Z'),
+        "{payment}"
+    );
+
+    let retry = api.pay("order-1", &body).await;
+    assert_eq!(retry.status, StatusCode::CREATED);
+    assert!(retry.replayed(), "the retry is a replay");
+    assert_eq!(retry.body, first.body);
+
+    let id = payment["id"].as_str().unwrap();
+    let found = api.get(&format!("/payments/{id}")).await;
+    assert_eq!(found.status, StatusCode::OK);
+    assert_eq!(&found.body, payment);
+    let list = api.get("/payments").await;
+    assert_eq!(list.body["count"], 1);
+    assert_eq!(list.body["payments"][0], *payment);
+
+    let charges = api.charges().await;
+    assert_one_charge_per_key(&charges, 1);
+    assert_eq!(charges[0]["reference"], "order-1");
+    assert_eq!(charges[0]["amount"], 2500);
+    assert_eq!(charges[0]["status"], "succeeded");
+
+    // A structured-string key is the same key.
+    let quoted = api.pay("\"order-1\"", &body).await;
+    assert!(quoted.replayed());
+    assert_eq!(quoted.body, first.body);
+    server.stop().await.unwrap();
+}
+
+async fn invalid_requests_are_400_and_store_nothing(db: Database) {
+    let (server, api) = start(config(&db)).await;
+    let missing_key = api.pay_raw(None, &card(100, VISA).to_string()).await;
+    missing_key.assert_problem(400);
+    let bodies = [
+        r#"{"currency": "EUR", "card": "4242424242424242"}"#,
+        r#"{"amount": 0, "currency": "EUR", "card": "4242424242424242"}"#,
+        r#"{"amount": -5, "currency": "EUR", "card": "4242424242424242"}"#,
+        r#"{"amount": 12.5, "currency": "EUR", "card": "4242424242424242"}"#,
+        r#"{"amount": "100", "currency": "EUR", "card": "4242424242424242"}"#,
+        r#"{"amount": 100, "card": "4242424242424242"}"#,
+        r#"{"amount": 100, "currency": "EURO", "card": "4242424242424242"}"#,
+        r#"{"amount": 100, "currency": "E1R", "card": "4242424242424242"}"#,
+        r#"{"amount": 100, "currency": "EUR"}"#,
+        r#"{"amount": 100, "currency": "EUR", "card": "not a card"}"#,
+        r#"{"amount": 100, "currency": "EUR", "card": "4242", "description": 7}"#,
+        r#"{"amount": 100, "currency": "EUR", "#,
+        r#"[100, "EUR", "4242424242424242"]"#,
+        "",
+    ];
+    for (i, body) in bodies.iter().enumerate() {
+        let answer = api.pay_raw(Some(&format!("bad-{i}")), body).await;
+        answer.assert_problem(400);
+        assert!(!answer.replayed());
+    }
+    assert!(api.charges().await.is_empty(), "an invalid request charged");
+    assert_eq!(api.payment_count().await, 0);
+    // A refused request is not stored: the client may fix it and send it
+    // again with the same key.
+    let fixed = api.pay("bad-1", &card(100, VISA)).await;
+    assert_eq!(fixed.status, StatusCode::CREATED, "{}", fixed.body);
+    assert!(!fixed.replayed());
+    assert_one_charge_per_key(&api.charges().await, 1);
+    server.stop().await.unwrap();
+}
+
+async fn reused_key_is_422(db: Database) {
+    let (server, api) = start(config(&db)).await;
+    let first = api.pay("reused", &card(1000, VISA)).await;
+    assert_eq!(first.status, StatusCode::CREATED);
+    let other = api.pay("reused", &card(1001, VISA)).await;
+    other.assert_problem(422);
+    assert_one_charge_per_key(&api.charges().await, 1);
+    assert_eq!(api.payment_count().await, 1);
+    server.stop().await.unwrap();
+}
+
+async fn declined_card_is_402_and_replayed(db: Database) {
+    let (server, api) = start(config(&db)).await;
+    let declined = api.pay("declined", &card(700, DECLINED)).await;
+    declined.assert_problem(402);
+    assert!(!declined.replayed());
+    let payment = &declined.body["payment"];
+    assert_eq!(payment["status"], "declined", "{}", declined.body);
+    assert_eq!(payment["card"], "**** 0002");
+    let retry = api.pay("declined", &card(700, DECLINED)).await;
+    retry.assert_problem(402);
+    assert!(retry.replayed());
+    assert_eq!(retry.body, declined.body);
+    let id = payment["id"].as_str().unwrap();
+    let stored = api.get(&format!("/payments/{id}")).await;
+    assert_eq!(stored.body["status"], "declined");
+    let charges = api.charges().await;
+    assert_one_charge_per_key(&charges, 1);
+    assert_eq!(charges[0]["status"], "declined");
+    server.stop().await.unwrap();
+}
+
+async fn reads_and_subscriptions(db: Database) {
+    let (server, api) = start(config(&db)).await;
+    api.get("/payments/pay_missing").await.assert_problem(404);
+    let empty = api.get("/payments").await;
+    assert_eq!(empty.body, json!({ "count": 0, "payments": [] }));
+    let ledger = api.get("/gateway/charges").await;
+    assert_eq!(ledger.body, json!({ "count": 0, "charges": [] }));
+
+    api.get("/subscriptions/u-1").await.assert_problem(404);
+    for _ in 0..3 {
+        let put = api.put("/subscriptions/u-1", r#"{"plan": "basic"}"#).await;
+        assert_eq!(put.status, StatusCode::OK, "{}", put.body);
+        assert_eq!(put.body, json!({ "user_id": "u-1", "plan": "basic" }));
+    }
+    let pro = api.put("/subscriptions/u-1", r#"{"plan": "pro"}"#).await;
+    assert_eq!(pro.body, json!({ "user_id": "u-1", "plan": "pro" }));
+    let got = api.get("/subscriptions/u-1").await;
+    assert_eq!(got.status, StatusCode::OK);
+    assert_eq!(got.body, json!({ "user_id": "u-1", "plan": "pro" }));
+    api.put("/subscriptions/u-1", r#"{"plan": ""}"#)
+        .await
+        .assert_problem(400);
+    api.put("/subscriptions/u-1", "{").await.assert_problem(400);
+    api.get("/subscriptions/u-2").await.assert_problem(404);
+
+    // Concurrent upserts of one user leave one row, the last state.
+    let tasks: Vec<_> = (0..10)
+        .map(|_| {
+            let api = api.clone();
+            tokio::spawn(async move { api.put("/subscriptions/u-3", r#"{"plan": "team"}"#).await })
+        })
+        .collect();
+    for task in tasks {
+        assert_eq!(task.await.unwrap().status, StatusCode::OK);
+    }
+    let team = api.get("/subscriptions/u-3").await;
+    assert_eq!(team.body, json!({ "user_id": "u-3", "plan": "team" }));
+    server.stop().await.unwrap();
+}
+
+async fn a_lost_answer_is_retried_and_charged_once(db: Database) {
+    let (server, api) = start(Config {
+        gateway_latency: Duration::from_millis(300),
+        ..config(&db)
+    })
+    .await;
+    for key in ["lost-1", "lost-2"] {
+        // The client gives up before the gateway answers: the charge goes on.
+        let lost = api
+            .http
+            .post(format!("{}/payments", api.url))
+            .header("Idempotency-Key", key)
+            .json(&card(1500, VISA))
+            .timeout(Duration::from_millis(50))
+            .send()
+            .await;
+        assert!(lost.is_err(), "the answer was not lost: {lost:?}");
+        if key == "lost-2" {
+            // This retry comes after the first request finished.
+            tokio::time::sleep(Duration::from_millis(600)).await;
+        }
+        let retry = api.pay(key, &card(1500, VISA)).await;
+        assert_eq!(retry.status, StatusCode::CREATED, "{}", retry.body);
+        assert!(retry.replayed(), "{key}: the retry got the first answer");
+    }
+    assert_one_charge_per_key(&api.charges().await, 2);
+    assert_eq!(api.payment_count().await, 2);
+    server.stop().await.unwrap();
+}
+
+async fn concurrent_duplicates_charge_once(db: Database) {
+    const DUPLICATES: usize = 20;
+    let (server, api) = start(Config {
+        gateway_latency: Duration::from_millis(200),
+        ..config(&db)
+    })
+    .await;
+    let barrier = Arc::new(Barrier::new(DUPLICATES));
+    let tasks: Vec<_> = (0..DUPLICATES)
+        .map(|_| {
+            let (api, barrier) = (api.clone(), barrier.clone());
+            tokio::spawn(async move {
+                barrier.wait().await;
+                api.pay("storm", &card(3000, VISA)).await
+            })
+        })
+        .collect();
+    let mut answers = Vec::new();
+    for task in tasks {
+        answers.push(task.await.unwrap());
+    }
+    for answer in &answers {
+        assert_eq!(answer.status, StatusCode::CREATED, "{}", answer.body);
+        assert_eq!(answer.body, answers[0].body);
+    }
+    let originals = answers.iter().filter(|a| !a.replayed()).count();
+    assert_eq!(originals, 1, "one request ran, the others were replays");
+    assert_one_charge_per_key(&api.charges().await, 1);
+    assert_eq!(api.payment_count().await, 1);
+    server.stop().await.unwrap();
+}
+
+async fn transient_failures_release_the_key(db: Database) {
+    // A gateway that always fails: 503, nothing charged, nothing stored.
+    let (down, api) = start(Config {
+        gateway_failure_rate: 1.0,
+        ..config(&db)
+    })
+    .await;
+    for _ in 0..2 {
+        let failed = api.pay("flaky", &card(900, VISA)).await;
+        failed.assert_problem(503);
+        assert!(failed.headers.contains_key(RETRY_AFTER));
+        assert!(!failed.replayed(), "a 503 is not stored");
+    }
+    assert!(api.charges().await.is_empty());
+    assert_eq!(api.payment_count().await, 0);
+    down.stop().await.unwrap();
+
+    // The gateway is back: the retry with the same key charges, once.
+    let (up, api) = start(config(&db)).await;
+    let retry = api.pay("flaky", &card(900, VISA)).await;
+    assert_eq!(retry.status, StatusCode::CREATED, "{}", retry.body);
+    assert!(!retry.replayed());
+    assert_one_charge_per_key(&api.charges().await, 1);
+    up.stop().await.unwrap();
+
+    // A gateway failing half the time: clients retry until answered.
+    let (flaky, api) = start(Config {
+        gateway_failure_rate: 0.5,
+        ..config(&db)
+    })
+    .await;
+    for i in 0..10 {
+        api.pay_until_final(&format!("half-{i}"), &card(100 + i, VISA))
+            .await;
+    }
+    // On SQLite this process's ledger; on PostgreSQL, one ledger for all.
+    let charges: Vec<Value> = api
+        .charges()
+        .await
+        .into_iter()
+        .filter(|c| c["reference"].as_str().unwrap().starts_with("half-"))
+        .collect();
+    assert_one_charge_per_key(&charges, 10);
+    assert_eq!(api.payment_count().await, 11);
+    flaky.stop().await.unwrap();
+}
+
+/// `--no-http-layer`: the entity-mode method alone still charges once
+/// and stores one row per key.
+async fn entity_mode_alone_charges_once(db: Database) {
+    let (server, api) = start(Config {
+        http_layer: false,
+        gateway_latency: Duration::from_millis(150),
+        ..config(&db)
+    })
+    .await;
+    // Sequential retries: the stored row comes back, unmarked.
+    let first = api.pay("solo", &card(1200, VISA)).await;
+    assert_eq!(first.status, StatusCode::CREATED, "{}", first.body);
+    for _ in 0..3 {
+        let retry = api.pay("solo", &card(1200, VISA)).await;
+        assert_eq!(retry.status, StatusCode::CREATED);
+        assert!(!retry.replayed(), "no layer, no replay header");
+        assert_eq!(retry.body, first.body);
+    }
+    // Concurrent duplicates.
+    let barrier = Arc::new(Barrier::new(20));
+    let tasks: Vec<_> = (0..20)
+        .map(|_| {
+            let (api, barrier) = (api.clone(), barrier.clone());
+            tokio::spawn(async move {
+                barrier.wait().await;
+                api.pay_until_final("solo-storm", &card(1300, VISA)).await
+            })
+        })
+        .collect();
+    let mut ids = HashSet::new();
+    for task in tasks {
+        let answer = task.await.unwrap();
+        assert_eq!(answer.status, StatusCode::CREATED, "{}", answer.body);
+        ids.insert(answer.body["id"].as_str().unwrap().to_owned());
+    }
+    assert_eq!(ids.len(), 1, "duplicates got different payments: {ids:?}");
+    // A lost answer, then the retry.
+    let lost = api
+        .http
+        .post(format!("{}/payments", api.url))
+        .header("Idempotency-Key", "solo-lost")
+        .json(&card(1400, VISA))
+        .timeout(Duration::from_millis(30))
+        .send()
+        .await;
+    assert!(lost.is_err());
+    let retry = api.pay_until_final("solo-lost", &card(1400, VISA)).await;
+    assert_eq!(retry.status, StatusCode::CREATED);
+    // The decline is stored and answered again.
+    let declined = api.pay("solo-declined", &card(1500, DECLINED)).await;
+    declined.assert_problem(402);
+    let again = api.pay("solo-declined", &card(1500, DECLINED)).await;
+    again.assert_problem(402);
+    assert_eq!(again.body, declined.body);
+    // The row keeps the command's fingerprint: another amount is refused.
+    api.pay("solo", &card(9999, VISA)).await.assert_problem(422);
+    assert_one_charge_per_key(&api.charges().await, 4);
+    assert_eq!(api.payment_count().await, 4);
+    server.stop().await.unwrap();
+}
+
+async fn stripe_payment_intents(db: Database) {
+    let (server, api) = start(config(&db)).await;
+    let form = "amount=2000&currency=usd&payment_method=pm_card_visa&confirm=true";
+    let created = api.intent(Some("sk_test_a"), Some("pi-key"), form).await;
+    assert_eq!(created.status, StatusCode::OK, "{}", created.body);
+    let intent = &created.body;
+    assert!(intent["id"].as_str().unwrap().starts_with("pi_"));
+    assert_eq!(intent["object"], "payment_intent");
+    assert_eq!(intent["amount"], 2000);
+    assert_eq!(intent["amount_received"], 2000);
+    assert_eq!(intent["currency"], "usd");
+    assert_eq!(intent["status"], "succeeded");
+    assert!(!created.replayed());
+
+    let retry = api.intent(Some("sk_test_a"), Some("pi-key"), form).await;
+    assert!(retry.replayed());
+    assert_eq!(retry.body, created.body);
+
+    // The same key under another API key is another request.
+    let other_account = api.intent(Some("sk_test_b"), Some("pi-key"), form).await;
+    assert_eq!(other_account.status, StatusCode::OK);
+    assert!(!other_account.replayed());
+    assert_ne!(other_account.body["id"], intent["id"]);
+
+    let reused = api
+        .intent(
+            Some("sk_test_a"),
+            Some("pi-key"),
+            "amount=2001&currency=usd&payment_method=pm_card_visa&confirm=true",
+        )
+        .await;
+    assert_eq!(reused.status, StatusCode::BAD_REQUEST, "{}", reused.body);
+    assert_eq!(reused.body["error"]["type"], "idempotency_error");
+
+    // Without a key, each request is a new intent.
+    let a = api.intent(Some("sk_test_a"), None, form).await;
+    let b = api.intent(Some("sk_test_a"), None, form).await;
+    assert_eq!((a.status, b.status), (StatusCode::OK, StatusCode::OK));
+    assert_ne!(a.body["id"], b.body["id"]);
+
+    let declined = api
+        .intent(
+            Some("sk_test_a"),
+            Some("pi-declined"),
+            "amount=500&currency=eur&payment_method=pm_card_chargeDeclined&confirm=true",
+        )
+        .await;
+    assert_eq!(
+        declined.status,
+        StatusCode::PAYMENT_REQUIRED,
+        "{}",
+        declined.body
+    );
+    assert_eq!(declined.body["error"]["type"], "card_error");
+    assert_eq!(declined.body["error"]["code"], "card_declined");
+    assert_eq!(
+        declined.body["error"]["payment_intent"]["status"],
+        "requires_payment_method"
+    );
+    let declined_again = api
+        .intent(
+            Some("sk_test_a"),
+            Some("pi-declined"),
+            "amount=500&currency=eur&payment_method=pm_card_chargeDeclined&confirm=true",
+        )
+        .await;
+    assert!(declined_again.replayed());
+    assert_eq!(declined_again.body, declined.body);
+
+    let unconfirmed = api
+        .intent(
+            Some("sk_test_a"),
+            Some("pi-later"),
+            "amount=300&currency=eur&payment_method=pm_card_visa",
+        )
+        .await;
+    assert_eq!(unconfirmed.body["status"], "requires_confirmation");
+
+    // Errors shaped like Stripe's.
+    let no_key = api.intent(None, Some("pi-x"), form).await;
+    assert_eq!(no_key.status, StatusCode::UNAUTHORIZED);
+    assert_eq!(no_key.body["error"]["type"], "invalid_request_error");
+    let no_amount = api
+        .intent(Some("sk_test_a"), Some("pi-bad"), "currency=usd")
+        .await;
+    assert_eq!(no_amount.status, StatusCode::BAD_REQUEST);
+    assert_eq!(no_amount.body["error"]["param"], "amount");
+    assert_eq!(no_amount.body["error"]["type"], "invalid_request_error");
+    let bad_currency = api
+        .intent(
+            Some("sk_test_a"),
+            Some("pi-bad"),
+            "amount=100&currency=dollars",
+        )
+        .await;
+    assert_eq!(bad_currency.status, StatusCode::BAD_REQUEST);
+    assert_eq!(bad_currency.body["error"]["param"], "currency");
+    // The refused request was not stored: the key still works.
+    let fixed = api
+        .intent(Some("sk_test_a"), Some("pi-bad"), "amount=100&currency=usd")
+        .await;
+    assert_eq!(fixed.status, StatusCode::OK, "{}", fixed.body);
+    assert_eq!(fixed.body["status"], "requires_payment_method");
+
+    let id = intent["id"].as_str().unwrap();
+    let found = api.intent_by_id("sk_test_a", id).await;
+    assert_eq!(found.status, StatusCode::OK);
+    assert_eq!(&found.body, intent);
+    let hidden = api.intent_by_id("sk_test_b", id).await;
+    assert_eq!(hidden.status, StatusCode::NOT_FOUND);
+    assert_eq!(hidden.body["error"]["code"], "resource_missing");
+
+    // Confirmed intents only were charged: a, b, the first, the other
+    // account's, the declined one.
+    assert_one_charge_per_key(&api.charges().await, 5);
+    server.stop().await.unwrap();
+}
+
+async fn metrics_count_executions_and_replays(db: Database) {
+    let (server, api) = start(config(&db)).await;
+    for _ in 0..2 {
+        api.pay("metered", &card(100, VISA)).await;
+    }
+    let metrics = api
+        .http
+        .get(format!("{}/metrics", api.url))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(metrics.status(), StatusCode::OK);
+    let text = metrics.text().await.unwrap();
+    for expected in [
+        "# TYPE idem_executions_total counter",
+        "idem_executions_total{operation=\"POST /payments\"}",
+        "idem_replays_total{operation=\"POST /payments\"}",
+        "idem_replay_latency_seconds_bucket{operation=\"POST /payments\"",
+    ] {
+        assert!(text.contains(expected), "no {expected} in:\n{text}");
+    }
+    server.stop().await.unwrap();
+}
+
+/// `payments demo` in a process of its own exits 0, after its table.
+async fn demo_exits_zero(db: Database) {
+    let mut demo = app_command(&[
+        "demo",
+        "--database-url",
+        &db.url,
+        "--gateway-latency-ms",
+        "60",
+    ]);
+    let output = tokio::time::timeout(Duration::from_secs(120), demo.output())
+        .await
+        .expect("the demo ended within 120 s")
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{:?}:\n{stdout}", output.status);
+    assert!(stdout.contains("gateway charges"), "{stdout}");
+    assert!(stdout.contains("OK: "), "{stdout}");
+}
+
+macro_rules! payments_suite {
+    ($backend:ident: $($case:ident),* $(,)?) => {
+        mod $backend {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $case() {
+                    let db = super::Database::$backend().await;
+                    tokio::time::timeout(std::time::Duration::from_secs(120), super::$case(db))
+                        .await
+                        .expect("the case ended within 120 s");
+                }
+            )*
+        }
+    };
+}
+
+payments_suite!(sqlite:
+    create_then_replay,
+    invalid_requests_are_400_and_store_nothing,
+    reused_key_is_422,
+    declined_card_is_402_and_replayed,
+    reads_and_subscriptions,
+    a_lost_answer_is_retried_and_charged_once,
+    concurrent_duplicates_charge_once,
+    transient_failures_release_the_key,
+    entity_mode_alone_charges_once,
+    stripe_payment_intents,
+    metrics_count_executions_and_replays,
+    demo_exits_zero,
+);
+
+payments_suite!(postgres:
+    create_then_replay,
+    invalid_requests_are_400_and_store_nothing,
+    reused_key_is_422,
+    declined_card_is_402_and_replayed,
+    reads_and_subscriptions,
+    a_lost_answer_is_retried_and_charged_once,
+    concurrent_duplicates_charge_once,
+    transient_failures_release_the_key,
+    entity_mode_alone_charges_once,
+    stripe_payment_intents,
+    metrics_count_executions_and_replays,
+    demo_exits_zero,
+);
+
+payments_suite!(mysql:
+    create_then_replay,
+    invalid_requests_are_400_and_store_nothing,
+    reused_key_is_422,
+    declined_card_is_402_and_replayed,
+    reads_and_subscriptions,
+    a_lost_answer_is_retried_and_charged_once,
+    concurrent_duplicates_charge_once,
+    transient_failures_release_the_key,
+    entity_mode_alone_charges_once,
+    stripe_payment_intents,
+    metrics_count_executions_and_replays,
+    demo_exits_zero,
+);
+
+/// Two processes of the app on different ports, sharing one PostgreSQL: the
+/// same key sent to both at the same moment, many times, is one charge and
+/// one payment per key, with the idempotency layer and with entity mode
+/// alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_instances_share_one_postgres() {
+    const KEYS: usize = 25;
+    tokio::time::timeout(Duration::from_secs(180), async {
+        for layer in [true, false] {
+            let db = Database::postgres().await;
+            let mut args = vec!["serve", "--addr", "127.0.0.1:0", "--database-url", &db.url];
+            args.extend(["--gateway-latency-ms", "30"]);
+            if !layer {
+                args.push("--no-http-layer");
+            }
+            let first = spawn_instance(&args).await;
+            let second = spawn_instance(&args).await;
+            assert_ne!(first.url, second.url);
+            let (a, b) = (Api::new(first.url.clone()), Api::new(second.url.clone()));
+            for i in 0..KEYS {
+                let key = format!("shared-{i}");
+                let body = card(100 + i as i64, VISA);
+                let (x, y) = tokio::join!(
+                    a.pay_until_final(&key, &body),
+                    b.pay_until_final(&key, &body)
+                );
+                assert_eq!(x.status, StatusCode::CREATED, "{}", x.body);
+                assert_eq!(x.body, y.body, "{key}: two answers");
+                if layer {
+                    assert!(
+                        x.replayed() != y.replayed(),
+                        "{key}: one original answer and one replay"
+                    );
+                }
+            }
+            // One ledger and one table, seen from either instance.
+            let charges = a.charges().await;
+            assert_one_charge_per_key(&charges, KEYS);
+            assert_eq!(b.charges().await, charges);
+            assert_eq!(a.payment_count().await, KEYS as u64);
+            assert_eq!(b.payment_count().await, KEYS as u64);
+            drop((first, second));
+        }
+    })
+    .await
+    .expect("the two-instance case ended within 180 s");
+}
