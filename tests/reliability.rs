@@ -8,9 +8,9 @@
 //!   record is completed without its outcome, and the retries complete each
 //!   key exactly once;
 //! - `model`: random sequences of begin / complete / release / expire /
-//!   purge over several keys and owners, on the memory store, SQLite and
-//!   PostgreSQL, checked step by step against a reference model of the
-//!   state machine;
+//!   purge over several keys and owners, on the memory store, SQLite,
+//!   PostgreSQL and MariaDB, checked step by step against a reference model
+//!   of the state machine;
 //! - `input`: arbitrary bytes and strings given to the key and the
 //!   `Idempotency-Key` header parsers never panic, and exactly the valid
 //!   keys are accepted.

@@ -411,3 +411,20 @@ fn postgres_store_follows_the_model() {
         (store, guard)
     });
 }
+
+#[test]
+fn mysql_store_follows_the_model() {
+    run_model(|| async {
+        let db = Server::MySql.pool(2).await;
+        let servers::Db::MySql(pool) = db else {
+            unreachable!()
+        };
+        let mut guard = DropTables::new(Server::MySql);
+        let table = guard.add(servers::unique_table("model"));
+        let store = idem::MySqlStore::new(pool)
+            .with_table_name(&table)
+            .expect("a valid table name");
+        store.migrate().await.expect("migrate the MariaDB store");
+        (store, guard)
+    });
+}
