@@ -9,6 +9,11 @@
 //! - once the proxy lets connections through again, concurrent retries of
 //!   each key run the body once (after the lease, with fence 2), and every
 //!   retrier gets that run's result.
+//!
+//! In record mode the cut body had already run, so each key's body runs
+//! twice in all (the cut run, whose outcome was never stored, and one
+//! retry); in transactional mode the cut rolls the claim and the business
+//! row back together, so each key ends with exactly one committed row.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -232,4 +237,128 @@ async fn cut_connections_are_retryable_and_complete_once() {
         );
     }
     assert_eq!(total_runs.load(Ordering::SeqCst), 2 * KEYS);
+}
+
+/// Transactional mode under the same cut: the claim, the business row and
+/// the completion travel on one transaction, so the cut rolls all three
+/// back. The retries then find no record and run at once, and every key
+/// ends with exactly one committed business row.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cut_transactions_roll_back_whole_and_commit_once() {
+    let (direct, db, mut guard) = servers::postgres_store(4).await;
+    let table = direct.table_name().to_owned();
+    let rows = guard.add(servers::unique_table("rows"));
+    db.create_runs_table(&rows).await;
+    let url = Server::Postgres.url();
+    let options = PgConnectOptions::from_str(&url).expect("a PostgreSQL URL");
+    let upstream = format!("{}:{}", options.get_host(), options.get_port());
+    let proxy = Proxy::start(upstream).await;
+    let pool = PgPoolOptions::new()
+        .max_connections(KEYS as u32 + 2)
+        .acquire_timeout(Duration::from_secs(1))
+        .connect_with(options.host("127.0.0.1").port(proxy.addr.port()))
+        .await
+        .expect("connect through the proxy");
+    let store = Arc::new(
+        idem::PostgresStore::new(pool.clone())
+            .with_table_name(&table)
+            .expect("a valid table name"),
+    );
+
+    let call = |key: String, started: Option<Arc<Barrier>>, pause: Duration| {
+        let (store, pool, rows) = (store.clone(), pool.clone(), rows.clone());
+        tokio::spawn(async move {
+            let mut tx = pool.begin().await.map_err(Error::store)?;
+            let insert = format!("INSERT INTO \"{rows}\" (run_key) VALUES ($1) RETURNING id");
+            let result = idem::run_in_transaction::<_, _, i64, Error, _, _>(
+                &*store,
+                &mut *tx,
+                Call::new(SCOPE, key.as_str(), &"payload"),
+                |conn| async move {
+                    let id = sqlx::query_scalar::<_, i64>(&insert)
+                        .bind(&key)
+                        .fetch_one(&mut *conn)
+                        .await
+                        .map_err(Error::store);
+                    if let Some(started) = started {
+                        started.wait().await;
+                    }
+                    tokio::time::sleep(pause).await;
+                    (id, conn)
+                },
+            )
+            .await?;
+            tx.commit().await.map_err(Error::store)?;
+            Ok::<_, Error>(result)
+        })
+    };
+
+    let keys: Vec<String> = (0..KEYS)
+        .map(|k| {
+            format!(
+                "nettx-{}-{}-{k}",
+                std::process::id(),
+                idem::record::now_millis()
+            )
+        })
+        .collect();
+    let started = Arc::new(Barrier::new(KEYS + 1));
+    let calls: Vec<_> = keys
+        .iter()
+        .map(|k| call(k.clone(), Some(started.clone()), Duration::from_millis(300)))
+        .collect();
+    tokio::time::timeout(Duration::from_secs(20), started.wait())
+        .await
+        .expect("every body started");
+    proxy.cut_all();
+    for (key, task) in keys.iter().zip(calls) {
+        let result = tokio::time::timeout(Duration::from_secs(30), task)
+            .await
+            .expect("a cut call returns")
+            .expect("a cut call does not panic");
+        match result {
+            Err(err) => assert!(err.is_retryable(), "{key}: not retryable: {err:?}"),
+            Ok(run) => panic!("{key}: committed through a cut connection (run {run})"),
+        }
+    }
+    // Rolled back whole: no record, no business row.
+    let (t, r) = (db.ident(&table), db.ident(&rows));
+    assert_eq!(db.count(&format!("SELECT COUNT(*) FROM {t}")).await, 0);
+    assert_eq!(db.count(&format!("SELECT COUNT(*) FROM {r}")).await, 0);
+
+    proxy.reopen();
+    let retries: Vec<_> = keys
+        .iter()
+        .flat_map(|k| (0..RETRIERS).map(move |_| k.clone()))
+        .map(|k| (k.clone(), call(k, None, Duration::from_millis(20))))
+        .collect();
+    let mut results: HashMap<String, Vec<i64>> = HashMap::new();
+    for (key, task) in retries {
+        let run = tokio::time::timeout(Duration::from_secs(30), task)
+            .await
+            .expect("a retry returns")
+            .expect("a retry does not panic")
+            .unwrap_or_else(|err| panic!("{key}: retry failed: {err:?}"));
+        results.entry(key).or_default().push(run);
+    }
+    for key in &keys {
+        let seen = &results[key];
+        assert!(seen.iter().all(|r| *r == seen[0]), "{key}: {seen:?}");
+        let record = direct
+            .get(&SCOPE.into(), &idem::Key::new(key.as_str()).unwrap())
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!((record.state, record.fence), (State::Completed, 1), "{key}");
+    }
+    assert_eq!(
+        db.count(&format!("SELECT COUNT(*) FROM {r}")).await,
+        KEYS as i64,
+        "one committed business row per key"
+    );
+    assert_eq!(
+        db.count(&format!("SELECT COUNT(DISTINCT run_key) FROM {r}"))
+            .await,
+        KEYS as i64
+    );
 }
