@@ -10,13 +10,10 @@ use async_trait::async_trait;
 use sqlx::mysql::{MySqlConnection, MySqlPool, MySqlPoolOptions, MySqlRow};
 use sqlx::{Executor, Row};
 
-use super::sql::{render, validate_table_name, DEFAULT_TABLE};
+use super::sql::{render, validate_table_name, StoredRecord, DEFAULT_TABLE};
 use super::{BeginRequest, Store, Waiters};
-use crate::record::{
-    decide, duration_millis, now_millis, Begin, Claim, Decision, Outcome, OutcomeKind, Record,
-    State,
-};
-use crate::{Error, Fingerprint, Key, Scope};
+use crate::record::{decide, duration_millis, now_millis, Begin, Claim, Decision, Outcome, Record};
+use crate::{Error, Key, Scope};
 
 /// The longest scope (operation and principal) the table holds, in bytes.
 const MAX_SCOPE_LEN: usize = 1024;
@@ -450,37 +447,27 @@ impl MySqlStore {
 }
 
 fn record_from_row(row: &MySqlRow) -> Result<Record, Error> {
-    let corrupt = |what: &str| Error::store(format!("corrupt idempotency record: {what}"));
+    // Binary columns: text is read as bytes and checked here.
     let text = |column: &str| -> Result<String, Error> {
         let bytes: Vec<u8> = row.try_get(column)?;
-        String::from_utf8(bytes).map_err(|_| corrupt(&format!("{column} is not UTF-8")))
+        String::from_utf8(bytes)
+            .map_err(|_| Error::store(format!("corrupt idempotency record: {column} is not UTF-8")))
     };
-    let fingerprint: Vec<u8> = row.try_get("fingerprint")?;
-    let fingerprint = <[u8; 32]>::try_from(fingerprint.as_slice())
-        .map(Fingerprint::from_digest)
-        .map_err(|_| corrupt("fingerprint is not 32 bytes"))?;
-    let state = State::parse(&text("state")?).ok_or_else(|| corrupt("unknown state"))?;
-    let kind: Option<i16> = row.try_get("outcome_kind")?;
-    let body: Option<Vec<u8>> = row.try_get("outcome")?;
-    let outcome = match (kind, body) {
-        (Some(kind), Some(body)) => Some(Outcome {
-            kind: OutcomeKind::from_code(kind.into())
-                .ok_or_else(|| corrupt("unknown outcome kind"))?,
-            body,
-        }),
-        _ => None,
-    };
-    Ok(Record {
-        scope: Scope::from_stored(&text("scope")?),
-        key: Key::new(text("key")?).map_err(|_| corrupt("invalid key"))?,
-        fingerprint,
-        state,
+    StoredRecord {
+        scope: text("scope")?,
+        key: text("key")?,
+        fingerprint: row.try_get("fingerprint")?,
+        state: text("state")?,
         fence: row.try_get("fence")?,
         lease_until: row.try_get("lease_until")?,
-        outcome,
+        outcome_kind: row
+            .try_get::<Option<i16>, _>("outcome_kind")?
+            .map(i64::from),
+        outcome: row.try_get("outcome")?,
         created_at: row.try_get("created_at")?,
         expires_at: row.try_get("expires_at")?,
-    })
+    }
+    .into_record()
 }
 
 #[async_trait]

@@ -1,7 +1,8 @@
 //! What the SQL backends share: table names and the embedded migrations'
 //! bookkeeping.
 
-use crate::Error;
+use crate::record::{Millis, Outcome, OutcomeKind, Record, State};
+use crate::{Error, Fingerprint, Key, Scope};
 
 /// The default name of the records table.
 pub(crate) const DEFAULT_TABLE: &str = "idem_records";
@@ -27,6 +28,53 @@ pub(crate) fn validate_table_name(name: &str) -> Result<String, Error> {
 /// Fills the `{table}` placeholders of a statement.
 pub(crate) fn render(sql: &str, table: &str) -> String {
     sql.replace("{table}", table)
+}
+
+/// A record's columns as a SQL row holds them, before the checks that
+/// turn them into a [`Record`]: every backend reads its row into this, so
+/// the decoding rules live in one place.
+pub(crate) struct StoredRecord {
+    pub(crate) scope: String,
+    pub(crate) key: String,
+    pub(crate) fingerprint: Vec<u8>,
+    pub(crate) state: String,
+    pub(crate) fence: i64,
+    pub(crate) lease_until: Option<Millis>,
+    pub(crate) outcome_kind: Option<i64>,
+    pub(crate) outcome: Option<Vec<u8>>,
+    pub(crate) created_at: Millis,
+    pub(crate) expires_at: Millis,
+}
+
+impl StoredRecord {
+    /// Checks the columns; a row this library could not have written is a
+    /// store error naming what is wrong.
+    pub(crate) fn into_record(self) -> Result<Record, Error> {
+        let corrupt = |what: &str| Error::store(format!("corrupt idempotency record: {what}"));
+        let fingerprint = <[u8; 32]>::try_from(self.fingerprint.as_slice())
+            .map(Fingerprint::from_digest)
+            .map_err(|_| corrupt("fingerprint is not 32 bytes"))?;
+        let state = State::parse(&self.state).ok_or_else(|| corrupt("unknown state"))?;
+        let outcome = match (self.outcome_kind, self.outcome) {
+            (Some(kind), Some(body)) => Some(Outcome {
+                kind: OutcomeKind::from_code(kind)
+                    .ok_or_else(|| corrupt("unknown outcome kind"))?,
+                body,
+            }),
+            _ => None,
+        };
+        Ok(Record {
+            scope: Scope::from_stored(&self.scope),
+            key: Key::new(self.key).map_err(|_| corrupt("invalid key"))?,
+            fingerprint,
+            state,
+            fence: self.fence,
+            lease_until: self.lease_until,
+            outcome,
+            created_at: self.created_at,
+            expires_at: self.expires_at,
+        })
+    }
 }
 
 #[cfg(test)]

@@ -11,13 +11,10 @@ use sqlx::sqlite::{
 };
 use sqlx::{Connection, Executor, Row};
 
-use super::sql::{render, validate_table_name, DEFAULT_TABLE};
+use super::sql::{render, validate_table_name, StoredRecord, DEFAULT_TABLE};
 use super::{BeginRequest, Store, Waiters};
-use crate::record::{
-    decide, duration_millis, now_millis, Begin, Claim, Decision, Outcome, OutcomeKind, Record,
-    State,
-};
-use crate::{Error, Fingerprint, Key, Scope};
+use crate::record::{decide, duration_millis, now_millis, Begin, Claim, Decision, Outcome, Record};
+use crate::{Error, Key, Scope};
 
 /// The embedded migrations, in order. `{table}` is the records table.
 const MIGRATIONS: &[&str] = &[r#"
@@ -312,35 +309,19 @@ impl SqliteStore {
 }
 
 fn record_from_row(row: &SqliteRow) -> Result<Record, Error> {
-    let corrupt = |what: &str| Error::store(format!("corrupt idempotency record: {what}"));
-    let fingerprint: Vec<u8> = row.try_get("fingerprint")?;
-    let fingerprint = <[u8; 32]>::try_from(fingerprint.as_slice())
-        .map(Fingerprint::from_digest)
-        .map_err(|_| corrupt("fingerprint is not 32 bytes"))?;
-    let state: String = row.try_get("state")?;
-    let state = State::parse(&state).ok_or_else(|| corrupt("unknown state"))?;
-    let kind: Option<i64> = row.try_get("outcome_kind")?;
-    let body: Option<Vec<u8>> = row.try_get("outcome")?;
-    let outcome = match (kind, body) {
-        (Some(kind), Some(body)) => Some(Outcome {
-            kind: OutcomeKind::from_code(kind).ok_or_else(|| corrupt("unknown outcome kind"))?,
-            body,
-        }),
-        _ => None,
-    };
-    let scope: String = row.try_get("scope")?;
-    let key: String = row.try_get("key")?;
-    Ok(Record {
-        scope: Scope::from_stored(&scope),
-        key: Key::new(key).map_err(|_| corrupt("invalid key"))?,
-        fingerprint,
-        state,
+    StoredRecord {
+        scope: row.try_get("scope")?,
+        key: row.try_get("key")?,
+        fingerprint: row.try_get("fingerprint")?,
+        state: row.try_get("state")?,
         fence: row.try_get("fence")?,
         lease_until: row.try_get("lease_until")?,
-        outcome,
+        outcome_kind: row.try_get("outcome_kind")?,
+        outcome: row.try_get("outcome")?,
         created_at: row.try_get("created_at")?,
         expires_at: row.try_get("expires_at")?,
-    })
+    }
+    .into_record()
 }
 
 #[async_trait]
