@@ -71,28 +71,48 @@ fn decisions_are_traced_and_counted() {
                         Err::<u32, _>(Error::Config("boom".into()))
                     });
                     assert!(failing.await.is_err()); // claimed, released
-                                                     // A lapsed lease taken over.
-                    let short = Policy::new().lease(std::time::Duration::from_millis(20));
-                    let held = run(
-                        &store,
-                        Call::new("obs.op", "k3", &()).with_policy(short),
-                        async {
-                            tokio::time::sleep(std::time::Duration::from_millis(60)).await;
-                            Ok::<_, Error>(0)
-                        },
-                    );
-                    let takeover = async {
-                        tokio::time::sleep(std::time::Duration::from_millis(40)).await;
-                        run(
-                            &store,
-                            Call::new("obs.op", "k3", &()).with_policy(short.fail_fast()),
-                            async { Ok::<_, Error>(1) },
-                        )
-                        .await
+                                                     // A lapsed lease (a claim nobody renews) taken over.
+                    let (scope, k3) = (idem::Scope::new("obs.op"), idem::Key::new("k3").unwrap());
+                    let fingerprint = idem::Fingerprint::of(&()).unwrap();
+                    let stale = idem::BeginRequest {
+                        scope: &scope,
+                        key: &k3,
+                        fingerprint: &fingerprint,
+                        token: idem::ClaimToken::new(),
+                        lease: std::time::Duration::from_millis(30),
+                        ttl: std::time::Duration::from_secs(60),
                     };
-                    let (held, taken) = tokio::join!(held, takeover);
-                    assert!(matches!(held, Err(Error::LeaseLost)));
+                    use idem::Store;
+                    assert!(matches!(
+                        store.begin(&stale).await.unwrap(),
+                        idem::Begin::Claimed(_)
+                    ));
+                    tokio::time::sleep(std::time::Duration::from_millis(60)).await;
+                    let taken = run(
+                        &store,
+                        Call::new("obs.op", "k3", &()).with_policy(Policy::new().fail_fast()),
+                        async { Ok::<_, Error>(1) },
+                    )
+                    .await;
                     assert_eq!(taken.unwrap(), 1);
+                    // A claim lost while its body ran (the record was
+                    // deleted under it): the caller still gets its value.
+                    let k5 = idem::Key::new("k5").unwrap();
+                    let lost = run(&store, Call::new("obs.op", "k5", &()), async {
+                        let record = store.get(&scope, &k5).await.unwrap().unwrap();
+                        let claim = idem::Claim {
+                            scope: scope.clone(),
+                            key: k5.clone(),
+                            fence: record.fence,
+                            token: record.token.unwrap(),
+                            lease: std::time::Duration::from_secs(30),
+                            ttl: std::time::Duration::from_secs(60),
+                        };
+                        store.release(&claim).await.unwrap();
+                        Ok::<_, Error>(7)
+                    })
+                    .await;
+                    assert_eq!(lost.unwrap(), 7);
                     // In progress under fail_fast.
                     let slow = run(&store, Call::new("obs.op", "k4", &()), async {
                         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
@@ -139,7 +159,7 @@ fn decisions_are_traced_and_counted() {
             _ => None,
         })
         .collect();
-    // Executions: k1, k2, k3 twice (the first owner and the takeover), k4.
+    // Executions: k1, k2, the k3 takeover, k4, k5.
     assert_eq!(
         counters.get(idem::metrics::EXECUTIONS),
         Some(&5),
@@ -149,4 +169,5 @@ fn decisions_are_traced_and_counted() {
     assert_eq!(counters.get(idem::metrics::KEY_REUSED), Some(&1));
     assert_eq!(counters.get(idem::metrics::TAKEOVERS), Some(&1));
     assert_eq!(counters.get(idem::metrics::IN_PROGRESS), Some(&1));
+    assert_eq!(counters.get(idem::metrics::LEASE_LOST), Some(&1));
 }

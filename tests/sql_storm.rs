@@ -288,6 +288,7 @@ async fn purge_while_claiming(store: Arc<dyn Store>, db: Db, table: &str) {
                     scope: &scope,
                     key: &key,
                     fingerprint: &fingerprint,
+                    token: idem::ClaimToken::new(),
                     lease: Duration::from_secs(30),
                     ttl,
                 })

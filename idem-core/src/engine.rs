@@ -14,14 +14,50 @@
 //!    polling with a capped backoff otherwise) up to the policy's bound,
 //!    then [`Error::InProgress`]; or fails at once under `fail_fast`.
 //!
+//! ## Leases, tokens and time
+//!
+//! Every call draws a random [`ClaimToken`] before it claims. The claim
+//! writes it with the record, and every later write of the call (renewing
+//! the lease, storing the outcome, releasing the key) names it: whatever
+//! happened in between (a takeover, a release, an expiry, a purge that let
+//! the fence start again), nothing an earlier claim presents is accepted
+//! against a later one. A claim or a completion whose answer was lost is
+//! sent again with the same token and recognized as the caller's own.
+//!
+//! While the body runs, the lease is renewed every third of it, so a body
+//! slower than its lease is never taken over while its process lives. A
+//! crashed or stopped owner stops renewing and is taken over about one
+//! lease after its last renewal. Leases and expiry are decided with the
+//! database's clock; this process's clock only measures its own waiting.
+//!
+//! ## Outcomes that must not be lost
+//!
+//! Once the body has run, its effect has happened: the caller gets the
+//! body's value, whatever happens to the record. Storing the outcome is
+//! tried again (renewing the lease meanwhile) while the store fails; after
+//! two seconds the caller gets its value and the storing goes on in the
+//! background until it lands or another caller took the key over (only
+//! possible after an outage longer than the lease). A duplicate arriving
+//! meanwhile waits, then replays.
+//!
 //! ## Cancellation
 //!
-//! The body is polled right after the claim, with no await in between. If
-//! the caller drops the future while the body runs, the body may have had
-//! side effects that its outcome would have recorded, and its borrowed
-//! arguments cannot outlive the caller; the claim is then left to its lease
-//! (a warning is logged), and a retry after the lease takes over with a new
-//! fence. To make a body always run to completion, call the idempotent
+//! A caller may be dropped at any `.await` (a client went away, a timeout
+//! fired, a task was aborted):
+//!
+//! - during the claim: the claim, if it landed, is handed back by its
+//!   token, so nothing blocks a retry until the lease;
+//! - while the body runs: the body cannot run any more (it is dropped with
+//!   the caller), so the claim is handed back at once and the retry runs
+//!   without waiting for the lease;
+//! - after the body returned, while its outcome is stored: the outcome is
+//!   stored in the background.
+//!
+//! Handing back and storing in the background run on a task of their own
+//! ([`Store::detach`] gives them the store), logged and counted as
+//! `idem_abandoned_total{what}`. A re-run after a drop is safe for the
+//! database's rows, not by itself for calls to other systems: pass the key
+//! on to them. To let a body always run to completion, call the idempotent
 //! function from a task of its own (`tokio::spawn`), which outlives the
 //! caller.
 //!
@@ -32,9 +68,14 @@
 //! connection to the body, so the business rows and the record commit or
 //! roll back together; the caller commits. A concurrent duplicate blocks on
 //! the UNIQUE index until the first transaction ends, then replays (or runs,
-//! if the first rolled back). A body error deletes the claim on the same
+//! if the first rolled back). A duplicate of a call in progress elsewhere
+//! waits with plain reads and claims only once the key looks free; should
+//! that claim find the key in progress after all, it fails at once with
+//! [`Error::InProgress`] rather than wait while its transaction may hold a
+//! lock the owner needs. A body error deletes the claim on the same
 //! connection, so a transaction committed anyway does not leave the key in
-//! progress.
+//! progress. When storing the outcome fails, the error is returned: the
+//! transaction is to be rolled back, and the business rows with it.
 //!
 //! ## Codecs
 //!
@@ -46,7 +87,9 @@
 //! Every call runs in a `tracing` span named `idem` and emits one event per
 //! decision; counters go through the `metrics` facade (see [`crate::metrics`]).
 
+use std::convert::Infallible;
 use std::future::Future;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde::de::DeserializeOwned;
@@ -54,14 +97,27 @@ use serde::Serialize;
 use tracing::Instrument;
 
 use crate::metrics;
-use crate::record::{Begin, Claim, Outcome, OutcomeKind, Record, State};
+use crate::record::{Begin, Claim, ClaimToken, Outcome, OutcomeKind};
 use crate::store::{BeginRequest, Store, TransactionalStore};
 use crate::{AsKey, Error, Fingerprint, Key, Policy, Scope};
 
 /// The longest pause between two looks at an in-progress key when the store
 /// cannot wake waiters itself (another process completed it).
 const MAX_POLL: Duration = Duration::from_millis(25);
+/// The same while the store wakes waiters across processes (PostgreSQL's
+/// `LISTEN`): the look only covers a notification that was lost.
+const MAX_POLL_NOTIFIED: Duration = Duration::from_millis(500);
 const FIRST_POLL: Duration = Duration::from_millis(1);
+/// The shortest lease: it is renewed every third of it.
+const MIN_LEASE: Duration = Duration::from_millis(30);
+/// How often a claim whose answer was lost is sent again (same token).
+const BEGIN_ATTEMPTS: u32 = 3;
+/// How long a caller waits for its outcome to be stored while the store
+/// fails, before it gets its value and the storing goes on in the
+/// background.
+const SAVE_IN_LINE: Duration = Duration::from_secs(2);
+/// The longest pause between two attempts to store an outcome.
+const MAX_SAVE_PAUSE: Duration = Duration::from_secs(1);
 /// The `Retry-After` hint given with [`Error::InProgress`].
 const RETRY_AFTER: Duration = Duration::from_secs(1);
 
@@ -263,15 +319,47 @@ where
     let call = call.check()?;
     let span = call.span();
     async move {
+        let request = call.request();
+        // From here on, a dropped caller hands back whatever it holds.
+        let mut guard = Guard::new(store.detach(), Claim::granted(&request, 0));
         let mut records = Pooled(store);
-        let claim = match claim_or_replay(&mut records, &call, &outcomes).await? {
-            Ok(claim) => claim,
-            Err(replayed) => return replayed,
+        let claim = match claim_or_replay(&mut records, &call, &request, &outcomes).await {
+            Ok(Ok(claim)) => claim,
+            Ok(Err(replayed)) => {
+                guard.disarm();
+                return replayed;
+            }
+            // A store error may hide a claim that landed: the guard hands
+            // it back, by its token, as it drops.
+            Err(err @ Error::Store(_)) => return Err(err.into()),
+            Err(err) => {
+                guard.disarm();
+                return Err(err.into());
+            }
         };
-        let mut guard = AbandonGuard(Some(claim.fence));
-        let result = body.await;
-        guard.0 = None;
-        finish(&mut records, &claim, result, &outcomes).await
+        guard.running(claim.clone());
+        let result = renewing(store, &claim, body).await;
+        let stored = match outcomes.encode(&result) {
+            Some(Ok(outcome)) => outcome,
+            Some(Err(err)) => {
+                release(&mut records, &claim).await;
+                guard.disarm();
+                return Err(err.into());
+            }
+            None => {
+                release(&mut records, &claim).await;
+                guard.disarm();
+                return result;
+            }
+        };
+        guard.saving(stored.clone());
+        match save(store, &claim, &stored, SaveFor::Caller).await {
+            // Still not stored: the guard keeps trying in the background
+            // (when it can) as it drops. The caller gets its value now.
+            Saved::NotYet => {}
+            Saved::Stored | Saved::Lost => guard.disarm(),
+        }
+        result
     }
     .instrument(span)
     .await
@@ -295,16 +383,56 @@ where
     let call = call.check()?;
     let span = call.span();
     async move {
-        let mut records = OnConnection { store, conn };
-        let claim = match claim_or_replay(&mut records, &call, &outcomes).await? {
-            Ok(claim) => claim,
-            Err(replayed) => return replayed,
+        let request = call.request();
+        let mut guard = Guard::new(store.detach(), Claim::granted(&request, 0));
+        let mut records = OnConnection {
+            store,
+            conn,
+            locked: false,
         };
-        let mut guard = AbandonGuard(Some(claim.fence));
+        let claim = match claim_or_replay(&mut records, &call, &request, &outcomes).await {
+            Ok(Ok(claim)) => claim,
+            Ok(Err(replayed)) => {
+                guard.disarm();
+                return replayed;
+            }
+            Err(err @ Error::Store(_)) => return Err(err.into()),
+            Err(err) => {
+                guard.disarm();
+                return Err(err.into());
+            }
+        };
+        // The claim is written in the caller's open transaction: nobody
+        // else sees it, and a competing claim waits for the transaction to
+        // end, so the lease needs no renewal.
+        guard.running(claim.clone());
         let (result, conn) = body(records.conn).await;
-        guard.0 = None;
-        let mut records = OnConnection { store, conn };
-        finish(&mut records, &claim, result, &outcomes).await
+        // Whatever happens next happens on the caller's transaction: if it
+        // fails, the caller's transaction fails with it and rolls back.
+        guard.disarm();
+        let mut records = OnConnection {
+            store,
+            conn,
+            locked: false,
+        };
+        match outcomes.encode(&result) {
+            Some(Ok(outcome)) => match records.complete(&claim, &outcome).await {
+                Ok(()) => {}
+                Err(err) => {
+                    tracing::error!(
+                        error = %err,
+                        "storing the outcome in the transaction failed; roll the transaction back"
+                    );
+                    return Err(err.into());
+                }
+            },
+            Some(Err(err)) => {
+                release(&mut records, &claim).await;
+                return Err(err.into());
+            }
+            None => release(&mut records, &claim).await,
+        }
+        result
     }
     .instrument(span)
     .await
@@ -316,6 +444,7 @@ struct Checked {
     key: Key,
     fingerprint: Fingerprint,
     policy: Policy,
+    token: ClaimToken,
     started: Instant,
 }
 
@@ -332,14 +461,17 @@ impl Call {
         if policy.ttl.is_zero() {
             return Err(Error::Config("the ttl must be longer than zero".into()));
         }
-        if policy.lease.is_zero() {
-            return Err(Error::Config("the lease must be longer than zero".into()));
+        if policy.lease < MIN_LEASE {
+            return Err(Error::Config(format!(
+                "the lease must be at least {MIN_LEASE:?}: it is renewed every third of it"
+            )));
         }
         Ok(Checked {
             scope,
             key,
             fingerprint,
             policy,
+            token: ClaimToken::new(),
             started,
         })
     }
@@ -355,6 +487,7 @@ impl Checked {
             scope: &self.scope,
             key: &self.key,
             fingerprint: &self.fingerprint,
+            token: self.token,
             lease: self.policy.lease,
             ttl: self.policy.ttl,
         }
@@ -423,19 +556,22 @@ where
 /// connection in transactional mode.
 #[async_trait::async_trait]
 trait Records: Send {
+    /// The claim, or the answer to a duplicate.
     async fn begin(&mut self, request: &BeginRequest<'_>) -> Result<Begin, Error>;
+    /// A plain read: the answer to a duplicate, or `None` to claim.
+    async fn peek(&mut self, request: &BeginRequest<'_>) -> Result<Option<Begin>, Error>;
     async fn complete(&mut self, claim: &Claim, outcome: &Outcome) -> Result<(), Error>;
     async fn release(&mut self, claim: &Claim) -> Result<(), Error>;
-    /// The record, when the answer to a completion was lost.
-    async fn get(&mut self, claim: &Claim) -> Result<Option<Record>, Error>;
     async fn wait_for_change(
         &mut self,
         request: &BeginRequest<'_>,
         timeout: Duration,
     ) -> Result<(), Error>;
-    /// Whether a failed completion may be tried again: not inside a
-    /// transaction, where the failed statement may have aborted it.
-    fn retries_completion(&self) -> bool;
+    /// The longest pause between two looks at an in-progress key.
+    fn max_poll(&self) -> Duration;
+    /// Whether waiting is allowed: not while a claim attempt may have left
+    /// a lock in the caller's transaction, which the owner could need.
+    fn may_wait(&self) -> bool;
 }
 
 struct Pooled<'a, S: ?Sized>(&'a S);
@@ -443,16 +579,29 @@ struct Pooled<'a, S: ?Sized>(&'a S);
 #[async_trait::async_trait]
 impl<S: Store + ?Sized> Records for Pooled<'_, S> {
     async fn begin(&mut self, request: &BeginRequest<'_>) -> Result<Begin, Error> {
-        self.0.begin(request).await
+        // A lost answer is asked for again with the same token: a claim
+        // that landed is recognized as ours.
+        let mut pause = Duration::from_millis(10);
+        for attempt in 1.. {
+            match self.0.begin(request).await {
+                Err(err @ Error::Store(_)) if attempt < BEGIN_ATTEMPTS => {
+                    tracing::warn!(error = %err, attempt, "claiming failed; trying again");
+                    tokio::time::sleep(pause).await;
+                    pause *= 4;
+                }
+                answer => return answer,
+            }
+        }
+        unreachable!("the loop returns")
+    }
+    async fn peek(&mut self, request: &BeginRequest<'_>) -> Result<Option<Begin>, Error> {
+        self.0.peek(request).await
     }
     async fn complete(&mut self, claim: &Claim, outcome: &Outcome) -> Result<(), Error> {
         self.0.complete(claim, outcome).await
     }
     async fn release(&mut self, claim: &Claim) -> Result<(), Error> {
         self.0.release(claim).await
-    }
-    async fn get(&mut self, claim: &Claim) -> Result<Option<Record>, Error> {
-        self.0.get(&claim.scope, &claim.key).await
     }
     async fn wait_for_change(
         &mut self,
@@ -463,7 +612,14 @@ impl<S: Store + ?Sized> Records for Pooled<'_, S> {
             .wait_for_change(request.scope, request.key, timeout)
             .await
     }
-    fn retries_completion(&self) -> bool {
+    fn max_poll(&self) -> Duration {
+        if self.0.wakes_across_processes() {
+            MAX_POLL_NOTIFIED
+        } else {
+            MAX_POLL
+        }
+    }
+    fn may_wait(&self) -> bool {
         true
     }
 }
@@ -471,6 +627,9 @@ impl<S: Store + ?Sized> Records for Pooled<'_, S> {
 struct OnConnection<'s, 'c, S: ?Sized, C: ?Sized> {
     store: &'s S,
     conn: &'c mut C,
+    /// A claim attempt on `conn` found the key in progress: it may have
+    /// left a lock in the caller's transaction.
+    locked: bool,
 }
 
 #[async_trait::async_trait]
@@ -480,7 +639,18 @@ where
     C: Send + ?Sized,
 {
     async fn begin(&mut self, request: &BeginRequest<'_>) -> Result<Begin, Error> {
-        self.store.begin_on(self.conn, request).await
+        // Look first with a plain read: a duplicate of a finished or
+        // running call is answered without a claim attempt, so it takes no
+        // lock in the caller's transaction.
+        if let Some(answer) = self.store.peek_in(self.conn, request).await? {
+            return Ok(answer);
+        }
+        let answer = self.store.begin_on(self.conn, request).await?;
+        self.locked = matches!(answer, Begin::InProgress { .. });
+        Ok(answer)
+    }
+    async fn peek(&mut self, request: &BeginRequest<'_>) -> Result<Option<Begin>, Error> {
+        self.store.peek_in(self.conn, request).await
     }
     async fn complete(&mut self, claim: &Claim, outcome: &Outcome) -> Result<(), Error> {
         self.store.complete_on(self.conn, claim, outcome).await
@@ -488,41 +658,46 @@ where
     async fn release(&mut self, claim: &Claim) -> Result<(), Error> {
         self.store.release_on(self.conn, claim).await
     }
-    async fn get(&mut self, _claim: &Claim) -> Result<Option<Record>, Error> {
-        Ok(None)
-    }
     async fn wait_for_change(
         &mut self,
         _request: &BeginRequest<'_>,
         timeout: Duration,
     ) -> Result<(), Error> {
-        // Another transaction's in-progress claim (a record-mode call on the
-        // same table) is only visible once committed: poll.
+        // Polls: a wake-up through the store would take a second connection
+        // while the caller's transaction holds one, and pools run dry.
         tokio::time::sleep(timeout).await;
         Ok(())
     }
-    fn retries_completion(&self) -> bool {
-        false
+    fn max_poll(&self) -> Duration {
+        MAX_POLL
+    }
+    fn may_wait(&self) -> bool {
+        !self.locked
     }
 }
 
 /// Claims the key (waiting for an in-progress call as the policy says), or
 /// returns the replayed result as `Err`.
+///
+/// A waiting duplicate only reads ([`Records::peek`]) between wake-ups,
+/// and tries the claim again only when the record says the key is free.
 async fn claim_or_replay<R, T, E, O>(
     records: &mut R,
     call: &Checked,
+    request: &BeginRequest<'_>,
     outcomes: &O,
 ) -> Result<Result<Claim, Result<T, E>>, Error>
 where
     R: Records,
     O: Outcomes<T, E>,
 {
-    let request = call.request();
-    let deadline = Instant::now() + call.policy.wait_bound();
+    // `None`: a bound too far to be represented, so no bound.
+    let deadline = Instant::now().checked_add(call.policy.wait_bound());
     let mut step = FIRST_POLL;
     let mut waited = false;
+    let mut answer = records.begin(request).await?;
     let claim = loop {
-        match records.begin(&request).await? {
+        match answer {
             Begin::Claimed(claim) => break claim,
             Begin::Replay(outcome) => {
                 tracing::debug!(decision = "replayed", "replaying the stored outcome");
@@ -540,7 +715,8 @@ where
             }
             Begin::InProgress { .. } => {
                 let now = Instant::now();
-                if now >= deadline {
+                let left = deadline.map(|d| d.saturating_duration_since(now));
+                if left.is_some_and(|left| left.is_zero()) || !records.may_wait() {
                     tracing::info!(
                         decision = "in progress",
                         waited,
@@ -558,10 +734,13 @@ where
                     );
                     waited = true;
                 }
-                records
-                    .wait_for_change(&request, step.min(deadline - now))
-                    .await?;
-                step = (step * 2).min(MAX_POLL);
+                let pause = left.map_or(step, |left| step.min(left));
+                records.wait_for_change(request, pause).await?;
+                step = (step * 2).min(records.max_poll());
+                answer = match records.peek(request).await? {
+                    Some(answer) => answer,
+                    None => records.begin(request).await?,
+                };
             }
         }
     };
@@ -583,66 +762,113 @@ where
     Ok(Ok(claim))
 }
 
-/// Stores the body's result (or releases the key) and returns it.
-async fn finish<R, T, E, O>(
-    records: &mut R,
-    claim: &Claim,
-    result: Result<T, E>,
-    outcomes: &O,
-) -> Result<T, E>
+/// Runs `body` while renewing the claim's lease every third of it, so a
+/// body slower than its lease is never taken over while it runs.
+async fn renewing<S, F>(store: &S, claim: &Claim, body: F) -> F::Output
 where
-    R: Records,
-    E: From<Error>,
-    O: Outcomes<T, E>,
+    S: Store + ?Sized,
+    F: Future,
 {
-    match outcomes.encode(&result) {
-        Some(Ok(outcome)) => save(records, claim, &outcome).await?,
-        Some(Err(err)) => {
-            release(records, claim).await;
-            return Err(err.into());
-        }
-        None => release(records, claim).await,
+    let renew = keep_renewed(store, claim);
+    tokio::pin!(body);
+    tokio::pin!(renew);
+    tokio::select! {
+        biased;
+        output = &mut body => output,
+        never = &mut renew => match never {},
     }
-    result
 }
 
-/// Stores the outcome. Outside a transaction a store error is retried
-/// twice; when an attempt's answer was lost but its write landed, the record
-/// shows it.
-async fn save<R: Records>(records: &mut R, claim: &Claim, outcome: &Outcome) -> Result<(), Error> {
-    let mut pause = Duration::from_millis(20);
-    let mut attempt = 1;
+/// Renews the lease for ever. A renewal that fails is tried again sooner;
+/// a claim found taken over is no longer renewed (its outcome will be
+/// refused, and the caller still gets its value).
+async fn keep_renewed<S: Store + ?Sized>(store: &S, claim: &Claim) -> Infallible {
+    let period = (claim.lease / 3).max(Duration::from_millis(1));
+    let mut next = Instant::now() + period;
     loop {
-        match records.complete(claim, outcome).await {
-            Ok(()) => return Ok(()),
-            Err(Error::LeaseLost) if attempt > 1 && landed(records, claim).await => return Ok(()),
+        tokio::time::sleep_until(next.into()).await;
+        let sent = Instant::now();
+        match store.renew(claim).await {
+            Ok(()) => next = sent + period,
+            Err(Error::LeaseLost) => {
+                tracing::warn!(
+                    decision = "lease lost",
+                    fence = claim.fence,
+                    "the claim was taken over while the operation ran"
+                );
+                metrics::lease_lost(&claim.scope);
+                return std::future::pending().await;
+            }
+            Err(err) => {
+                tracing::warn!(error = %err, "renewing the lease failed; trying again");
+                next = Instant::now() + (period / 4).max(Duration::from_millis(1));
+            }
+        }
+    }
+}
+
+/// What became of an outcome.
+enum Saved {
+    Stored,
+    /// Another caller took the key over: the outcome cannot be stored.
+    Lost,
+    /// The store kept failing for as long as the caller may wait.
+    NotYet,
+}
+
+/// How long [`save`] tries before it gives the caller its value.
+enum SaveFor {
+    /// The caller waits: up to [`SAVE_IN_LINE`], then the rest is done in
+    /// the background (when the store can be detached).
+    Caller,
+    /// In the background, until the outcome lands or the claim is lost.
+    Background,
+}
+
+/// Stores the outcome, fenced by the claim's token, trying again (and
+/// renewing the lease) while the store fails. A completion whose answer
+/// was lost is accepted when sent again, so a retry never mistakes its own
+/// earlier success for a lost lease.
+async fn save<S: Store + ?Sized>(
+    store: &S,
+    claim: &Claim,
+    outcome: &Outcome,
+    patience: SaveFor,
+) -> Saved {
+    let started = Instant::now();
+    let mut pause = Duration::from_millis(20);
+    loop {
+        match store.complete(claim, outcome).await {
+            Ok(()) => return Saved::Stored,
             Err(Error::LeaseLost) => {
                 tracing::warn!(
                     decision = "lease lost",
                     fence = claim.fence,
                     "the outcome was not stored: another caller took the key over"
                 );
-                return Err(Error::LeaseLost);
-            }
-            Err(err @ Error::Store(_)) if attempt < 3 && records.retries_completion() => {
-                tracing::warn!(error = %err, attempt, "storing the outcome failed; retrying");
-                tokio::time::sleep(pause).await;
-                pause *= 5;
-                attempt += 1;
+                metrics::lease_lost(&claim.scope);
+                return Saved::Lost;
             }
             Err(err) => {
-                tracing::error!(error = %err, "storing the outcome failed; the claim stays until its lease runs out");
-                return Err(err);
+                metrics::store_retried(&claim.scope);
+                if matches!(patience, SaveFor::Caller)
+                    && started.elapsed() >= SAVE_IN_LINE
+                    && store.detach().is_some()
+                {
+                    tracing::warn!(
+                        error = %err,
+                        "storing the outcome failed; returning the value and storing it in the background"
+                    );
+                    return Saved::NotYet;
+                }
+                tracing::warn!(error = %err, "storing the outcome failed; trying again");
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(MAX_SAVE_PAUSE);
+                // Keep the claim while the store comes back.
+                let _ = store.renew(claim).await;
             }
         }
     }
-}
-
-async fn landed<R: Records>(records: &mut R, claim: &Claim) -> bool {
-    matches!(
-        records.get(claim).await,
-        Ok(Some(r)) if r.state == State::Completed && r.fence == claim.fence
-    )
 }
 
 async fn release<R: Records>(records: &mut R, claim: &Claim) {
@@ -657,17 +883,115 @@ async fn release<R: Records>(records: &mut R, claim: &Claim) {
     }
 }
 
-/// Logs a claim abandoned by a caller dropped while its body ran.
-struct AbandonGuard(Option<i64>);
+/// What a caller holds, so that dropping it mid-call hands it on.
+enum Holding {
+    /// Nothing left to do.
+    Nothing,
+    /// A claim sent (its answer may be lost) or won, whose body has not
+    /// finished: it cannot run any more, so it is handed back at once.
+    Claim,
+    /// An outcome in hand, not yet stored: it is stored in the background.
+    Outcome(Outcome),
+}
 
-impl Drop for AbandonGuard {
+/// Hands on what a dropped (or failed) caller holds, from a task of its
+/// own: the claim back to the store (fenced by its token, so a later
+/// claim is never touched), or the outcome into it.
+struct Guard {
+    store: Option<Arc<dyn Store>>,
+    claim: Claim,
+    holding: Holding,
+}
+
+impl Guard {
+    fn new(store: Option<Arc<dyn Store>>, claim: Claim) -> Self {
+        Guard {
+            store,
+            claim,
+            holding: Holding::Claim,
+        }
+    }
+
+    fn running(&mut self, claim: Claim) {
+        self.claim = claim;
+        self.holding = Holding::Claim;
+    }
+
+    fn saving(&mut self, outcome: Outcome) {
+        self.holding = Holding::Outcome(outcome);
+    }
+
+    fn disarm(&mut self) {
+        self.holding = Holding::Nothing;
+    }
+}
+
+impl Drop for Guard {
     fn drop(&mut self) {
-        if let Some(fence) = self.0 {
+        let holding = std::mem::replace(&mut self.holding, Holding::Nothing);
+        if matches!(holding, Holding::Nothing) {
+            return;
+        }
+        let claim = self.claim.clone();
+        let runtime = tokio::runtime::Handle::try_current().ok();
+        let (Some(store), Some(runtime)) = (self.store.take(), runtime) else {
             tracing::warn!(
                 decision = "abandoned",
-                fence,
-                "the caller was dropped while the operation ran; the key stays claimed until its lease runs out"
+                fence = claim.fence,
+                "the call ended early and its claim cannot be handed back here; \
+                 the key stays claimed until its lease runs out"
             );
+            metrics::abandoned(&claim.scope, "left");
+            return;
+        };
+        match holding {
+            Holding::Nothing => {}
+            Holding::Claim => {
+                tracing::warn!(
+                    decision = "abandoned",
+                    fence = claim.fence,
+                    "the call ended before its operation finished; handing the key back"
+                );
+                metrics::abandoned(&claim.scope, "released");
+                runtime.spawn(hand_back(store, claim));
+            }
+            Holding::Outcome(outcome) => {
+                tracing::warn!(
+                    decision = "abandoned",
+                    fence = claim.fence,
+                    "the call ended before its outcome was stored; storing it in the background"
+                );
+                metrics::abandoned(&claim.scope, "saved");
+                runtime.spawn(async move {
+                    save(&*store, &claim, &outcome, SaveFor::Background).await;
+                });
+            }
+        }
+    }
+}
+
+/// Releases a claim that nobody will complete, trying again while the store
+/// fails, for as long as the lease would have held it anyway.
+async fn hand_back(store: Arc<dyn Store>, claim: Claim) {
+    let until = Instant::now() + claim.lease;
+    let mut pause = Duration::from_millis(20);
+    loop {
+        match store.release(&claim).await {
+            Ok(()) => {
+                tracing::debug!(decision = "released", "the key is free for a retry");
+                return;
+            }
+            // Never landed, already gone, or someone else's now.
+            Err(Error::LeaseLost) => return,
+            Err(err) if Instant::now() + pause < until => {
+                tracing::debug!(error = %err, "handing the key back failed; trying again");
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(MAX_SAVE_PAUSE);
+            }
+            Err(err) => {
+                tracing::warn!(error = %err, "handing the key back failed; it frees itself when the lease runs out");
+                return;
+            }
         }
     }
 }

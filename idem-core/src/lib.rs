@@ -37,7 +37,7 @@ pub use error::Error;
 pub use fingerprint::Fingerprint;
 pub use key::{AsKey, Key, KeyError, Scope, MAX_KEY_LEN};
 pub use policy::{InProgressPolicy, Policy};
-pub use record::{Begin, Claim, Outcome, OutcomeKind, Record, State};
+pub use record::{Begin, Claim, ClaimToken, Outcome, OutcomeKind, Record, State};
 #[cfg(feature = "mysql")]
 #[cfg_attr(docsrs, doc(cfg(feature = "mysql")))]
 pub use store::MySqlStore;

@@ -10,6 +10,9 @@
 //! | `idem_in_progress_total` | counter | duplicates rejected while the first call ran |
 //! | `idem_takeovers_total` | counter | claims that replaced a lapsed lease or an expired record |
 //! | `idem_replay_latency_seconds` | histogram | time to answer a replayed call |
+//! | `idem_lease_lost_total` | counter | claims found taken over while their body ran or their outcome was stored |
+//! | `idem_store_retries_total` | counter | failed attempts to store an outcome, tried again |
+//! | `idem_abandoned_total` | counter | callers dropped before their call ended, by `what` became of the claim: `released` (handed back for a retry), `saved` (the outcome in hand is stored in the background), `left` (left to its lease: no runtime or store to hand it back with) |
 //!
 //! Each carries an `operation` label: the scope's operation, never the
 //! principal or the key, so that label sets stay small.
@@ -28,6 +31,12 @@ pub const KEY_REUSED: &str = "idem_key_reused_total";
 pub const IN_PROGRESS: &str = "idem_in_progress_total";
 /// The name of the takeovers counter.
 pub const TAKEOVERS: &str = "idem_takeovers_total";
+/// The name of the lost-lease counter.
+pub const LEASE_LOST: &str = "idem_lease_lost_total";
+/// The name of the outcome-store retries counter.
+pub const STORE_RETRIES: &str = "idem_store_retries_total";
+/// The name of the abandoned-calls counter.
+pub const ABANDONED: &str = "idem_abandoned_total";
 /// The name of the replay latency histogram.
 pub const REPLAY_LATENCY: &str = "idem_replay_latency_seconds";
 
@@ -55,4 +64,16 @@ pub(crate) fn in_progress(scope: &Scope) {
 
 pub(crate) fn taken_over(scope: &Scope) {
     metrics::counter!(TAKEOVERS, "operation" => operation(scope)).increment(1);
+}
+
+pub(crate) fn lease_lost(scope: &Scope) {
+    metrics::counter!(LEASE_LOST, "operation" => operation(scope)).increment(1);
+}
+
+pub(crate) fn store_retried(scope: &Scope) {
+    metrics::counter!(STORE_RETRIES, "operation" => operation(scope)).increment(1);
+}
+
+pub(crate) fn abandoned(scope: &Scope, what: &'static str) {
+    metrics::counter!(ABANDONED, "operation" => operation(scope), "what" => what).increment(1);
 }

@@ -16,14 +16,21 @@
 //! claim, the store hands the record it found to [`decide`], so every backend
 //! answers a duplicate in exactly the same way.
 
+use std::collections::hash_map::RandomState;
+use std::hash::{BuildHasher, Hasher};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::OnceLock;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crate::{Fingerprint, Key, Scope};
 
-/// Milliseconds since the Unix epoch: the time base of every store.
+/// Milliseconds since the Unix epoch: the time base of every store. The SQL
+/// stores read it from the database's clock, never from the process's.
 pub type Millis = i64;
 
-/// The current time in [`Millis`].
+/// This process's clock in [`Millis`]: the time of the in-memory store (the
+/// process is its database). The SQL stores never use it for a lease or an
+/// expiry.
 pub fn now_millis() -> Millis {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -34,6 +41,68 @@ pub fn now_millis() -> Millis {
 /// A duration in [`Millis`], saturating.
 pub fn duration_millis(d: Duration) -> Millis {
     Millis::try_from(d.as_millis()).unwrap_or(Millis::MAX)
+}
+
+/// The identity of one claim attempt: sixteen bytes that no other attempt
+/// uses, for any key, in any process.
+///
+/// Every fenced statement (renewal, completion, release) names the token,
+/// so nothing presented by an earlier claim is ever accepted against a
+/// later one, whatever happened in between: a takeover, a release, an
+/// expiry or a purge that deleted the row and let the fence start again.
+/// The token is drawn before the claim is sent, so a claim whose answer was
+/// lost can still be recognized (and handed back) by its token.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ClaimToken([u8; 16]);
+
+impl ClaimToken {
+    /// A token no other attempt uses: a random number drawn once per
+    /// process from the operating system's randomness, then a counter.
+    pub fn new() -> Self {
+        static PROCESS: OnceLock<u64> = OnceLock::new();
+        static COUNTER: AtomicU64 = AtomicU64::new(0);
+        let process = *PROCESS.get_or_init(|| {
+            // `RandomState` is seeded from the operating system's randomness.
+            let mut hasher = RandomState::new().build_hasher();
+            hasher.write_u32(std::process::id());
+            hasher.write_u128(
+                SystemTime::now()
+                    .duration_since(UNIX_EPOCH)
+                    .map(|d| d.as_nanos())
+                    .unwrap_or(0),
+            );
+            hasher.finish()
+        });
+        let mut token = [0; 16];
+        token[..8].copy_from_slice(&process.to_be_bytes());
+        token[8..].copy_from_slice(&COUNTER.fetch_add(1, Ordering::Relaxed).to_be_bytes());
+        ClaimToken(token)
+    }
+
+    /// A token as stored.
+    pub fn from_bytes(bytes: [u8; 16]) -> Self {
+        ClaimToken(bytes)
+    }
+
+    /// The stored form.
+    pub fn as_bytes(&self) -> &[u8; 16] {
+        &self.0
+    }
+}
+
+impl Default for ClaimToken {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl std::fmt::Debug for ClaimToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for b in &self.0 {
+            write!(f, "{b:02x}")?;
+        }
+        Ok(())
+    }
 }
 
 /// Where a record is in its life.
@@ -112,15 +181,21 @@ pub struct Record {
     pub fingerprint: Fingerprint,
     /// In progress or completed.
     pub state: State,
-    /// +1 at every claim; a completion must present it.
+    /// +1 at every takeover, 1 for a fresh row: how many times the key was
+    /// claimed since the row was inserted (for logs and metrics; the
+    /// [`token`](Record::token) is what fenced writes check).
     pub fence: i64,
+    /// The claim that wrote the record (`None` for rows written before
+    /// tokens were stored).
+    pub token: Option<ClaimToken>,
     /// While in progress: when the claim may be taken over.
     pub lease_until: Option<Millis>,
     /// The outcome, once completed.
     pub outcome: Option<Outcome>,
     /// When the record was claimed.
     pub created_at: Millis,
-    /// When the key becomes free again.
+    /// When the key becomes free again. While in progress, never before the
+    /// lease runs out.
     pub expires_at: Millis,
 }
 
@@ -134,21 +209,38 @@ impl Record {
     }
 }
 
-/// A caller's hold on a key: proof that it may run the operation and store
-/// its outcome, as long as the fence still matches.
+/// A caller's hold on a key: proof that it may run the operation, renew
+/// its lease and store its outcome, as long as the record still carries
+/// its token.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Claim {
     /// The operation.
     pub scope: Scope,
     /// The key.
     pub key: Key,
-    /// The fence this claim was granted with.
+    /// The fence this claim was granted with (1 for a fresh row).
     pub fence: i64,
+    /// The attempt's identity, checked by every fenced write.
+    pub token: ClaimToken,
+    /// How long a renewal extends the lease.
+    pub lease: Duration,
     /// How long the completed record is kept.
     pub ttl: Duration,
 }
 
 impl Claim {
+    /// The claim that `request` was granted with `fence`.
+    pub fn granted(request: &crate::store::BeginRequest<'_>, fence: i64) -> Self {
+        Claim {
+            scope: request.scope.clone(),
+            key: request.key.clone(),
+            fence,
+            token: request.token,
+            lease: request.lease,
+            ttl: request.ttl,
+        }
+    }
+
     /// Whether this claim replaced an earlier record (an expired one, or one
     /// whose lease lapsed) rather than inserting a fresh one.
     pub fn is_takeover(&self) -> bool {
@@ -181,19 +273,42 @@ pub enum Decision {
     /// did not take it: the record changed between the write and the read.
     /// Try the claim again.
     Retry,
+    /// The record cannot have been written by this library.
+    Corrupt(&'static str),
 }
 
-/// The state machine's answer to a caller whose claim found `record`.
+impl Decision {
+    /// The answer, or `None` to claim again; a corrupt record is a store
+    /// error naming what is wrong.
+    pub fn answer(self) -> Result<Option<Begin>, crate::Error> {
+        match self {
+            Decision::Answer(answer) => Ok(Some(answer)),
+            Decision::Retry => Ok(None),
+            Decision::Corrupt(what) => Err(crate::Error::store(format!(
+                "corrupt idempotency record: {what}"
+            ))),
+        }
+    }
+}
+
+/// The state machine's answer to a caller whose claim found `record` at
+/// `now` (the database's time, read with the record).
 ///
+/// - in progress under the caller's own token (a claim whose answer was
+///   lost, sent again): [`Begin::Claimed`];
 /// - any state, other fingerprint: [`Begin::KeyReused`];
 /// - completed, same fingerprint: [`Begin::Replay`];
 /// - in progress with a valid lease: [`Begin::InProgress`];
 /// - anything free (expired, or a lapsed lease): [`Decision::Retry`], since
 ///   only the atomic claim may hand out a key.
-pub fn decide(record: &Record, fingerprint: &Fingerprint, now: Millis) -> Decision {
+pub fn decide(request: &crate::store::BeginRequest<'_>, record: &Record, now: Millis) -> Decision {
+    if record.state == State::InProgress && record.token == Some(request.token) {
+        return Decision::Answer(Begin::Claimed(Claim::granted(request, record.fence)));
+    }
     if record.expires_at <= now {
         return Decision::Retry;
     }
+    let fingerprint = request.fingerprint;
     if record.fingerprint != *fingerprint {
         return Decision::Answer(Begin::KeyReused);
     }
@@ -202,15 +317,19 @@ pub fn decide(record: &Record, fingerprint: &Fingerprint, now: Millis) -> Decisi
         (State::InProgress, _, Some(lease_until)) if lease_until > now => {
             Decision::Answer(Begin::InProgress { lease_until })
         }
-        // A completed record without an outcome cannot be written by this
-        // library; treat it, like a lapsed lease, as free for the claim.
-        _ => Decision::Retry,
+        (State::InProgress, _, Some(_)) => Decision::Retry,
+        // A completed record without an outcome, or one in progress without
+        // a lease, cannot be written by this library: say so rather than
+        // claim it again and again.
+        (State::Completed, None, _) => Decision::Corrupt("a completed record without an outcome"),
+        (State::InProgress, _, None) => Decision::Corrupt("a record in progress without a lease"),
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::BeginRequest;
 
     fn record(state: State, fp: &Fingerprint) -> Record {
         Record {
@@ -219,6 +338,7 @@ mod tests {
             fingerprint: *fp,
             state,
             fence: 1,
+            token: Some(ClaimToken::new()),
             lease_until: (state == State::InProgress).then_some(2_000),
             outcome: (state == State::Completed).then(|| Outcome {
                 kind: OutcomeKind::Ok,
@@ -233,6 +353,16 @@ mod tests {
     fn decisions() {
         let fp = Fingerprint::of_bytes(b"a");
         let other = Fingerprint::of_bytes(b"b");
+        let (scope, key) = (Scope::new("op"), Key::new("k").unwrap());
+        let request = |fingerprint| BeginRequest {
+            scope: &scope,
+            key: &key,
+            fingerprint,
+            token: ClaimToken::new(),
+            lease: Duration::from_secs(1),
+            ttl: Duration::from_secs(10),
+        };
+        let decide = |record: &Record, fp, now| decide(&request(fp), record, now);
         let done = record(State::Completed, &fp);
         let running = record(State::InProgress, &fp);
         assert!(matches!(
@@ -253,6 +383,57 @@ mod tests {
         );
         assert_eq!(decide(&running, &fp, 2_000), Decision::Retry);
         assert_eq!(decide(&done, &other, 10_000), Decision::Retry);
+    }
+
+    #[test]
+    fn a_claim_sent_again_finds_itself() {
+        let fp = Fingerprint::of_bytes(b"a");
+        let (scope, key) = (Scope::new("op"), Key::new("k").unwrap());
+        let mut running = record(State::InProgress, &fp);
+        let request = BeginRequest {
+            scope: &scope,
+            key: &key,
+            fingerprint: &fp,
+            token: running.token.unwrap(),
+            lease: Duration::from_secs(1),
+            ttl: Duration::from_secs(10),
+        };
+        assert!(matches!(
+            decide(&request, &running, 1_000),
+            Decision::Answer(Begin::Claimed(c)) if c.token == request.token
+        ));
+        running.token = Some(ClaimToken::new());
+        assert!(matches!(
+            decide(&request, &running, 1_000),
+            Decision::Answer(Begin::InProgress { .. })
+        ));
+    }
+
+    #[test]
+    fn corrupt_records_are_errors_not_loops() {
+        let fp = Fingerprint::of_bytes(b"a");
+        let (scope, key) = (Scope::new("op"), Key::new("k").unwrap());
+        let request = BeginRequest {
+            scope: &scope,
+            key: &key,
+            fingerprint: &fp,
+            token: ClaimToken::new(),
+            lease: Duration::from_secs(1),
+            ttl: Duration::from_secs(10),
+        };
+        let mut no_lease = record(State::InProgress, &fp);
+        no_lease.lease_until = None;
+        let mut no_outcome = record(State::Completed, &fp);
+        no_outcome.outcome = None;
+        for corrupt in [no_lease, no_outcome] {
+            assert!(decide(&request, &corrupt, 1_000).answer().is_err());
+        }
+    }
+
+    #[test]
+    fn tokens_never_repeat() {
+        let tokens: std::collections::HashSet<_> = (0..10_000).map(|_| ClaimToken::new()).collect();
+        assert_eq!(tokens.len(), 10_000);
     }
 
     #[test]

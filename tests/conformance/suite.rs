@@ -6,7 +6,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use idem::{run, run_replaying, Call, Error, Key, Policy, Scope, State, Store};
+use idem::{
+    run, run_replaying, Begin, BeginRequest, Call, ClaimToken, Error, Key, Outcome, OutcomeKind,
+    Policy, Scope, State, Store,
+};
 use serde::{Deserialize, Serialize};
 use tokio::sync::{oneshot, Barrier};
 
@@ -398,57 +401,355 @@ pub async fn purge_removes_only_expired<S: Store>(store: S) {
     assert_eq!(store.purge_expired(3).await.unwrap(), 0);
 }
 
+/// An owner that stops renewing (a crashed or stopped process: here a
+/// claim taken straight from the store, which nobody renews) is taken over
+/// once its lease lapses. While the new owner still runs, everything the
+/// old one presents (renewal, completion, release) is refused, and after a
+/// release and a claim with another payload the old claim is refused too:
+/// the claim's token, not the fence, identifies it.
 pub async fn lease_takeover_fences_the_old_owner<S: Store>(store: S) {
     let key = fresh_key("lease");
+    let (scope, k) = (
+        Scope::new("payments.charge"),
+        Key::new(key.as_str()).unwrap(),
+    );
     let runs = Runs::default();
     let payload = charge(9);
-    let policy = Policy::new().lease(Duration::from_millis(200)).fail_fast();
+    let fingerprint = idem::Fingerprint::of(&payload).unwrap();
+    let request = BeginRequest {
+        scope: &scope,
+        key: &k,
+        fingerprint: &fingerprint,
+        token: ClaimToken::new(),
+        lease: Duration::from_millis(200),
+        ttl: Duration::from_secs(60),
+    };
+    let Begin::Claimed(zombie) = store.begin(&request).await.unwrap() else {
+        panic!("a fresh key was not claimed")
+    };
+    let policy = Policy::new().lease(Duration::from_secs(5)).fail_fast();
+    // While the lease holds: in progress.
+    let err = pay(&store, &key, &payload, policy, &runs)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err.idem(), Some(Error::InProgress { .. })),
+        "{err:?}"
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    let late = Outcome {
+        kind: OutcomeKind::Ok,
+        body: b"{\"run\":0,\"amount\":9}".to_vec(),
+    };
     let (started_tx, started_rx) = oneshot::channel();
     let (resume_tx, resume_rx) = oneshot::channel::<()>();
-    let zombie = run(
+    let successor = run(
         &store,
         call("payments.charge", &key, &payload, policy),
         async {
             let n = runs.next();
             started_tx.send(()).unwrap();
-            // Stalls past its lease.
             resume_rx.await.unwrap();
             Ok::<_, TestError>(Receipt { run: n, amount: 9 })
         },
     );
-    let successor = async {
+    let zombie_writes = async {
         started_rx.await.unwrap();
-        // While the lease holds: in progress.
-        let err = pay(&store, &key, &payload, policy, &runs)
-            .await
-            .unwrap_err();
+        // The successor runs: the zombie's writes all bounce.
+        let lost = |r: Result<(), Error>| matches!(r, Err(Error::LeaseLost));
         assert!(
-            matches!(err.idem(), Some(Error::InProgress { .. })),
-            "{err:?}"
+            lost(store.renew(&zombie).await),
+            "a stale renewal was accepted"
         );
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        let taken = pay(&store, &key, &payload, policy, &runs).await;
+        assert!(
+            lost(store.complete(&zombie, &late).await),
+            "a stale completion was accepted"
+        );
+        assert!(
+            lost(store.release(&zombie).await),
+            "a stale release was accepted"
+        );
+        let record = store.get(&scope, &k).await.unwrap().unwrap();
+        assert_eq!((record.state, record.fence), (State::InProgress, 2));
         resume_tx.send(()).unwrap();
-        taken
     };
-    let (zombie, taken) = tokio::join!(zombie, successor);
+    let (taken, ()) = tokio::join!(successor, zombie_writes);
     let taken = taken.unwrap();
-    assert_eq!(taken.run, 2);
-    let err = zombie.unwrap_err();
-    assert!(matches!(err.idem(), Some(Error::LeaseLost)), "{err:?}");
-    let record = store
-        .get(
-            &Scope::new("payments.charge"),
-            &Key::new(key.as_str()).unwrap(),
-        )
-        .await
-        .unwrap()
-        .unwrap();
-    assert_eq!(record.fence, 2);
+    assert_eq!(taken.run, 1);
     // The successor's outcome stands.
     let replay = pay(&store, &key, &payload, policy, &runs).await.unwrap();
     assert_eq!(replay, taken);
+    assert_eq!(runs.count(), 1);
+}
+
+/// The sequence that made fences repeat: A claims and stalls past its
+/// lease; B takes over, fails and releases (the row is deleted); C claims
+/// with another payload, and its fence starts again at 1. A's late
+/// completion, release and renewal must all be refused while C runs, and
+/// C's retry must replay C's outcome, never A's.
+pub async fn zombie_completion_after_release_is_refused<S: Store>(store: S) {
+    let key = fresh_key("zombie");
+    let (scope, k) = (
+        Scope::new("payments.charge"),
+        Key::new(key.as_str()).unwrap(),
+    );
+    let (a_payload, c_payload) = (charge(1), charge(2));
+    let a_fingerprint = idem::Fingerprint::of(&a_payload).unwrap();
+    let a = BeginRequest {
+        scope: &scope,
+        key: &k,
+        fingerprint: &a_fingerprint,
+        token: ClaimToken::new(),
+        lease: Duration::from_millis(150),
+        ttl: Duration::from_secs(60),
+    };
+    let Begin::Claimed(a_claim) = store.begin(&a).await.unwrap() else {
+        panic!("a fresh key was not claimed")
+    };
+    assert_eq!(a_claim.fence, 1);
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    // B takes over (fence 2), fails, releases: the row is gone.
+    let b = BeginRequest {
+        token: ClaimToken::new(),
+        ..a
+    };
+    let Begin::Claimed(b_claim) = store.begin(&b).await.unwrap() else {
+        panic!("the lapsed claim was not taken over")
+    };
+    assert_eq!(b_claim.fence, 2);
+    store.release(&b_claim).await.unwrap();
+    // C claims with another payload: fence 1 again, another token.
+    let runs = Runs::default();
+    let (started_tx, started_rx) = oneshot::channel();
+    let (resume_tx, resume_rx) = oneshot::channel::<()>();
+    let policy = Policy::new().fail_fast();
+    let c = run(
+        &store,
+        call("payments.charge", &key, &c_payload, policy),
+        async {
+            let n = runs.next();
+            started_tx.send(()).unwrap();
+            resume_rx.await.unwrap();
+            Ok::<_, TestError>(Receipt { run: n, amount: 2 })
+        },
+    );
+    let zombie = async {
+        started_rx.await.unwrap();
+        let record = store.get(&scope, &k).await.unwrap().unwrap();
+        assert_eq!(
+            record.fence, a_claim.fence,
+            "the fence repeats after a release"
+        );
+        let late = Outcome {
+            kind: OutcomeKind::Ok,
+            body: b"{\"run\":99,\"amount\":1}".to_vec(),
+        };
+        let lost = |r: Result<(), Error>| matches!(r, Err(Error::LeaseLost));
+        assert!(
+            lost(store.complete(&a_claim, &late).await),
+            "A's completion landed on C's record"
+        );
+        assert!(lost(store.renew(&a_claim).await), "A renewed C's claim");
+        assert!(lost(store.release(&a_claim).await), "A deleted C's claim");
+        resume_tx.send(()).unwrap();
+    };
+    let (c_result, ()) = tokio::join!(c, zombie);
+    let c_result = c_result.unwrap();
+    assert_eq!(c_result, Receipt { run: 1, amount: 2 });
+    let replay = pay(&store, &key, &c_payload, policy, &runs).await.unwrap();
+    assert_eq!(replay, c_result, "C's retry replays C's outcome");
+    assert_eq!(runs.count(), 1);
+}
+
+/// After a record expired and was purged, a new claim (fence 1 again)
+/// refuses everything the purged claim presents.
+pub async fn purged_claim_cannot_touch_the_next_one<S: Store>(store: S) {
+    let key = fresh_key("purged");
+    let (scope, k) = (
+        Scope::new("payments.charge"),
+        Key::new(key.as_str()).unwrap(),
+    );
+    let fingerprint = idem::Fingerprint::of(&charge(1)).unwrap();
+    let old = BeginRequest {
+        scope: &scope,
+        key: &k,
+        fingerprint: &fingerprint,
+        token: ClaimToken::new(),
+        lease: Duration::from_millis(100),
+        ttl: Duration::from_millis(100),
+    };
+    let Begin::Claimed(old_claim) = store.begin(&old).await.unwrap() else {
+        panic!("a fresh key was not claimed")
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(store.purge_expired(100).await.unwrap() >= 1);
+    assert!(store.get(&scope, &k).await.unwrap().is_none());
+    let new = BeginRequest {
+        token: ClaimToken::new(),
+        lease: Duration::from_secs(30),
+        ttl: Duration::from_secs(60),
+        ..old
+    };
+    let Begin::Claimed(new_claim) = store.begin(&new).await.unwrap() else {
+        panic!("a purged key was not claimed")
+    };
+    assert_eq!(new_claim.fence, old_claim.fence);
+    let late = Outcome {
+        kind: OutcomeKind::Ok,
+        body: b"1".to_vec(),
+    };
+    assert!(matches!(
+        store.complete(&old_claim, &late).await,
+        Err(Error::LeaseLost)
+    ));
+    assert!(matches!(
+        store.renew(&old_claim).await,
+        Err(Error::LeaseLost)
+    ));
+    assert!(matches!(
+        store.release(&old_claim).await,
+        Err(Error::LeaseLost)
+    ));
+    let record = store.get(&scope, &k).await.unwrap().unwrap();
+    assert_eq!(record.state, State::InProgress);
+    assert_eq!(record.token, Some(new_claim.token));
+}
+
+/// A live owner keeps its claim: a body that runs three times its lease is
+/// never taken over, because the engine renews the lease while it runs.
+pub async fn live_owner_keeps_its_claim<S: Store>(store: S) {
+    let key = fresh_key("renewed");
+    let runs = Runs::default();
+    let payload = charge(5);
+    let lease = Duration::from_millis(200);
+    let policy = Policy::new().lease(lease).fail_fast();
+    let slow = run(
+        &store,
+        call("payments.charge", &key, &payload, policy),
+        async {
+            let n = runs.next();
+            tokio::time::sleep(lease * 3).await;
+            Ok::<_, TestError>(Receipt { run: n, amount: 5 })
+        },
+    );
+    let duplicates = async {
+        let mut refused = 0;
+        let started = Instant::now();
+        while started.elapsed() < lease * 3 - Duration::from_millis(50) {
+            tokio::time::sleep(Duration::from_millis(40)).await;
+            match pay(&store, &key, &payload, policy, &runs).await {
+                Err(e) if matches!(e.idem(), Some(Error::InProgress { .. })) => refused += 1,
+                Ok(receipt) if receipt.run == 1 => break, // the owner finished
+                other => panic!("a duplicate got {other:?} while the owner ran"),
+            }
+        }
+        refused
+    };
+    let (first, refused) = tokio::join!(slow, duplicates);
+    assert!(refused > 0, "no duplicate looked while the owner ran");
+    assert_eq!(first.unwrap().run, 1);
+    assert_eq!(runs.count(), 1, "a live owner was taken over");
+}
+
+/// A ttl shorter than the lease never lets an in-progress record expire
+/// under its live claim: another payload is refused, not run.
+pub async fn ttl_shorter_than_lease_keeps_the_claim<S: Store>(store: S) {
+    let key = fresh_key("shortttl");
+    let runs = Runs::default();
+    let policy = Policy::new()
+        .ttl(Duration::from_millis(100))
+        .lease(Duration::from_secs(5))
+        .fail_fast();
+    let first_payload = charge(1);
+    let slow = pay_slowly(
+        &store,
+        &key,
+        &first_payload,
+        policy,
+        &runs,
+        Duration::from_millis(400),
+    );
+    let other = async {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        pay(&store, &key, &charge(2), policy, &runs).await
+    };
+    let (first, other) = tokio::join!(slow, other);
+    assert_eq!(first.unwrap().run, 1);
+    let err = other.unwrap_err();
+    assert!(matches!(err.idem(), Some(Error::KeyReused)), "{err:?}");
+    assert_eq!(runs.count(), 1);
+}
+
+async fn pay_slowly<S: Store + ?Sized>(
+    store: &S,
+    key: &str,
+    payload: &Charge,
+    policy: Policy,
+    runs: &Runs,
+    pause: Duration,
+) -> Result<Receipt, TestError> {
+    let amount = payload.amount;
+    run(
+        store,
+        call("payments.charge", key, payload, policy),
+        async {
+            let n = runs.next();
+            tokio::time::sleep(pause).await;
+            Ok(Receipt { run: n, amount })
+        },
+    )
+    .await
+}
+
+/// A caller dropped while its body runs (a client gone, a timeout) hands
+/// its claim back at once: the retry runs without waiting for the lease.
+pub async fn dropped_caller_hands_the_key_back<S: Store>(store: S) {
+    let key = fresh_key("dropped");
+    let runs = Runs::default();
+    let policy = Policy::new().lease(Duration::from_secs(30)).fail_fast();
+    let payload = charge(3);
+    let gone = tokio::time::timeout(
+        Duration::from_millis(100),
+        pay_slowly(
+            &store,
+            &key,
+            &payload,
+            policy,
+            &runs,
+            Duration::from_secs(60),
+        ),
+    )
+    .await;
+    assert!(gone.is_err(), "the slow body finished");
+    // Well within the 30 s lease, a retry claims the key.
+    let started = Instant::now();
+    let retried = loop {
+        match pay(&store, &key, &charge(3), policy, &runs).await {
+            Err(e) if matches!(e.idem(), Some(Error::InProgress { .. })) => {
+                assert!(
+                    started.elapsed() < Duration::from_secs(10),
+                    "the claim was never handed back"
+                );
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            other => break other.unwrap(),
+        }
+    };
+    assert_eq!(retried.run, 2);
     assert_eq!(runs.count(), 2);
+}
+
+/// A bound on waiting too long to represent as an instant (`Duration::MAX`)
+/// means no bound; it never panics.
+pub async fn unbounded_wait_is_accepted<S: Store>(store: S) {
+    let key = fresh_key("maxwait");
+    let runs = Runs::default();
+    let policy = Policy::new().wait(Duration::MAX);
+    let first = pay(&store, &key, &charge(4), policy, &runs).await.unwrap();
+    let again = pay(&store, &key, &charge(4), policy, &runs).await.unwrap();
+    assert_eq!(first, again);
+    assert_eq!(runs.count(), 1);
 }
 
 pub async fn scopes_do_not_collide<S: Store>(store: S) {

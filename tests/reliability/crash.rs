@@ -52,15 +52,82 @@ async fn open(backend: &str, location: &str) -> (Arc<dyn Store>, Option<DropTabl
             store.migrate().await.expect("migrate the PostgreSQL store");
             (Arc::new(store), None)
         }
+        "mysql" => {
+            let db = Server::MySql.pool(4).await;
+            let servers::Db::MySql(pool) = db else {
+                unreachable!()
+            };
+            let store = idem::MySqlStore::new(pool)
+                .with_table_name(location)
+                .expect("a valid table name");
+            store.migrate().await.expect("migrate the MariaDB store");
+            (Arc::new(store), None)
+        }
         other => panic!("unknown backend {other}"),
     }
 }
 
-/// The child: claims, starts the body, says so, and hangs in the body.
-async fn owner(spec: &str) {
+/// The child, by the mode its spec starts with.
+async fn child(spec: &str) {
+    match spec.split_once(' ') {
+        Some(("zombie", rest)) => zombie(rest).await,
+        Some(("skewed", rest)) => skewed(rest).await,
+        Some(("owner", rest)) => owner(rest).await,
+        _ => panic!("{CHILD_VAR}={spec:?}: unknown mode"),
+    }
+}
+
+fn fields(spec: &str) -> [&str; 3] {
     let [backend, location, key] = spec.split(' ').collect::<Vec<_>>()[..] else {
         panic!("{CHILD_VAR}={spec:?}: expected 3 fields")
     };
+    [backend, location, key]
+}
+
+fn say(line: &str) {
+    use std::io::Write;
+    println!("{line}");
+    std::io::stdout().flush().unwrap();
+}
+
+/// The child that is stopped: claims, says so, and finishes its body two
+/// leases later (after the parent stopped and continued it). It prints
+/// what its caller got.
+async fn zombie(spec: &str) {
+    let [backend, location, key] = fields(spec);
+    let (store, _guard) = open(backend, location).await;
+    let result: Result<u64, Error> = run(
+        &*store,
+        Call::new(SCOPE, key, PAYLOAD).with_policy(policy()),
+        async {
+            say("IDEM-OWNER-CLAIMED");
+            tokio::time::sleep(LEASE * 2).await;
+            Ok(1)
+        },
+    )
+    .await;
+    say(&format!("IDEM-ZOMBIE-GOT {result:?}"));
+}
+
+/// The child whose clock runs two hours ahead: it tries the parent's key
+/// and purges, and prints what it got.
+async fn skewed(spec: &str) {
+    let [backend, location, key] = fields(spec);
+    let (store, _guard) = open(backend, location).await;
+    let result: Result<u64, Error> = run(
+        &*store,
+        Call::new(SCOPE, key, PAYLOAD).with_policy(policy()),
+        async { Ok(2) },
+    )
+    .await;
+    say(&format!("IDEM-SKEWED-GOT {result:?}"));
+    let purged = store.purge_expired(100).await.expect("purge");
+    say(&format!("IDEM-SKEWED-PURGED {purged}"));
+}
+
+/// The child: claims, starts the body, says so, and hangs in the body.
+async fn owner(spec: &str) {
+    let [backend, location, key] = fields(spec);
     let (store, _guard) = open(backend, location).await;
     let result: Result<u64, Error> = run(
         &*store,
@@ -83,7 +150,7 @@ async fn killed_owner(test: &str, backend: &str, location: &str, store: Arc<dyn 
     let exe = std::env::current_exe().expect("the test binary");
     let mut child = tokio::process::Command::new(exe)
         .args([test, "--exact", "--nocapture", "--test-threads", "1"])
-        .env(CHILD_VAR, format!("{backend} {location} {key}"))
+        .env(CHILD_VAR, format!("owner {backend} {location} {key}"))
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .kill_on_drop(true)
@@ -152,6 +219,8 @@ async fn killed_owner(test: &str, backend: &str, location: &str, store: Arc<dyn 
         scope: scope.clone(),
         key: key.clone(),
         fence: 1,
+        token: held.token.expect("the owner's claim token"),
+        lease: LEASE,
         ttl: TTL,
     };
     let late = Outcome {
@@ -166,6 +235,7 @@ async fn killed_owner(test: &str, backend: &str, location: &str, store: Arc<dyn 
         store.release(&zombie).await,
         Err(Error::LeaseLost)
     ));
+    assert!(matches!(store.renew(&zombie).await, Err(Error::LeaseLost)));
     assert_eq!(store.get(&scope, &key).await.unwrap().unwrap(), done);
 
     // Every later retry replays the one run.
@@ -176,7 +246,7 @@ async fn killed_owner(test: &str, backend: &str, location: &str, store: Arc<dyn 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_owner_on_sqlite_file() {
     if let Ok(spec) = std::env::var(CHILD_VAR) {
-        return owner(&spec).await;
+        return child(&spec).await;
     }
     let dir = tempfile::tempdir().expect("a temporary directory");
     let file = dir.path().join("idem.db").display().to_string();
@@ -187,7 +257,7 @@ async fn killed_owner_on_sqlite_file() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_owner_on_postgres() {
     if let Ok(spec) = std::env::var(CHILD_VAR) {
-        return owner(&spec).await;
+        return child(&spec).await;
     }
     let (store, _db, guard) = servers::postgres_store(4).await;
     let table = store.table_name().to_owned();
@@ -200,3 +270,235 @@ async fn killed_owner_on_postgres() {
     .await;
     drop(guard);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_owner_on_mysql() {
+    if let Ok(spec) = std::env::var(CHILD_VAR) {
+        return child(&spec).await;
+    }
+    let (store, _db, guard) = servers::mysql_store(4).await;
+    let table = store.table_name().to_owned();
+    killed_owner(
+        "crash::killed_owner_on_mysql",
+        "mysql",
+        &table,
+        Arc::new(store),
+    )
+    .await;
+    drop(guard);
+}
+
+/// Starts this test binary again as a child in `mode`, with `env` added.
+fn spawn_child(
+    test: &str,
+    mode: &str,
+    backend: &str,
+    location: &str,
+    key: &str,
+    env: &[(&str, &str)],
+) -> tokio::process::Child {
+    let exe = std::env::current_exe().expect("the test binary");
+    tokio::process::Command::new(exe)
+        .args([test, "--exact", "--nocapture", "--test-threads", "1"])
+        .env(CHILD_VAR, format!("{mode} {backend} {location} {key}"))
+        .envs(env.iter().copied())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("start the child process")
+}
+
+/// The next line of the child's output that starts with `marker`.
+async fn line_starting<R: tokio::io::AsyncBufRead + Unpin>(
+    lines: &mut tokio::io::Lines<R>,
+    marker: &str,
+) -> String {
+    tokio::time::timeout(Duration::from_secs(60), async {
+        while let Some(line) = lines.next_line().await.expect("read the child's output") {
+            if let Some(at) = line.find(marker) {
+                return line[at..].to_owned();
+            }
+        }
+        panic!("the child exited before printing {marker}")
+    })
+    .await
+    .unwrap_or_else(|_| panic!("the child did not print {marker} within 60 s"))
+}
+
+fn signal(child: &tokio::process::Child, name: &str) {
+    let pid = child.id().expect("the child runs").to_string();
+    let status = std::process::Command::new("kill")
+        .args([&format!("-{name}"), &pid])
+        .status()
+        .expect("run kill");
+    assert!(status.success(), "kill -{name} {pid}");
+}
+
+/// A real zombie: the owner's process is stopped (SIGSTOP) while its body
+/// runs, so it stops renewing. A retry takes over after the lease and
+/// completes. The owner is then continued (SIGCONT): its body finishes,
+/// its renewal and its completion are refused, its caller still gets its
+/// own value, and the record keeps the new owner's outcome.
+async fn stopped_owner(test: &str, backend: &str, location: &str, store: Arc<dyn Store>) {
+    let key = format!("stopped-{}-{}", std::process::id(), now_millis());
+    let mut child = spawn_child(test, "zombie", backend, location, &key, &[]);
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    line_starting(&mut lines, "IDEM-OWNER-CLAIMED").await;
+    signal(&child, "STOP");
+
+    let retry = || {
+        run::<_, u64, Error, _>(
+            &*store,
+            Call::new(SCOPE, &key, PAYLOAD).with_policy(policy()),
+            async { Ok(42) },
+        )
+    };
+    let started = std::time::Instant::now();
+    let taken = loop {
+        match retry().await {
+            Err(Error::InProgress { .. }) => {
+                assert!(
+                    started.elapsed() < LEASE * 4,
+                    "the stopped owner was never taken over"
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            other => break other.expect("the takeover"),
+        }
+    };
+    assert_eq!(taken, 42);
+    signal(&child, "CONT");
+    let got = line_starting(&mut lines, "IDEM-ZOMBIE-GOT").await;
+    assert_eq!(
+        got, "IDEM-ZOMBIE-GOT Ok(1)",
+        "the zombie's caller gets its own value"
+    );
+    let status = child.wait().await.expect("reap the child");
+    assert!(status.success(), "the zombie child failed: {status:?}");
+
+    let scope = Scope::new(SCOPE);
+    let record = store
+        .get(&scope, &idem::Key::new(key.as_str()).unwrap())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!((record.state, record.fence), (State::Completed, 2));
+    assert_eq!(record.outcome.unwrap().body, b"42");
+    assert_eq!(retry().await.unwrap(), 42, "the new owner's outcome stands");
+}
+
+/// Where libfaketime lives on Debian (package `faketime`, which `.ci/run`
+/// installs).
+const LIBFAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
+
+/// Time is the database's: a process whose clock runs two hours ahead
+/// neither takes over a live lease nor purges a live record.
+async fn skewed_clock(test: &str, backend: &str, location: &str, store: Arc<dyn Store>) {
+    assert!(
+        std::path::Path::new(LIBFAKETIME).exists(),
+        "{LIBFAKETIME} is missing: install Debian's `faketime` package (.ci/run does)"
+    );
+    let key = format!("skewed-{}-{}", std::process::id(), now_millis());
+    let (release_tx, release_rx) = tokio::sync::oneshot::channel::<()>();
+    let (claimed_tx, claimed_rx) = tokio::sync::oneshot::channel::<()>();
+    let owner = {
+        let (store, key) = (store.clone(), key.clone());
+        tokio::spawn(async move {
+            run::<_, u64, Error, _>(
+                &*store,
+                Call::new(SCOPE, &key, PAYLOAD)
+                    .with_policy(Policy::new().lease(Duration::from_secs(30)).ttl(TTL)),
+                async {
+                    claimed_tx.send(()).unwrap();
+                    release_rx.await.unwrap();
+                    Ok(1)
+                },
+            )
+            .await
+        })
+    };
+    claimed_rx.await.unwrap();
+    let mut child = spawn_child(
+        test,
+        "skewed",
+        backend,
+        location,
+        &key,
+        &[
+            ("LD_PRELOAD", LIBFAKETIME),
+            ("FAKETIME", "+2h"),
+            ("DONT_FAKE_MONOTONIC", "1"),
+        ],
+    );
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let got = line_starting(&mut lines, "IDEM-SKEWED-GOT").await;
+    assert!(
+        got.starts_with("IDEM-SKEWED-GOT Err(InProgress"),
+        "a process two hours ahead got {got:?} for a live claim"
+    );
+    let purged = line_starting(&mut lines, "IDEM-SKEWED-PURGED").await;
+    assert_eq!(purged, "IDEM-SKEWED-PURGED 0", "a live record was purged");
+    assert!(child.wait().await.expect("reap the child").success());
+    release_tx.send(()).unwrap();
+    assert_eq!(owner.await.unwrap().unwrap(), 1);
+}
+
+/// `skew`: the backend has a clock of its own. SQLite's `'now'` is the
+/// clock of the process that runs the statement (its processes share a
+/// host, so a clock); faking that process's clock fakes SQLite's too.
+macro_rules! process_faults {
+    (@skew $backend:ident) => {};
+    (@skew $backend:ident skew) => {
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn skewed_clock_neither_takes_over_nor_purges() {
+                if let Ok(spec) = std::env::var(CHILD_VAR) {
+                    return child(&spec).await;
+                }
+                let (store, location, _guard) = store().await;
+                let test = concat!("crash::", stringify!($backend), "::skewed_clock_neither_takes_over_nor_purges");
+                skewed_clock(test, stringify!($backend), &location, store).await;
+            }
+    };
+    ($($backend:ident $(($skew:ident))?),*) => {$(
+        mod $backend {
+            use super::*;
+
+            /// The store, where the child finds it, and what to drop after.
+            async fn store() -> (Arc<dyn Store>, String, Box<dyn std::any::Any>) {
+                match stringify!($backend) {
+                    "sqlite" => {
+                        let dir = tempfile::tempdir().expect("a temporary directory");
+                        let file = dir.path().join("idem.db").display().to_string();
+                        let (store, _) = open("sqlite", &file).await;
+                        (store, file, Box::new(dir))
+                    }
+                    "postgres" => {
+                        let (store, db, guard) = servers::postgres_store(4).await;
+                        let table = store.table_name().to_owned();
+                        (Arc::new(store), table, Box::new((db, guard)))
+                    }
+                    _ => {
+                        let (store, db, guard) = servers::mysql_store(4).await;
+                        let table = store.table_name().to_owned();
+                        (Arc::new(store), table, Box::new((db, guard)))
+                    }
+                }
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn stopped_owner_is_taken_over_and_fenced() {
+                if let Ok(spec) = std::env::var(CHILD_VAR) {
+                    return child(&spec).await;
+                }
+                let (store, location, _guard) = store().await;
+                let test = concat!("crash::", stringify!($backend), "::stopped_owner_is_taken_over_and_fenced");
+                stopped_owner(test, stringify!($backend), &location, store).await;
+            }
+
+            process_faults!(@skew $backend $($skew)?);
+        }
+    )*};
+}
+
+process_faults!(sqlite, postgres(skew), mysql(skew));

@@ -14,7 +14,8 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use idem::{
-    Begin, BeginRequest, Claim, Error, Fingerprint, Key, Outcome, OutcomeKind, Scope, State, Store,
+    Begin, BeginRequest, Claim, ClaimToken, Error, Fingerprint, Key, Outcome, OutcomeKind, Scope,
+    State, Store,
 };
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
@@ -108,6 +109,9 @@ impl Deadline {
 struct ModelRecord {
     owner: usize,
     fence: i64,
+    /// The claim (its index among those handed out) that wrote the record:
+    /// only it may renew, complete or release, whatever the fence says.
+    claim: usize,
     /// `Some` once completed.
     outcome: Option<u8>,
     lease: Deadline,
@@ -132,6 +136,7 @@ enum Answer {
 struct HeldClaim {
     key: usize,
     fence: i64,
+    token: ClaimToken,
     short_ttl: bool,
 }
 
@@ -171,17 +176,22 @@ fn predict(
                 ModelRecord {
                     owner,
                     fence,
+                    claim: claims.len(),
                     outcome: None,
                     lease: Deadline::new(short_lease, start, end),
-                    expires: Deadline::new(short_ttl, start, end),
+                    // In progress, a record lives at least as long as its lease.
+                    expires: Deadline::new(short_ttl && short_lease, start, end),
                 },
             );
             Answer::Claimed(fence)
         }
         Op::Complete { claim, value } => {
-            let claim = &claims[claim % claims.len()];
+            let index = claim % claims.len();
+            let claim = &claims[index];
             match next.get_mut(&claim.key) {
-                Some(r) if r.outcome.is_none() && r.fence == claim.fence => {
+                // In progress under this claim, or completed by it with the
+                // same outcome (a completion sent again).
+                Some(r) if r.claim == index && r.outcome.is_none_or(|v| v == value) => {
                     r.outcome = Some(value);
                     r.lease = Deadline::Never;
                     r.expires = Deadline::new(claim.short_ttl, start, end);
@@ -191,9 +201,10 @@ fn predict(
             }
         }
         Op::Release { claim } => {
-            let claim = &claims[claim % claims.len()];
+            let index = claim % claims.len();
+            let claim = &claims[index];
             match model.get(&claim.key) {
-                Some(r) if r.outcome.is_none() && r.fence == claim.fence => {
+                Some(r) if r.outcome.is_none() && r.claim == index => {
                     next.remove(&claim.key);
                     Answer::Done
                 }
@@ -216,6 +227,7 @@ async fn apply(
     keys: &[Key],
     claims: &[HeldClaim],
     op: &Op,
+    granted: &mut Option<ClaimToken>,
 ) -> Result<Answer, Error> {
     let fingerprints: Vec<Fingerprint> = (0..OWNERS)
         .map(|o| Fingerprint::of_bytes(format!("owner {o}").as_bytes()))
@@ -226,6 +238,8 @@ async fn apply(
             scope: scope.clone(),
             key: keys[held.key].clone(),
             fence: held.fence,
+            token: held.token,
+            lease: LONG,
             ttl: if held.short_ttl { SHORT } else { LONG },
         }
     };
@@ -245,11 +259,15 @@ async fn apply(
                 scope,
                 key: &keys[key],
                 fingerprint: &fingerprints[owner],
+                token: ClaimToken::new(),
                 lease: if short_lease { SHORT } else { LONG },
                 ttl: if short_ttl { SHORT } else { LONG },
             };
             match store.begin(&request).await? {
-                Begin::Claimed(claim) => Answer::Claimed(claim.fence),
+                Begin::Claimed(claim) => {
+                    *granted = Some(claim.token);
+                    Answer::Claimed(claim.fence)
+                }
                 Begin::Replay(outcome) => {
                     assert_eq!(outcome.kind, OutcomeKind::Ok);
                     Answer::Replay(outcome.body)
@@ -295,7 +313,8 @@ async fn check(store: &dyn Store, scope: &Scope, ops: &[Op]) -> Result<(), TestC
         }
 
         let start = Instant::now();
-        let answer = apply(store, scope, &keys, &claims, op)
+        let mut granted = None;
+        let answer = apply(store, scope, &keys, &claims, op, &mut granted)
             .await
             .map_err(|e| TestCaseError::fail(format!("step {step} {op:?}: {e}")))?;
         let end = Instant::now();
@@ -315,6 +334,7 @@ async fn check(store: &dyn Store, scope: &Scope, ops: &[Op]) -> Result<(), TestC
             claims.push(HeldClaim {
                 key: *key,
                 fence: *fence,
+                token: granted.expect("a claim carries its token"),
                 short_ttl: *short_ttl,
             });
         }

@@ -8,7 +8,7 @@ use async_trait::async_trait;
 
 use super::{BeginRequest, Store, Waiters};
 use crate::record::{
-    decide, duration_millis, now_millis, Begin, Claim, Decision, Outcome, Record, State,
+    decide, duration_millis, now_millis, Begin, Claim, Millis, Outcome, Record, State,
 };
 use crate::{Error, Key, Scope};
 
@@ -46,7 +46,7 @@ impl MemoryStore {
 
     fn records(&self) -> MutexGuard<'_, HashMap<(String, String), Record>> {
         // A panic while holding the lock cannot leave a half-written record:
-        // every write is a single insert or remove.
+        // every write is a single insert, remove or field update.
         self.inner.records.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -54,14 +54,22 @@ impl MemoryStore {
         (scope.as_str().to_owned(), key.as_str().to_owned())
     }
 
-    fn remove_claim(&self, claim: &Claim) -> Result<(), Error> {
+    /// Runs `write` on the record if it is in progress under `claim`'s
+    /// token (or `also` accepts it), then wakes the key's waiters.
+    fn fenced(
+        &self,
+        claim: &Claim,
+        also: impl Fn(&Record) -> bool,
+        write: impl FnOnce(&mut HashMap<(String, String), Record>, (String, String), Millis),
+    ) -> Result<(), Error> {
+        let now = now_millis();
         let mut records = self.records();
         let slot = Self::slot(&claim.scope, &claim.key);
         match records.get(&slot) {
-            Some(r) if r.state == State::InProgress && r.fence == claim.fence => {
-                records.remove(&slot);
-                drop(records);
-                self.inner.waiters.wake(&claim.scope, &claim.key);
+            Some(r)
+                if r.token == Some(claim.token) && (r.state == State::InProgress || also(r)) =>
+            {
+                write(&mut records, slot, now);
                 Ok(())
             }
             _ => Err(Error::LeaseLost),
@@ -77,12 +85,13 @@ impl Store for MemoryStore {
         let slot = Self::slot(req.scope, req.key);
         let fence = match records.get(&slot) {
             None => 1,
-            Some(existing) => match decide(existing, req.fingerprint, now) {
-                Decision::Answer(answer) => return Ok(answer),
+            Some(existing) => match decide(req, existing, now).answer()? {
+                Some(answer) => return Ok(answer),
                 // Free under the lock: this is the atomic takeover.
-                Decision::Retry => existing.fence + 1,
+                None => existing.fence + 1,
             },
         };
+        let lease_until = now.saturating_add(duration_millis(req.lease));
         records.insert(
             slot,
             Record {
@@ -91,39 +100,67 @@ impl Store for MemoryStore {
                 fingerprint: *req.fingerprint,
                 state: State::InProgress,
                 fence,
-                lease_until: Some(now.saturating_add(duration_millis(req.lease))),
+                token: Some(req.token),
+                lease_until: Some(lease_until),
                 outcome: None,
                 created_at: now,
-                expires_at: now.saturating_add(duration_millis(req.ttl)),
+                expires_at: now
+                    .saturating_add(duration_millis(req.ttl))
+                    .max(lease_until),
             },
         );
-        Ok(Begin::Claimed(Claim {
-            scope: req.scope.clone(),
-            key: req.key.clone(),
-            fence,
-            ttl: req.ttl,
-        }))
+        Ok(Begin::Claimed(Claim::granted(req, fence)))
+    }
+
+    async fn peek(&self, req: &BeginRequest<'_>) -> Result<Option<Begin>, Error> {
+        let now = now_millis();
+        match self.records().get(&Self::slot(req.scope, req.key)) {
+            None => Ok(None),
+            Some(record) => decide(req, record, now).answer(),
+        }
+    }
+
+    async fn renew(&self, claim: &Claim) -> Result<(), Error> {
+        self.fenced(
+            claim,
+            |_| false,
+            |records, slot, now| {
+                if let Some(r) = records.get_mut(&slot) {
+                    let lease_until = now.saturating_add(duration_millis(claim.lease));
+                    r.lease_until = Some(lease_until);
+                    r.expires_at = r.expires_at.max(lease_until);
+                }
+            },
+        )
     }
 
     async fn complete(&self, claim: &Claim, outcome: &Outcome) -> Result<(), Error> {
-        let now = now_millis();
-        let mut records = self.records();
-        match records.get_mut(&Self::slot(&claim.scope, &claim.key)) {
-            Some(r) if r.state == State::InProgress && r.fence == claim.fence => {
-                r.state = State::Completed;
-                r.outcome = Some(outcome.clone());
-                r.lease_until = None;
-                r.expires_at = now.saturating_add(duration_millis(claim.ttl));
-            }
-            _ => return Err(Error::LeaseLost),
-        }
-        drop(records);
+        self.fenced(
+            claim,
+            |r| r.outcome.as_ref() == Some(outcome),
+            |records, slot, now| {
+                if let Some(r) = records.get_mut(&slot) {
+                    r.state = State::Completed;
+                    r.outcome = Some(outcome.clone());
+                    r.lease_until = None;
+                    r.expires_at = now.saturating_add(duration_millis(claim.ttl));
+                }
+            },
+        )?;
         self.inner.waiters.wake(&claim.scope, &claim.key);
         Ok(())
     }
 
     async fn release(&self, claim: &Claim) -> Result<(), Error> {
-        self.remove_claim(claim)
+        self.fenced(
+            claim,
+            |_| false,
+            |records, slot, _| {
+                records.remove(&slot);
+            },
+        )?;
+        self.inner.waiters.wake(&claim.scope, &claim.key);
+        Ok(())
     }
 
     async fn get(&self, scope: &Scope, key: &Key) -> Result<Option<Record>, Error> {
@@ -162,8 +199,17 @@ impl Store for MemoryStore {
         let waiters = &self.inner.waiters;
         waiters
             .wait(scope, key, timeout, || async {
-                Ok::<_, Error>(self.records().get(&Self::slot(scope, key)).cloned())
+                let now = now_millis();
+                Ok::<_, Error>(
+                    self.records()
+                        .get(&Self::slot(scope, key))
+                        .is_some_and(|r| r.holds_lease(now)),
+                )
             })
             .await
+    }
+
+    fn detach(&self) -> Option<Arc<dyn Store>> {
+        Some(Arc::new(self.clone()))
     }
 }

@@ -3,6 +3,10 @@
 //! Every backend keeps records unique per `(scope, key)` and decides the
 //! claim with one atomic conditional write (a UNIQUE constraint with an
 //! upsert, or a lock-protected map), never with a read followed by a write.
+//! Leases and expiry are decided with the database's clock (the process's
+//! clock only for the in-memory store, whose database is the process), and
+//! every fenced write (renewal, completion, release) names the claim's
+//! [`ClaimToken`], which never repeats.
 //! The answer to a duplicate is computed by [`record::decide`](crate::record::decide)
 //! so that all backends behave the same; the shared conformance suite in the
 //! repository's `tests/` holds each of them to it.
@@ -12,7 +16,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use crate::record::{Begin, Claim, Outcome, Record};
+use crate::record::{Begin, Claim, ClaimToken, Outcome, Record};
 use crate::{Error, Fingerprint, Key, Scope};
 
 mod memory;
@@ -47,10 +51,14 @@ pub struct BeginRequest<'a> {
     pub key: &'a Key,
     /// The payload's fingerprint.
     pub fingerprint: &'a Fingerprint,
-    /// How long the claim is held before it may be taken over.
+    /// This attempt's identity: written with the claim, and recognized when
+    /// the same request is sent again after its answer was lost.
+    pub token: ClaimToken,
+    /// How long the claim is held before it may be taken over, unless
+    /// renewed.
     pub lease: Duration,
-    /// How long the record is kept (from the claim, and again from the
-    /// completion).
+    /// How long the completed record is kept. An in-progress record is kept
+    /// at least as long as its lease.
     pub ttl: Duration,
 }
 
@@ -68,16 +76,38 @@ pub trait Store: Send + Sync {
     /// - `in_progress` with the same fingerprint and a lapsed lease: take it
     ///   over with fence + 1: [`Begin::Claimed`];
     /// - otherwise the answer of [`record::decide`](crate::record::decide).
+    ///
+    /// Sending the same request (same token) again after its answer was lost
+    /// answers [`Begin::Claimed`] again while the claim stands.
     async fn begin(&self, request: &BeginRequest<'_>) -> Result<Begin, Error>;
 
+    /// Looks at the record with a plain read, taking no lock: the answer a
+    /// duplicate gets without claiming ([`Begin::Replay`],
+    /// [`Begin::KeyReused`], [`Begin::InProgress`]), or `None` when the key
+    /// may be claimed (no record, an expired one, a lapsed lease). Waiting
+    /// duplicates poll with this. The default answers `None` (always try
+    /// the claim), which is correct but costs a write per look.
+    async fn peek(&self, request: &BeginRequest<'_>) -> Result<Option<Begin>, Error> {
+        let _ = request;
+        Ok(None)
+    }
+
+    /// Extends the claim's lease to the claim's lease duration from now (and
+    /// the record's expiry with it), while the operation still runs. Fails
+    /// with [`Error::LeaseLost`] unless the record is in progress under this
+    /// claim's token.
+    async fn renew(&self, claim: &Claim) -> Result<(), Error>;
+
     /// Stores the outcome and marks the record completed, kept for the
-    /// claim's ttl from now. Fails with [`Error::LeaseLost`] unless the record
-    /// is still in progress under this claim's fence.
+    /// claim's ttl from now. Fails with [`Error::LeaseLost`] unless the
+    /// record is in progress under this claim's token, or already completed
+    /// by it with this very outcome (a completion sent again after its
+    /// answer was lost).
     async fn complete(&self, claim: &Claim, outcome: &Outcome) -> Result<(), Error>;
 
     /// Deletes the claim so that a retry runs the operation again. Fails with
     /// [`Error::LeaseLost`] unless the record is still in progress under this
-    /// claim's fence (in which case nothing is deleted).
+    /// claim's token (in which case nothing is deleted).
     async fn release(&self, claim: &Claim) -> Result<(), Error>;
 
     /// Reads the record of `(scope, key)`, live or not.
@@ -103,6 +133,20 @@ pub trait Store: Send + Sync {
         tokio::time::sleep(timeout).await;
         Ok(())
     }
+
+    /// Whether [`wait_for_change`](Store::wait_for_change) is woken by
+    /// changes made in other processes right now (PostgreSQL's `LISTEN` is
+    /// connected), so that waiters may poll slowly.
+    fn wakes_across_processes(&self) -> bool {
+        false
+    }
+
+    /// An owned handle on the same records, for the work that must outlive
+    /// a dropped caller: handing a claim back, or storing an outcome already
+    /// in hand. `None` (the default) leaves such a claim to its lease.
+    fn detach(&self) -> Option<Arc<dyn Store>> {
+        None
+    }
 }
 
 /// A store whose statements can also run on a caller's connection: the
@@ -113,8 +157,22 @@ pub trait Store: Send + Sync {
 /// `&mut Transaction<'_, Sqlite>`, ...), running exactly the statements of
 /// record mode, so that the claim and the completion commit or roll back
 /// with the caller's own writes.
+///
+/// A duplicate in transactional mode looks first with a plain read
+/// ([`peek_in`](TransactionalStore::peek_in)), which takes no lock, and
+/// tries the claim only when the key looks free. Should that claim find
+/// the key in progress after all, the duplicate does not wait: the attempt
+/// may have left a lock in the caller's transaction that the owner needs.
 #[async_trait]
-pub trait TransactionalStore<C: Send + ?Sized>: Send + Sync {
+pub trait TransactionalStore<C: Send + ?Sized>: Store {
+    /// [`Store::peek`] for a caller in a transaction on `conn`: a plain
+    /// read that sees the latest committed record (on `conn` where its
+    /// isolation allows, else on a free connection of the store's own).
+    async fn peek_in(
+        &self,
+        conn: &mut C,
+        request: &BeginRequest<'_>,
+    ) -> Result<Option<Begin>, Error>;
     /// [`Store::begin`] on `conn`.
     async fn begin_on(&self, conn: &mut C, request: &BeginRequest<'_>) -> Result<Begin, Error>;
     /// [`Store::complete`] on `conn`.
@@ -136,6 +194,13 @@ macro_rules! forward_transactional_store {
             C: Send + ?Sized,
             S: TransactionalStore<C> + ?Sized,
         {
+            async fn peek_in(
+                &self,
+                conn: &mut C,
+                request: &BeginRequest<'_>,
+            ) -> Result<Option<Begin>, Error> {
+                (**self).peek_in(conn, request).await
+            }
             async fn begin_on(&self, conn: &mut C, request: &BeginRequest<'_>) -> Result<Begin, Error> {
                 (**self).begin_on(conn, request).await
             }
@@ -168,6 +233,13 @@ macro_rules! transactional_store {
     (@impl $store:ty, $on:ty, [$($lt:lifetime)?], |$c:ident| $conn:expr) => {
         #[::async_trait::async_trait]
         impl<$($lt)?> $crate::store::TransactionalStore<$on> for $store {
+            async fn peek_in(
+                &self,
+                $c: &mut $on,
+                request: &$crate::store::BeginRequest<'_>,
+            ) -> Result<Option<$crate::Begin>, $crate::Error> {
+                <$store>::peek_in(self, $conn, request).await
+            }
             async fn begin_on(
                 &self,
                 $c: &mut $on,
@@ -203,6 +275,12 @@ macro_rules! forward_store {
             async fn begin(&self, request: &BeginRequest<'_>) -> Result<Begin, Error> {
                 (**self).begin(request).await
             }
+            async fn peek(&self, request: &BeginRequest<'_>) -> Result<Option<Begin>, Error> {
+                (**self).peek(request).await
+            }
+            async fn renew(&self, claim: &Claim) -> Result<(), Error> {
+                (**self).renew(claim).await
+            }
             async fn complete(&self, claim: &Claim, outcome: &Outcome) -> Result<(), Error> {
                 (**self).complete(claim, outcome).await
             }
@@ -222,6 +300,12 @@ macro_rules! forward_store {
                 timeout: Duration,
             ) -> Result<(), Error> {
                 (**self).wait_for_change(scope, key, timeout).await
+            }
+            fn wakes_across_processes(&self) -> bool {
+                (**self).wakes_across_processes()
+            }
+            fn detach(&self) -> Option<Arc<dyn Store>> {
+                (**self).detach()
             }
         }
     )*};

@@ -1,18 +1,17 @@
 //! The MySQL and MariaDB store.
 
-use std::collections::hash_map::RandomState;
-use std::hash::{BuildHasher, Hasher};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::sync::Arc;
+use std::time::Duration;
 
 use async_trait::async_trait;
 use sqlx::mysql::{MySqlConnection, MySqlPool, MySqlPoolOptions, MySqlRow};
 use sqlx::{Executor, Row};
 
-use super::sql::{render, validate_table_name, StoredRecord, DEFAULT_TABLE};
+use super::sql::{
+    millis, render, unsettled, validate_table_name, StoredRecord, CLAIM_ROUNDS, DEFAULT_TABLE,
+};
 use super::{BeginRequest, Store, Waiters};
-use crate::record::{decide, duration_millis, now_millis, Begin, Claim, Decision, Outcome, Record};
+use crate::record::{decide, now_millis, Begin, Claim, Millis, Outcome, Record};
 use crate::{Error, Key, Scope};
 
 /// The longest scope (operation and principal) the table holds, in bytes.
@@ -63,8 +62,8 @@ const DEADLOCK_ATTEMPTS: u32 = 5;
 /// processes and hosts sharing the database claim a key once. Each attempt
 /// writes a fresh random claim token with the record; reading the record
 /// back on the same connection tells whether this attempt holds it (then
-/// with which fence) or why not. Times are the application's clock in
-/// milliseconds, bound as parameters, as in every store.
+/// with which fence) or why not. Leases and expiry use the database's clock
+/// (`UTC_TIMESTAMP(6)`), never the application's.
 ///
 /// Scopes are limited to 1024 bytes ([`Error::Config`] beyond). Duplicates
 /// waiting in this process are woken as soon as the first call completes;
@@ -98,10 +97,16 @@ struct Statements {
     claim: String,
     claimed: String,
     select: String,
+    renew: String,
     complete: String,
     release: String,
     purge: String,
 }
+
+/// The database's clock in milliseconds since the Unix epoch, whatever the
+/// session's time zone: every lease and expiry is decided with it, never
+/// with the application's clock.
+const NOW: &str = "(TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000)";
 
 /// The claim. MySQL evaluates the assignments of `ON DUPLICATE KEY UPDATE`
 /// from left to right, each seeing the values written before it (MariaDB
@@ -112,10 +117,10 @@ struct Statements {
 /// (all at once). Either way each column sees the same decision.
 const CLAIM: &str = r#"INSERT INTO `{table}`
         (scope, `key`, fingerprint, state, fence, lease_until, claim_token, created_at, expires_at)
-    SELECT c.scope, c.k, c.fingerprint, 'in_progress', 1, c.lease_until, c.token, c.now_ms,
-           c.expires_at
-    FROM (SELECT ? AS scope, ? AS k, ? AS fingerprint, ? AS now_ms,
-                 ? AS lease_until, ? AS expires_at, ? AS token) AS c
+    SELECT c.scope, c.k, c.fingerprint, 'in_progress', 1, c.now_ms + c.lease_ms, c.token, c.now_ms,
+           c.now_ms + GREATEST(c.lease_ms, c.ttl_ms)
+    FROM (SELECT ? AS scope, ? AS k, ? AS fingerprint, {now} AS now_ms,
+                 ? AS lease_ms, ? AS ttl_ms, ? AS token) AS c
     ON DUPLICATE KEY UPDATE
         claim_token  = IF({free}, c.token, `{table}`.claim_token),
         fence        = IF({ours}, `{table}`.fence + 1, `{table}`.fence),
@@ -123,9 +128,9 @@ const CLAIM: &str = r#"INSERT INTO `{table}`
         outcome      = IF({ours}, NULL, `{table}`.outcome),
         fingerprint  = IF({ours}, c.fingerprint, `{table}`.fingerprint),
         state        = IF({ours}, 'in_progress', `{table}`.state),
-        lease_until  = IF({ours}, c.lease_until, `{table}`.lease_until),
+        lease_until  = IF({ours}, c.now_ms + c.lease_ms, `{table}`.lease_until),
         created_at   = IF({ours}, c.now_ms, `{table}`.created_at),
-        expires_at   = IF({ours}, c.expires_at, `{table}`.expires_at)"#;
+        expires_at   = IF({ours}, c.now_ms + GREATEST(c.lease_ms, c.ttl_ms), `{table}`.expires_at)"#;
 
 /// The key may be claimed: expired, or in progress with a lapsed lease and
 /// the same payload.
@@ -142,51 +147,36 @@ const COLUMNS: &str = "scope, `key`, fingerprint, state, fence, lease_until, \
 
 impl Statements {
     fn new(table: String) -> Self {
-        let r = |sql: &str| render(sql, &table);
+        let r = |sql: &str| render(sql, &table).replace("{now}", NOW);
         let claim = CLAIM.replace("{ours}", OURS).replace("{free}", FREE);
         Statements {
             claim: r(&claim),
             // A locking read: it sees the latest committed row even inside
             // a REPEATABLE READ transaction.
             claimed: r(&format!(
-                "SELECT {COLUMNS} FROM `{{table}}` WHERE scope = ? AND `key` = ? FOR UPDATE"
+                "SELECT {COLUMNS}, {{now}} AS db_now FROM `{{table}}`
+                 WHERE scope = ? AND `key` = ? FOR UPDATE"
             )),
             select: r(&format!(
-                "SELECT {COLUMNS} FROM `{{table}}` WHERE scope = ? AND `key` = ?"
+                "SELECT {COLUMNS}, {{now}} AS db_now FROM `{{table}}` WHERE scope = ? AND `key` = ?"
             )),
+            renew: r("UPDATE `{table}`
+                SET lease_until = {now} + ?, expires_at = GREATEST(expires_at, {now} + ?)
+                WHERE scope = ? AND `key` = ? AND claim_token = ? AND state = 'in_progress'"),
+            // The outcome is written before `state`: MySQL assigns left to
+            // right, and the WHERE has already picked the row.
             complete: r("UPDATE `{table}`
-                SET state = 'completed', outcome_kind = ?, outcome = ?,
-                    lease_until = NULL, expires_at = ?
-                WHERE scope = ? AND `key` = ? AND fence = ? AND state = 'in_progress'"),
+                SET outcome_kind = ?, outcome = ?, lease_until = NULL, expires_at = {now} + ?,
+                    state = 'completed'
+                WHERE scope = ? AND `key` = ? AND claim_token = ?
+                  AND (state = 'in_progress'
+                       OR (state = 'completed' AND outcome_kind = ? AND outcome = ?))"),
             release: r("DELETE FROM `{table}`
-                WHERE scope = ? AND `key` = ? AND fence = ? AND state = 'in_progress'"),
-            purge: r("DELETE FROM `{table}` WHERE expires_at <= ? ORDER BY expires_at LIMIT ?"),
+                WHERE scope = ? AND `key` = ? AND claim_token = ? AND state = 'in_progress'"),
+            purge: r("DELETE FROM `{table}` WHERE expires_at <= {now} ORDER BY expires_at LIMIT ?"),
             table,
         }
     }
-}
-
-/// Sixteen bytes no other claim attempt uses: a random number drawn once
-/// per process, then a counter.
-fn claim_token() -> [u8; 16] {
-    static PROCESS: OnceLock<u64> = OnceLock::new();
-    static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let process = *PROCESS.get_or_init(|| {
-        // `RandomState` is seeded from the operating system's randomness.
-        let mut hasher = RandomState::new().build_hasher();
-        hasher.write_u32(std::process::id());
-        hasher.write_u128(
-            SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .map(|d| d.as_nanos())
-                .unwrap_or(0),
-        );
-        hasher.finish()
-    });
-    let mut token = [0; 16];
-    token[..8].copy_from_slice(&process.to_be_bytes());
-    token[8..].copy_from_slice(&COUNTER.fetch_add(1, Ordering::Relaxed).to_be_bytes());
-    token
 }
 
 /// Whether InnoDB rolled the statement back to break a deadlock (error
@@ -200,6 +190,15 @@ fn is_deadlock(err: &Error) -> bool {
         .and_then(|e| e.as_database_error())
         .and_then(|e| e.code())
         .is_some_and(|code| code == "40001")
+}
+
+/// Whether InnoDB refused a locking read or write of a row changed since
+/// the transaction's snapshot (MariaDB's `innodb_snapshot_isolation`:
+/// error 1020, "Record has changed since last read").
+fn is_changed_since_read(err: &sqlx::Error) -> bool {
+    err.as_database_error()
+        .and_then(|e| e.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>())
+        .is_some_and(|e| e.number() == 1020)
 }
 
 /// Runs `$op` on a connection of the store's pool, again when it lost a
@@ -343,6 +342,11 @@ impl MySqlStore {
 
     /// [`Store::begin`] on a given connection (the pool's, or the caller's
     /// open transaction).
+    ///
+    /// Inside a transaction whose snapshot predates the record's last
+    /// change, MariaDB with `innodb_snapshot_isolation` refuses the claim
+    /// (error 1020); the record is then read on the pool, and a duplicate
+    /// is answered from it instead of failing.
     pub async fn begin_on(
         &self,
         conn: &mut MySqlConnection,
@@ -355,42 +359,88 @@ impl MySqlStore {
                  {MAX_SCOPE_LEN} bytes"
             )));
         }
-        loop {
-            let now = now_millis();
-            let token = claim_token();
-            sqlx::query(&self.sql.claim)
+        for _ in 0..CLAIM_ROUNDS {
+            let claimed = sqlx::query(&self.sql.claim)
                 .bind(req.scope.as_str())
                 .bind(req.key.as_str())
                 .bind(&req.fingerprint.as_bytes()[..])
-                .bind(now)
-                .bind(now.saturating_add(duration_millis(req.lease)))
-                .bind(now.saturating_add(duration_millis(req.ttl)))
-                .bind(&token[..])
+                .bind(millis(req.lease))
+                .bind(millis(req.ttl))
+                .bind(&req.token.as_bytes()[..])
                 .execute(&mut *conn)
-                .await?;
+                .await;
+            if let Err(err) = claimed {
+                if is_changed_since_read(&err) {
+                    if let Some(mut own) = self.pool.try_acquire() {
+                        if let Some(answer) = self.peek_on(&mut own, req).await? {
+                            return Ok(answer);
+                        }
+                    }
+                }
+                return Err(err.into());
+            }
+            // The locking read sees the latest row, ours or not. Gone
+            // already (released, or purged): claim again.
             let row = sqlx::query(&self.sql.claimed)
                 .bind(req.scope.as_str())
                 .bind(req.key.as_str())
                 .fetch_optional(&mut *conn)
                 .await?;
-            // Gone already (released, or purged after a tiny ttl): claim again.
             let Some(row) = row else { continue };
-            let record = record_from_row(&row)?;
-            let holder: Vec<u8> = row.try_get("claim_token")?;
-            if holder == token {
-                return Ok(Begin::Claimed(Claim {
-                    scope: req.scope.clone(),
-                    key: req.key.clone(),
-                    fence: record.fence,
-                    ttl: req.ttl,
-                }));
-            }
-            // The claim lost to a live record: say why. If it lapsed
-            // meanwhile, claim again.
-            if let Decision::Answer(answer) = decide(&record, req.fingerprint, now) {
+            let (record, now) = (record_from_row(&row)?, row.try_get("db_now")?);
+            // Ours (the token is this attempt's), or the reason why not; if
+            // it lapsed meanwhile, claim again.
+            if let Some(answer) = decide(req, &record, now).answer()? {
                 return Ok(answer);
             }
         }
+        Err(unsettled())
+    }
+
+    /// [`Store::peek`] on a given connection.
+    pub async fn peek_on(
+        &self,
+        conn: &mut MySqlConnection,
+        req: &BeginRequest<'_>,
+    ) -> Result<Option<Begin>, Error> {
+        match self.read_on(conn, req.scope, req.key).await? {
+            None => Ok(None),
+            Some((record, now)) => decide(req, &record, now).answer(),
+        }
+    }
+
+    /// [`TransactionalStore::peek_in`](super::TransactionalStore::peek_in):
+    /// a plain read on a free connection of the pool, which sees the latest
+    /// committed record (a read in the caller's `REPEATABLE READ`
+    /// transaction sees its snapshot); on the caller's connection when the
+    /// pool has none free, where a stale answer only sends the caller on to
+    /// the claim, which reads the latest row.
+    pub async fn peek_in(
+        &self,
+        conn: &mut MySqlConnection,
+        req: &BeginRequest<'_>,
+    ) -> Result<Option<Begin>, Error> {
+        match self.pool.try_acquire() {
+            Some(mut own) => self.peek_on(&mut own, req).await,
+            None => self.peek_on(conn, req).await,
+        }
+    }
+
+    /// [`Store::renew`] on a given connection.
+    pub async fn renew_on(&self, conn: &mut MySqlConnection, claim: &Claim) -> Result<(), Error> {
+        let lease = millis(claim.lease);
+        let done = sqlx::query(&self.sql.renew)
+            .bind(lease)
+            .bind(lease)
+            .bind(claim.scope.as_str())
+            .bind(claim.key.as_str())
+            .bind(&claim.token.as_bytes()[..])
+            .execute(&mut *conn)
+            .await?;
+        if done.rows_affected() == 0 {
+            return Err(Error::LeaseLost);
+        }
+        Ok(())
     }
 
     /// [`Store::complete`] on a given connection.
@@ -403,10 +453,12 @@ impl MySqlStore {
         let done = sqlx::query(&self.sql.complete)
             .bind(outcome.kind.code())
             .bind(&outcome.body[..])
-            .bind(now_millis().saturating_add(duration_millis(claim.ttl)))
+            .bind(millis(claim.ttl))
             .bind(claim.scope.as_str())
             .bind(claim.key.as_str())
-            .bind(claim.fence)
+            .bind(&claim.token.as_bytes()[..])
+            .bind(outcome.kind.code())
+            .bind(&outcome.body[..])
             .execute(&mut *conn)
             .await?;
         // sqlx asks for found rows, so a matched row counts even unchanged.
@@ -421,7 +473,7 @@ impl MySqlStore {
         let done = sqlx::query(&self.sql.release)
             .bind(claim.scope.as_str())
             .bind(claim.key.as_str())
-            .bind(claim.fence)
+            .bind(&claim.token.as_bytes()[..])
             .execute(&mut *conn)
             .await?;
         if done.rows_affected() == 0 {
@@ -437,12 +489,26 @@ impl MySqlStore {
         scope: &Scope,
         key: &Key,
     ) -> Result<Option<Record>, Error> {
+        Ok(self
+            .read_on(conn, scope, key)
+            .await?
+            .map(|(record, _)| record))
+    }
+
+    /// The record and the database's time of the read.
+    async fn read_on(
+        &self,
+        conn: &mut MySqlConnection,
+        scope: &Scope,
+        key: &Key,
+    ) -> Result<Option<(Record, Millis)>, Error> {
         let row = sqlx::query(&self.sql.select)
             .bind(scope.as_str())
             .bind(key.as_str())
             .fetch_optional(&mut *conn)
             .await?;
-        row.map(|row| record_from_row(&row)).transpose()
+        row.map(|row| Ok((record_from_row(&row)?, row.try_get("db_now")?)))
+            .transpose()
     }
 }
 
@@ -459,6 +525,7 @@ fn record_from_row(row: &MySqlRow) -> Result<Record, Error> {
         fingerprint: row.try_get("fingerprint")?,
         state: text("state")?,
         fence: row.try_get("fence")?,
+        token: row.try_get("claim_token")?,
         lease_until: row.try_get("lease_until")?,
         outcome_kind: row
             .try_get::<Option<i16>, _>("outcome_kind")?
@@ -474,6 +541,15 @@ fn record_from_row(row: &MySqlRow) -> Result<Record, Error> {
 impl Store for MySqlStore {
     async fn begin(&self, req: &BeginRequest<'_>) -> Result<Begin, Error> {
         on_pool!(self, |conn| self.begin_on(&mut conn, req))
+    }
+
+    async fn peek(&self, req: &BeginRequest<'_>) -> Result<Option<Begin>, Error> {
+        let mut conn = self.pool.acquire().await?;
+        self.peek_on(&mut conn, req).await
+    }
+
+    async fn renew(&self, claim: &Claim) -> Result<(), Error> {
+        on_pool!(self, |conn| self.renew_on(&mut conn, claim))
     }
 
     async fn complete(&self, claim: &Claim, outcome: &Outcome) -> Result<(), Error> {
@@ -499,7 +575,6 @@ impl Store for MySqlStore {
         loop {
             let deleted = on_pool!(self, |conn| async {
                 let done = sqlx::query(&self.sql.purge)
-                    .bind(now_millis())
                     .bind(batch)
                     .execute(&mut *conn)
                     .await?;
@@ -519,8 +594,18 @@ impl Store for MySqlStore {
         timeout: Duration,
     ) -> Result<(), Error> {
         self.waiters
-            .wait(scope, key, timeout, || self.get(scope, key))
+            .wait(scope, key, timeout, || async {
+                let mut conn = self.pool.acquire().await?;
+                Ok(self
+                    .read_on(&mut conn, scope, key)
+                    .await?
+                    .is_some_and(|(record, now)| record.holds_lease(now)))
+            })
             .await
+    }
+
+    fn detach(&self) -> Option<Arc<dyn Store>> {
+        Some(Arc::new(self.clone()))
     }
 }
 
@@ -529,17 +614,10 @@ mod tests {
     use super::*;
 
     #[test]
-    fn claim_tokens_differ() {
-        let (a, b) = (claim_token(), claim_token());
-        assert_ne!(a, b);
-        assert_eq!(a[..8], b[..8], "one process, one random prefix");
-    }
-
-    #[test]
     fn claim_statement_has_no_placeholders_left() {
         let sql = Statements::new("t".into()).claim;
         assert!(!sql.contains('{'), "{sql}");
-        assert_eq!(sql.matches('?').count(), 7);
+        assert_eq!(sql.matches('?').count(), 6);
     }
 }
 

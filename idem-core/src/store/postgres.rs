@@ -1,6 +1,7 @@
 //! The PostgreSQL store.
 
 use std::convert::Infallible;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -10,9 +11,11 @@ use sqlx::postgres::{PgConnectOptions, PgConnection, PgListener, PgPool, PgPoolO
 use sqlx::{Executor, Row};
 use tokio::task::JoinHandle;
 
-use super::sql::{render, validate_table_name, StoredRecord, DEFAULT_TABLE};
+use super::sql::{
+    millis, render, unsettled, validate_table_name, StoredRecord, CLAIM_ROUNDS, DEFAULT_TABLE,
+};
 use super::{BeginRequest, Store, Waiters};
-use crate::record::{decide, duration_millis, now_millis, Begin, Claim, Decision, Outcome, Record};
+use crate::record::{decide, now_millis, Begin, Claim, Millis, Outcome, Record};
 use crate::{Error, Key, Scope};
 
 /// The embedded migrations, in order. `{table}` is the records table,
@@ -20,7 +23,8 @@ use crate::{Error, Key, Scope};
 ///
 /// Scope and key use the `C` collation: they compare and sort byte for
 /// byte, whatever the database's locale, and faster.
-const MIGRATIONS: &[&str] = &[r#"
+const MIGRATIONS: &[&str] = &[
+    r#"
 CREATE TABLE IF NOT EXISTS "{table}" (
     scope        TEXT     COLLATE "C" NOT NULL,
     key          TEXT     COLLATE "C" NOT NULL,
@@ -36,7 +40,17 @@ CREATE TABLE IF NOT EXISTS "{table}" (
     CHECK (state = 'in_progress' OR (outcome IS NOT NULL AND outcome_kind IS NOT NULL))
 );
 CREATE INDEX IF NOT EXISTS "{index}" ON "{table}" (expires_at);
-"#];
+"#,
+    // The claim's identity, checked by every fenced write (NULL on rows
+    // written before it existed: they can only lapse and be taken over).
+    r#"ALTER TABLE "{table}" ADD COLUMN IF NOT EXISTS claim_token BYTEA
+    CHECK (octet_length(claim_token) = 16);
+"#,
+];
+
+/// The database's clock in milliseconds since the Unix epoch: every lease
+/// and expiry is decided with it, never with the application's clock.
+const NOW: &str = "(EXTRACT(EPOCH FROM clock_timestamp()) * 1000)::BIGINT";
 
 /// The advisory lock that serializes migrations across processes
 /// (`"idemmigr"` in ASCII).
@@ -47,11 +61,14 @@ const MAX_NOTIFY_PAYLOAD: usize = 7999;
 
 /// Records in a PostgreSQL database through a sqlx pool.
 ///
-/// The claim is one `INSERT ... ON CONFLICT (scope, key) DO UPDATE ... WHERE
-/// <expired or lease lapsed> RETURNING fence` statement: the primary key on
-/// `(scope, key)` decides, so any number of connections, processes and hosts
-/// sharing the database claim a key once. Times are the application's clock
-/// in milliseconds, bound as parameters, as in every store.
+/// The claim is `INSERT ... ON CONFLICT (scope, key) DO NOTHING`; when the
+/// key is taken, the record is read, and a free one (expired, or a lapsed
+/// lease) is taken over with an `UPDATE ... WHERE <still free>`. The primary
+/// key on `(scope, key)` decides, so any number of connections, processes
+/// and hosts sharing the database claim a key once; none of these
+/// statements locks a row it does not claim, so a duplicate never holds a
+/// lock the owner needs. Leases and expiry use the database's clock
+/// (`clock_timestamp()`), so hosts with skewed clocks agree.
 ///
 /// Duplicates waiting on a key are woken as soon as the first call completes
 /// or releases it: in this process directly, in other processes through
@@ -87,7 +104,9 @@ struct Statements {
     table: String,
     index: String,
     claim: String,
+    take_over: String,
     select: String,
+    renew: String,
     complete: String,
     release: String,
     purge: String,
@@ -95,43 +114,58 @@ struct Statements {
 
 impl Statements {
     fn new(table: String) -> Self {
-        let r = |sql: &str| render(sql, &table);
+        let r = |sql: &str| render(sql, &table).replace("{now}", NOW);
         Statements {
-            claim: r(r#"INSERT INTO "{table}" AS t
-                    (scope, key, fingerprint, state, fence, lease_until, created_at, expires_at)
-                VALUES ($1, $2, $3, 'in_progress', 1, $4, $5, $6)
-                ON CONFLICT (scope, key) DO UPDATE SET
-                    fingerprint = excluded.fingerprint,
+            claim: r(r#"INSERT INTO "{table}"
+                    (scope, key, fingerprint, state, fence, claim_token, lease_until,
+                     created_at, expires_at)
+                SELECT $1, $2, $3, 'in_progress', 1, $4, c.now + $5, c.now,
+                       c.now + GREATEST($5, $6)
+                FROM (SELECT {now} AS now) AS c
+                ON CONFLICT (scope, key) DO NOTHING
+                RETURNING fence"#),
+            take_over: r(r#"UPDATE "{table}" AS t SET
+                    fingerprint = $3,
                     state = 'in_progress',
                     fence = t.fence + 1,
-                    lease_until = excluded.lease_until,
+                    claim_token = $4,
+                    lease_until = c.now + $5,
                     outcome_kind = NULL,
                     outcome = NULL,
-                    created_at = excluded.created_at,
-                    expires_at = excluded.expires_at
-                WHERE t.expires_at <= $5
-                   OR (t.state = 'in_progress'
-                       AND t.lease_until <= $5
-                       AND t.fingerprint = excluded.fingerprint)
+                    created_at = c.now,
+                    expires_at = c.now + GREATEST($5, $6)
+                FROM (SELECT {now} AS now) AS c
+                WHERE t.scope = $1 AND t.key = $2
+                  AND (t.expires_at <= c.now
+                       OR (t.state = 'in_progress'
+                           AND t.lease_until <= c.now
+                           AND t.fingerprint = $3))
                 RETURNING t.fence"#),
             select: r(
-                r#"SELECT scope, key, fingerprint, state, fence, lease_until,
-                       outcome_kind, outcome, created_at, expires_at
+                r#"SELECT scope, key, fingerprint, state, fence, claim_token, lease_until,
+                       outcome_kind, outcome, created_at, expires_at, {now} AS db_now
                 FROM "{table}" WHERE scope = $1 AND key = $2"#,
             ),
+            renew: r(r#"UPDATE "{table}" AS t
+                SET lease_until = c.now + $4, expires_at = GREATEST(t.expires_at, c.now + $4)
+                FROM (SELECT {now} AS now) AS c
+                WHERE t.scope = $1 AND t.key = $2 AND t.claim_token = $3
+                  AND t.state = 'in_progress'"#),
             complete: r(r#"UPDATE "{table}"
                 SET state = 'completed', outcome_kind = $1, outcome = $2,
-                    lease_until = NULL, expires_at = $3
-                WHERE scope = $4 AND key = $5 AND fence = $6 AND state = 'in_progress'"#),
+                    lease_until = NULL, expires_at = {now} + $3
+                WHERE scope = $4 AND key = $5 AND claim_token = $6
+                  AND (state = 'in_progress'
+                       OR (state = 'completed' AND outcome_kind = $1 AND outcome = $2))"#),
             release: r(r#"DELETE FROM "{table}"
-                WHERE scope = $1 AND key = $2 AND fence = $3 AND state = 'in_progress'"#),
+                WHERE scope = $1 AND key = $2 AND claim_token = $3 AND state = 'in_progress'"#),
             // Rows a claim is taking over right now are skipped, not waited
             // for: the purge never queues behind, nor blocks, new claims.
             purge: r(r#"DELETE FROM "{table}"
                 WHERE ctid = ANY(ARRAY(
-                    SELECT ctid FROM "{table}" WHERE expires_at <= $1
-                    LIMIT $2 FOR UPDATE SKIP LOCKED))
-                  AND expires_at <= $1"#),
+                    SELECT ctid FROM "{table}" WHERE expires_at <= {now}
+                    LIMIT $1 FOR UPDATE SKIP LOCKED))
+                  AND expires_at <= {now}"#),
             index: index_name(&table),
             table,
         }
@@ -252,39 +286,90 @@ impl PostgresStore {
     }
 
     /// [`Store::begin`] on a given connection (the pool's, or the caller's
-    /// open transaction).
+    /// open transaction). Inside a transaction, a claim by another open
+    /// transaction makes the insert wait for it to end.
     pub async fn begin_on(
         &self,
         conn: &mut PgConnection,
         req: &BeginRequest<'_>,
     ) -> Result<Begin, Error> {
-        loop {
-            let now = now_millis();
-            let fence: Option<i64> = sqlx::query_scalar(&self.sql.claim)
-                .bind(req.scope.as_str())
-                .bind(req.key.as_str())
-                .bind(&req.fingerprint.as_bytes()[..])
-                .bind(now.saturating_add(duration_millis(req.lease)))
-                .bind(now)
-                .bind(now.saturating_add(duration_millis(req.ttl)))
+        for _ in 0..CLAIM_ROUNDS {
+            let fence: Option<i64> = self
+                .claim_statement(&self.sql.claim, req)
                 .fetch_optional(&mut *conn)
                 .await?;
             if let Some(fence) = fence {
-                return Ok(Begin::Claimed(Claim {
-                    scope: req.scope.clone(),
-                    key: req.key.clone(),
-                    fence,
-                    ttl: req.ttl,
-                }));
+                return Ok(Begin::Claimed(Claim::granted(req, fence)));
             }
-            // The claim lost to a live record: read it to say why. If it
-            // vanished or lapsed meanwhile, claim again.
-            if let Some(record) = self.get_on(conn, req.scope, req.key).await? {
-                if let Decision::Answer(answer) = decide(&record, req.fingerprint, now) {
-                    return Ok(answer);
-                }
+            // The key is taken: read the record to say why. If it is free
+            // (expired, lapsed), take it over while it still is.
+            let Some((record, now)) = self.read_on(conn, req.scope, req.key).await? else {
+                continue;
+            };
+            if let Some(answer) = decide(req, &record, now).answer()? {
+                return Ok(answer);
+            }
+            let fence: Option<i64> = self
+                .claim_statement(&self.sql.take_over, req)
+                .fetch_optional(&mut *conn)
+                .await?;
+            if let Some(fence) = fence {
+                return Ok(Begin::Claimed(Claim::granted(req, fence)));
             }
         }
+        Err(unsettled())
+    }
+
+    fn claim_statement<'q>(
+        &self,
+        sql: &'q str,
+        req: &'q BeginRequest<'_>,
+    ) -> sqlx::query::QueryScalar<'q, sqlx::Postgres, i64, sqlx::postgres::PgArguments> {
+        sqlx::query_scalar(sql)
+            .bind(req.scope.as_str())
+            .bind(req.key.as_str())
+            .bind(&req.fingerprint.as_bytes()[..])
+            .bind(&req.token.as_bytes()[..])
+            .bind(millis(req.lease))
+            .bind(millis(req.ttl))
+    }
+
+    /// [`Store::peek`] on a given connection.
+    pub async fn peek_on(
+        &self,
+        conn: &mut PgConnection,
+        req: &BeginRequest<'_>,
+    ) -> Result<Option<Begin>, Error> {
+        match self.read_on(conn, req.scope, req.key).await? {
+            None => Ok(None),
+            Some((record, now)) => decide(req, &record, now).answer(),
+        }
+    }
+
+    /// [`TransactionalStore::peek_in`](super::TransactionalStore::peek_in):
+    /// a plain read on the caller's connection (`READ COMMITTED` sees the
+    /// latest committed record, and a plain read locks nothing).
+    pub async fn peek_in(
+        &self,
+        conn: &mut PgConnection,
+        req: &BeginRequest<'_>,
+    ) -> Result<Option<Begin>, Error> {
+        self.peek_on(conn, req).await
+    }
+
+    /// [`Store::renew`] on a given connection.
+    pub async fn renew_on(&self, conn: &mut PgConnection, claim: &Claim) -> Result<(), Error> {
+        let done = sqlx::query(&self.sql.renew)
+            .bind(claim.scope.as_str())
+            .bind(claim.key.as_str())
+            .bind(&claim.token.as_bytes()[..])
+            .bind(millis(claim.lease))
+            .execute(&mut *conn)
+            .await?;
+        if done.rows_affected() == 0 {
+            return Err(Error::LeaseLost);
+        }
+        Ok(())
     }
 
     /// [`Store::complete`] on a given connection. Waiters in other
@@ -298,10 +383,10 @@ impl PostgresStore {
         let done = sqlx::query(&self.sql.complete)
             .bind(outcome.kind.code())
             .bind(&outcome.body[..])
-            .bind(now_millis().saturating_add(duration_millis(claim.ttl)))
+            .bind(millis(claim.ttl))
             .bind(claim.scope.as_str())
             .bind(claim.key.as_str())
-            .bind(claim.fence)
+            .bind(&claim.token.as_bytes()[..])
             .execute(&mut *conn)
             .await?;
         if done.rows_affected() == 0 {
@@ -316,7 +401,7 @@ impl PostgresStore {
         let done = sqlx::query(&self.sql.release)
             .bind(claim.scope.as_str())
             .bind(claim.key.as_str())
-            .bind(claim.fence)
+            .bind(&claim.token.as_bytes()[..])
             .execute(&mut *conn)
             .await?;
         if done.rows_affected() == 0 {
@@ -332,12 +417,26 @@ impl PostgresStore {
         scope: &Scope,
         key: &Key,
     ) -> Result<Option<Record>, Error> {
+        Ok(self
+            .read_on(conn, scope, key)
+            .await?
+            .map(|(record, _)| record))
+    }
+
+    /// The record and the database's time of the read.
+    async fn read_on(
+        &self,
+        conn: &mut PgConnection,
+        scope: &Scope,
+        key: &Key,
+    ) -> Result<Option<(Record, Millis)>, Error> {
         let row = sqlx::query(&self.sql.select)
             .bind(scope.as_str())
             .bind(key.as_str())
             .fetch_optional(&mut *conn)
             .await?;
-        row.map(|row| record_from_row(&row)).transpose()
+        row.map(|row| Ok((record_from_row(&row)?, row.try_get("db_now")?)))
+            .transpose()
     }
 
     /// Tells the listeners of every process that `(scope, key)` changed.
@@ -370,6 +469,7 @@ fn record_from_row(row: &PgRow) -> Result<Record, Error> {
         fingerprint: row.try_get("fingerprint")?,
         state: row.try_get("state")?,
         fence: row.try_get("fence")?,
+        token: row.try_get("claim_token")?,
         lease_until: row.try_get("lease_until")?,
         outcome_kind: row
             .try_get::<Option<i16>, _>("outcome_kind")?
@@ -386,6 +486,16 @@ impl Store for PostgresStore {
     async fn begin(&self, req: &BeginRequest<'_>) -> Result<Begin, Error> {
         let mut conn = self.pool.acquire().await?;
         self.begin_on(&mut conn, req).await
+    }
+
+    async fn peek(&self, req: &BeginRequest<'_>) -> Result<Option<Begin>, Error> {
+        let mut conn = self.pool.acquire().await?;
+        self.peek_on(&mut conn, req).await
+    }
+
+    async fn renew(&self, claim: &Claim) -> Result<(), Error> {
+        let mut conn = self.pool.acquire().await?;
+        self.renew_on(&mut conn, claim).await
     }
 
     async fn complete(&self, claim: &Claim, outcome: &Outcome) -> Result<(), Error> {
@@ -412,7 +522,6 @@ impl Store for PostgresStore {
         let mut total = 0;
         loop {
             let done = sqlx::query(&self.sql.purge)
-                .bind(now_millis())
                 .bind(batch)
                 .execute(&self.pool)
                 .await?;
@@ -432,8 +541,22 @@ impl Store for PostgresStore {
         self.listener
             .ensure_running(&self.pool, &self.sql.table, &self.waiters);
         self.waiters
-            .wait(scope, key, timeout, || self.get(scope, key))
+            .wait(scope, key, timeout, || async {
+                let mut conn = self.pool.acquire().await?;
+                Ok(self
+                    .read_on(&mut conn, scope, key)
+                    .await?
+                    .is_some_and(|(record, now)| record.holds_lease(now)))
+            })
             .await
+    }
+
+    fn wakes_across_processes(&self) -> bool {
+        self.listener.is_listening()
+    }
+
+    fn detach(&self) -> Option<Arc<dyn Store>> {
+        Some(Arc::new(self.clone()))
     }
 }
 
@@ -442,9 +565,15 @@ impl Store for PostgresStore {
 #[derive(Debug, Default)]
 struct Listener {
     task: Mutex<Option<JoinHandle<()>>>,
+    /// Whether the connection is listening right now.
+    live: Arc<AtomicBool>,
 }
 
 impl Listener {
+    fn is_listening(&self) -> bool {
+        self.live.load(Ordering::Acquire)
+    }
+
     fn ensure_running(&self, pool: &PgPool, channel: &str, waiters: &Arc<Waiters>) {
         let mut task = self.task.lock().unwrap_or_else(|e| e.into_inner());
         if task.as_ref().is_some_and(|t| !t.is_finished()) {
@@ -458,6 +587,7 @@ impl Listener {
             pool.connect_options(),
             channel.to_owned(),
             waiters.clone(),
+            self.live.clone(),
         )));
     }
 }
@@ -474,7 +604,12 @@ impl Drop for Listener {
 /// Listens on `channel` for as long as the task lives, reconnecting after a
 /// pause when the connection fails. Notifications sent while it is down are
 /// lost; the waiters' polling covers them.
-async fn listen(options: Arc<PgConnectOptions>, channel: String, waiters: Arc<Waiters>) {
+async fn listen(
+    options: Arc<PgConnectOptions>,
+    channel: String,
+    waiters: Arc<Waiters>,
+    live: Arc<AtomicBool>,
+) {
     // A pool of one, of its own, only for reconnecting: the store's pool
     // keeps all its connections for statements.
     let pool = PgPoolOptions::new()
@@ -484,7 +619,8 @@ async fn listen(options: Arc<PgConnectOptions>, channel: String, waiters: Arc<Wa
         .connect_lazy_with((*options).clone());
     let mut pause = Duration::from_millis(100);
     loop {
-        let Err(err) = relay(&pool, &channel, &waiters, &mut pause).await;
+        let Err(err) = relay(&pool, &channel, &waiters, &mut pause, &live).await;
+        live.store(false, Ordering::Release);
         tracing::warn!(
             error = %err,
             channel = %channel,
@@ -500,14 +636,21 @@ async fn relay(
     channel: &str,
     waiters: &Waiters,
     pause: &mut Duration,
+    live: &AtomicBool,
 ) -> Result<Infallible, sqlx::Error> {
     let mut listener = PgListener::connect_with(pool).await?;
     listener.ignore_pool_close_event(true);
     listener.listen(channel).await?;
     *pause = Duration::from_millis(100);
+    live.store(true, Ordering::Release);
     loop {
-        // `None`: the connection was lost and has been re-established.
-        if let Some(notification) = listener.try_recv().await? {
+        // `None`: the connection was lost and has been re-established;
+        // notifications sent meanwhile are lost, so wake every waiter.
+        let notification = listener.try_recv().await?;
+        if notification.is_none() {
+            waiters.wake_all();
+        }
+        if let Some(notification) = notification {
             let woken = notification
                 .payload()
                 .split_once(' ')

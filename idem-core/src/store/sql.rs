@@ -1,7 +1,7 @@
 //! What the SQL backends share: table names and the embedded migrations'
 //! bookkeeping.
 
-use crate::record::{Millis, Outcome, OutcomeKind, Record, State};
+use crate::record::{ClaimToken, Millis, Outcome, OutcomeKind, Record, State};
 use crate::{Error, Fingerprint, Key, Scope};
 
 /// The default name of the records table.
@@ -30,6 +30,23 @@ pub(crate) fn render(sql: &str, table: &str) -> String {
     sql.replace("{table}", table)
 }
 
+/// How many times a claim is tried against records that change under it
+/// (released, lapsed, purged between two statements) before giving up:
+/// far more than any real interleaving needs, few enough to never spin.
+pub(crate) const CLAIM_ROUNDS: usize = 64;
+
+/// The error of a claim that did not settle within [`CLAIM_ROUNDS`].
+pub(crate) fn unsettled() -> Error {
+    Error::store(format!(
+        "the claim did not settle after {CLAIM_ROUNDS} rounds: the record kept changing"
+    ))
+}
+
+/// Milliseconds to bind for a duration (leases, ttls), saturating.
+pub(crate) fn millis(d: std::time::Duration) -> Millis {
+    crate::record::duration_millis(d)
+}
+
 /// A record's columns as a SQL row holds them, before the checks that
 /// turn them into a [`Record`]: every backend reads its row into this, so
 /// the decoding rules live in one place.
@@ -39,6 +56,7 @@ pub(crate) struct StoredRecord {
     pub(crate) fingerprint: Vec<u8>,
     pub(crate) state: String,
     pub(crate) fence: i64,
+    pub(crate) token: Option<Vec<u8>>,
     pub(crate) lease_until: Option<Millis>,
     pub(crate) outcome_kind: Option<i64>,
     pub(crate) outcome: Option<Vec<u8>>,
@@ -63,12 +81,18 @@ impl StoredRecord {
             }),
             _ => None,
         };
+        let token = self
+            .token
+            .map(|t| <[u8; 16]>::try_from(t.as_slice()).map(ClaimToken::from_bytes))
+            .transpose()
+            .map_err(|_| corrupt("claim token is not 16 bytes"))?;
         Ok(Record {
             scope: Scope::from_stored(&self.scope),
             key: Key::new(self.key).map_err(|_| corrupt("invalid key"))?,
             fingerprint,
             state,
             fence: self.fence,
+            token,
             lease_until: self.lease_until,
             outcome,
             created_at: self.created_at,

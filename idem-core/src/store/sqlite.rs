@@ -11,13 +11,16 @@ use sqlx::sqlite::{
 };
 use sqlx::{Connection, Executor, Row};
 
-use super::sql::{render, validate_table_name, StoredRecord, DEFAULT_TABLE};
+use super::sql::{
+    millis, render, unsettled, validate_table_name, StoredRecord, CLAIM_ROUNDS, DEFAULT_TABLE,
+};
 use super::{BeginRequest, Store, Waiters};
-use crate::record::{decide, duration_millis, now_millis, Begin, Claim, Decision, Outcome, Record};
+use crate::record::{decide, now_millis, Begin, Claim, Millis, Outcome, Record};
 use crate::{Error, Key, Scope};
 
 /// The embedded migrations, in order. `{table}` is the records table.
-const MIGRATIONS: &[&str] = &[r#"
+const MIGRATIONS: &[&str] = &[
+    r#"
 CREATE TABLE IF NOT EXISTS "{table}" (
     scope        TEXT    NOT NULL,
     key          TEXT    NOT NULL,
@@ -33,7 +36,17 @@ CREATE TABLE IF NOT EXISTS "{table}" (
     CHECK (state = 'in_progress' OR outcome IS NOT NULL)
 );
 CREATE INDEX IF NOT EXISTS "{table}_expires_at" ON "{table}" (expires_at);
-"#];
+"#,
+    // The claim's identity, checked by every fenced write (NULL on rows
+    // written before it existed: they can only lapse and be taken over).
+    r#"ALTER TABLE "{table}" ADD COLUMN claim_token BLOB;
+"#,
+];
+
+/// The database's clock in milliseconds since the Unix epoch (SQLite's
+/// `'now'` is the same within one statement): every lease and expiry is
+/// decided with it.
+const NOW: &str = "CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER)";
 
 /// Records in a SQLite database through a sqlx pool.
 ///
@@ -68,6 +81,7 @@ struct Statements {
     table: String,
     claim: String,
     select: String,
+    renew: String,
     complete: String,
     release: String,
     purge: String,
@@ -75,38 +89,48 @@ struct Statements {
 
 impl Statements {
     fn new(table: String) -> Self {
-        let r = |sql: &str| render(sql, &table);
+        let r = |sql: &str| render(sql, &table).replace("{now}", NOW);
         Statements {
+            // `WHERE true` tells SQLite's parser that `ON CONFLICT` belongs
+            // to the upsert, not to the SELECT's join.
             claim: r(r#"INSERT INTO "{table}"
-                    (scope, key, fingerprint, state, fence, lease_until, created_at, expires_at)
-                VALUES (?1, ?2, ?3, 'in_progress', 1, ?4, ?5, ?6)
+                    (scope, key, fingerprint, state, fence, claim_token, lease_until,
+                     created_at, expires_at)
+                SELECT ?1, ?2, ?3, 'in_progress', 1, ?4, c.now + ?5, c.now, c.now + max(?5, ?6)
+                FROM (SELECT {now} AS now) AS c WHERE true
                 ON CONFLICT (scope, key) DO UPDATE SET
                     fingerprint = excluded.fingerprint,
                     state = 'in_progress',
                     fence = "{table}".fence + 1,
+                    claim_token = excluded.claim_token,
                     lease_until = excluded.lease_until,
                     outcome_kind = NULL,
                     outcome = NULL,
                     created_at = excluded.created_at,
                     expires_at = excluded.expires_at
-                WHERE "{table}".expires_at <= ?5
+                WHERE "{table}".expires_at <= excluded.created_at
                    OR ("{table}".state = 'in_progress'
-                       AND "{table}".lease_until <= ?5
+                       AND "{table}".lease_until <= excluded.created_at
                        AND "{table}".fingerprint = excluded.fingerprint)
                 RETURNING fence"#),
             select: r(
-                r#"SELECT scope, key, fingerprint, state, fence, lease_until,
-                       outcome_kind, outcome, created_at, expires_at
+                r#"SELECT scope, key, fingerprint, state, fence, claim_token, lease_until,
+                       outcome_kind, outcome, created_at, expires_at, {now} AS db_now
                 FROM "{table}" WHERE scope = ?1 AND key = ?2"#,
             ),
+            renew: r(r#"UPDATE "{table}"
+                SET lease_until = {now} + ?4, expires_at = max(expires_at, {now} + ?4)
+                WHERE scope = ?1 AND key = ?2 AND claim_token = ?3 AND state = 'in_progress'"#),
             complete: r(r#"UPDATE "{table}"
                 SET state = 'completed', outcome_kind = ?1, outcome = ?2,
-                    lease_until = NULL, expires_at = ?3
-                WHERE scope = ?4 AND key = ?5 AND fence = ?6 AND state = 'in_progress'"#),
+                    lease_until = NULL, expires_at = {now} + ?3
+                WHERE scope = ?4 AND key = ?5 AND claim_token = ?6
+                  AND (state = 'in_progress'
+                       OR (state = 'completed' AND outcome_kind = ?1 AND outcome = ?2))"#),
             release: r(r#"DELETE FROM "{table}"
-                WHERE scope = ?1 AND key = ?2 AND fence = ?3 AND state = 'in_progress'"#),
+                WHERE scope = ?1 AND key = ?2 AND claim_token = ?3 AND state = 'in_progress'"#),
             purge: r(r#"DELETE FROM "{table}" WHERE rowid IN
-                (SELECT rowid FROM "{table}" WHERE expires_at <= ?1 LIMIT ?2)"#),
+                (SELECT rowid FROM "{table}" WHERE expires_at <= {now} LIMIT ?1)"#),
             table,
         }
     }
@@ -223,33 +247,69 @@ impl SqliteStore {
         conn: &mut SqliteConnection,
         req: &BeginRequest<'_>,
     ) -> Result<Begin, Error> {
-        loop {
-            let now = now_millis();
+        for _ in 0..CLAIM_ROUNDS {
             let fence: Option<i64> = sqlx::query_scalar(&self.sql.claim)
                 .bind(req.scope.as_str())
                 .bind(req.key.as_str())
                 .bind(&req.fingerprint.as_bytes()[..])
-                .bind(now.saturating_add(duration_millis(req.lease)))
-                .bind(now)
-                .bind(now.saturating_add(duration_millis(req.ttl)))
+                .bind(&req.token.as_bytes()[..])
+                .bind(millis(req.lease))
+                .bind(millis(req.ttl))
                 .fetch_optional(&mut *conn)
                 .await?;
             if let Some(fence) = fence {
-                return Ok(Begin::Claimed(Claim {
-                    scope: req.scope.clone(),
-                    key: req.key.clone(),
-                    fence,
-                    ttl: req.ttl,
-                }));
+                return Ok(Begin::Claimed(Claim::granted(req, fence)));
             }
             // The claim lost to a live record: read it to say why. If it
             // vanished or lapsed meanwhile, claim again.
-            if let Some(record) = self.get_on(conn, req.scope, req.key).await? {
-                if let Decision::Answer(answer) = decide(&record, req.fingerprint, now) {
-                    return Ok(answer);
-                }
+            if let Some(answer) = self.peek_on(conn, req).await? {
+                return Ok(answer);
             }
         }
+        Err(unsettled())
+    }
+
+    /// [`Store::peek`] on a given connection.
+    pub async fn peek_on(
+        &self,
+        conn: &mut SqliteConnection,
+        req: &BeginRequest<'_>,
+    ) -> Result<Option<Begin>, Error> {
+        match self.read_on(conn, req.scope, req.key).await? {
+            None => Ok(None),
+            Some((record, now)) => decide(req, &record, now).answer(),
+        }
+    }
+
+    /// [`TransactionalStore::peek_in`](super::TransactionalStore::peek_in):
+    /// a plain read on another of the pool's connections, which sees the
+    /// latest committed record without starting a read snapshot in the
+    /// caller's transaction; `None` (go on to the claim) when none is free
+    /// (an in-memory database has one connection, and the caller holds it).
+    pub async fn peek_in(
+        &self,
+        _conn: &mut SqliteConnection,
+        req: &BeginRequest<'_>,
+    ) -> Result<Option<Begin>, Error> {
+        match self.pool.try_acquire() {
+            Some(mut own) => self.peek_on(&mut own, req).await,
+            None => Ok(None),
+        }
+    }
+
+    /// [`Store::renew`] on a given connection.
+    pub async fn renew_on(&self, conn: &mut SqliteConnection, claim: &Claim) -> Result<(), Error> {
+        let done = sqlx::query(&self.sql.renew)
+            .bind(claim.scope.as_str())
+            .bind(claim.key.as_str())
+            .bind(&claim.token.as_bytes()[..])
+            .bind(millis(claim.lease))
+            .execute(&mut *conn)
+            .await?;
+        if done.rows_affected() == 0 {
+            return Err(Error::LeaseLost);
+        }
+        Ok(())
     }
 
     /// [`Store::complete`] on a given connection.
@@ -262,10 +322,10 @@ impl SqliteStore {
         let done = sqlx::query(&self.sql.complete)
             .bind(outcome.kind.code())
             .bind(&outcome.body[..])
-            .bind(now_millis().saturating_add(duration_millis(claim.ttl)))
+            .bind(millis(claim.ttl))
             .bind(claim.scope.as_str())
             .bind(claim.key.as_str())
-            .bind(claim.fence)
+            .bind(&claim.token.as_bytes()[..])
             .execute(&mut *conn)
             .await?;
         if done.rows_affected() == 0 {
@@ -283,7 +343,7 @@ impl SqliteStore {
         let done = sqlx::query(&self.sql.release)
             .bind(claim.scope.as_str())
             .bind(claim.key.as_str())
-            .bind(claim.fence)
+            .bind(&claim.token.as_bytes()[..])
             .execute(&mut *conn)
             .await?;
         if done.rows_affected() == 0 {
@@ -299,12 +359,26 @@ impl SqliteStore {
         scope: &Scope,
         key: &Key,
     ) -> Result<Option<Record>, Error> {
+        Ok(self
+            .read_on(conn, scope, key)
+            .await?
+            .map(|(record, _)| record))
+    }
+
+    /// The record and the database's time of the read.
+    async fn read_on(
+        &self,
+        conn: &mut SqliteConnection,
+        scope: &Scope,
+        key: &Key,
+    ) -> Result<Option<(Record, Millis)>, Error> {
         let row = sqlx::query(&self.sql.select)
             .bind(scope.as_str())
             .bind(key.as_str())
             .fetch_optional(&mut *conn)
             .await?;
-        row.map(|row| record_from_row(&row)).transpose()
+        row.map(|row| Ok((record_from_row(&row)?, row.try_get("db_now")?)))
+            .transpose()
     }
 }
 
@@ -315,6 +389,7 @@ fn record_from_row(row: &SqliteRow) -> Result<Record, Error> {
         fingerprint: row.try_get("fingerprint")?,
         state: row.try_get("state")?,
         fence: row.try_get("fence")?,
+        token: row.try_get("claim_token")?,
         lease_until: row.try_get("lease_until")?,
         outcome_kind: row.try_get("outcome_kind")?,
         outcome: row.try_get("outcome")?,
@@ -329,6 +404,16 @@ impl Store for SqliteStore {
     async fn begin(&self, req: &BeginRequest<'_>) -> Result<Begin, Error> {
         let mut conn = self.pool.acquire().await?;
         self.begin_on(&mut conn, req).await
+    }
+
+    async fn peek(&self, req: &BeginRequest<'_>) -> Result<Option<Begin>, Error> {
+        let mut conn = self.pool.acquire().await?;
+        self.peek_on(&mut conn, req).await
+    }
+
+    async fn renew(&self, claim: &Claim) -> Result<(), Error> {
+        let mut conn = self.pool.acquire().await?;
+        self.renew_on(&mut conn, claim).await
     }
 
     async fn complete(&self, claim: &Claim, outcome: &Outcome) -> Result<(), Error> {
@@ -355,7 +440,6 @@ impl Store for SqliteStore {
         let mut total = 0;
         loop {
             let done = sqlx::query(&self.sql.purge)
-                .bind(now_millis())
                 .bind(batch)
                 .execute(&self.pool)
                 .await?;
@@ -373,8 +457,18 @@ impl Store for SqliteStore {
         timeout: Duration,
     ) -> Result<(), Error> {
         self.waiters
-            .wait(scope, key, timeout, || self.get(scope, key))
+            .wait(scope, key, timeout, || async {
+                let mut conn = self.pool.acquire().await?;
+                Ok(self
+                    .read_on(&mut conn, scope, key)
+                    .await?
+                    .is_some_and(|(record, now)| record.holds_lease(now)))
+            })
             .await
+    }
+
+    fn detach(&self) -> Option<Arc<dyn Store>> {
+        Some(Arc::new(self.clone()))
     }
 }
 

@@ -6,7 +6,6 @@ use std::time::Duration;
 
 use tokio::sync::Notify;
 
-use crate::record::{now_millis, Record};
 use crate::{Key, Scope};
 
 type Slot = (String, String);
@@ -31,21 +30,32 @@ impl Waiters {
         }
     }
 
+    /// Wakes every waiter of every key (the notifications of a lost
+    /// connection may be lost too: each waiter looks again).
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    pub(crate) fn wake_all(&self) {
+        let slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
+        for notify in slots.values() {
+            notify.notify_waiters();
+        }
+    }
+
     /// Waits for a wake-up of `(scope, key)` or `timeout`, whichever comes
-    /// first, while the record holds a live lease. `read` fetches the record
-    /// after the waiter is registered, so a wake between the caller's last
-    /// look and the registration is not lost: if the record no longer holds
-    /// a lease (completed, released, lapsed) this returns at once.
+    /// first, while another caller holds the key. `held` looks at the record
+    /// (with the database's clock) after the waiter is registered, so a wake
+    /// between the caller's last look and the registration is not lost: if
+    /// the key is no longer held (completed, released, lapsed) this returns
+    /// at once.
     pub(crate) async fn wait<F, Fut, E>(
         &self,
         scope: &Scope,
         key: &Key,
         timeout: Duration,
-        read: F,
+        held: F,
     ) -> Result<(), E>
     where
         F: FnOnce() -> Fut,
-        Fut: std::future::Future<Output = Result<Option<Record>, E>>,
+        Fut: std::future::Future<Output = Result<bool, E>>,
     {
         let slot: Slot = (scope.as_str().to_owned(), key.as_str().to_owned());
         let notify = {
@@ -60,8 +70,7 @@ impl Waiters {
         let notified = notify.notified();
         tokio::pin!(notified);
         notified.as_mut().enable();
-        let now = now_millis();
-        if !read().await?.is_some_and(|r| r.holds_lease(now)) {
+        if !held().await? {
             return Ok(());
         }
         let _ = tokio::time::timeout(timeout, notified).await;
@@ -93,24 +102,7 @@ impl Drop for Cleanup<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::record::State;
-    use crate::Fingerprint;
     use std::time::Instant;
-
-    fn leased(scope: &Scope, key: &Key) -> Record {
-        let now = now_millis();
-        Record {
-            scope: scope.clone(),
-            key: key.clone(),
-            fingerprint: Fingerprint::of_bytes(b""),
-            state: State::InProgress,
-            fence: 1,
-            lease_until: Some(now + 60_000),
-            outcome: None,
-            created_at: now,
-            expires_at: now + 60_000,
-        }
-    }
 
     #[tokio::test]
     async fn wake_is_prompt_and_slots_are_cleaned() {
@@ -122,7 +114,7 @@ mod tests {
         let start = Instant::now();
         let task = tokio::spawn(async move {
             w.wait(&s2, &k2, Duration::from_secs(10), || async {
-                Ok::<_, ()>(Some(leased(&s2, &k2)))
+                Ok::<_, ()>(true)
             })
             .await
         });
@@ -143,7 +135,7 @@ mod tests {
         let start = Instant::now();
         waiters
             .wait(&scope, &key, Duration::from_secs(10), || async {
-                Ok::<_, ()>(None)
+                Ok::<_, ()>(false)
             })
             .await
             .unwrap();

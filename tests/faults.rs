@@ -1,0 +1,288 @@
+//! The fault matrix: every store operation of the flow (claim, look,
+//! renewal, completion, release) fails, loses its reply or stalls once,
+//! in turn, on every store, while two clients retry one key as real
+//! clients do (again on any retryable error, until they get an answer).
+//!
+//! For every point it asserts:
+//!
+//! - the body's effect happens once: at most one run returned `Ok` (a run
+//!   that failed on purpose, to exercise the release, had no effect);
+//! - every client whose own body ran gets that body's value, and every
+//!   other client gets the same value replayed;
+//! - no client gets another payload's outcome;
+//! - no key stays blocked much longer than one lease after the fault.
+//!
+//! The faults are transient (each strikes once, and a stall is shorter
+//! than the time left on the lease), which is what "exactly once" can
+//! promise: an outage longer than the lease lets the claim lapse.
+
+#[path = "conformance/servers.rs"]
+mod servers;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use idem::{
+    run, Begin, BeginRequest, Call, Claim, Error, Key, Outcome, Policy, Record, Scope, Store,
+};
+use serde::{Deserialize, Serialize};
+
+/// Which store operation a fault strikes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Point {
+    Begin,
+    Peek,
+    Renew,
+    Complete,
+    Release,
+}
+
+/// What the fault does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    /// The operation fails before it reaches the store.
+    Fail,
+    /// The operation takes effect, and its reply is lost.
+    LoseReply,
+    /// The operation stalls, then takes effect.
+    Stall,
+}
+
+const POINTS: [Point; 5] = [
+    Point::Begin,
+    Point::Peek,
+    Point::Renew,
+    Point::Complete,
+    Point::Release,
+];
+const KINDS: [Kind; 3] = [Kind::Fail, Kind::LoseReply, Kind::Stall];
+
+const LEASE: Duration = Duration::from_millis(600);
+/// Shorter than what is left of the lease after a renewal period.
+const STALL: Duration = Duration::from_millis(250);
+const BODY: Duration = Duration::from_millis(450);
+
+/// A store whose `point` misbehaves once, as `kind` says.
+struct Faulty<S> {
+    inner: S,
+    point: Point,
+    kind: Kind,
+    struck: AtomicUsize,
+}
+
+impl<S> Faulty<S> {
+    fn new(inner: S, point: Point, kind: Kind) -> Self {
+        Faulty {
+            inner,
+            point,
+            kind,
+            struck: AtomicUsize::new(0),
+        }
+    }
+
+    fn injected(&self) -> Error {
+        Error::store(format!("injected fault: {:?} {:?}", self.kind, self.point))
+    }
+
+    /// Runs `op` through the fault, if `at` is the point and it has not
+    /// struck yet.
+    async fn through<T>(
+        &self,
+        at: Point,
+        op: impl std::future::Future<Output = Result<T, Error>>,
+    ) -> Result<T, Error> {
+        if at != self.point || self.struck.fetch_add(1, Ordering::SeqCst) > 0 {
+            return op.await;
+        }
+        match self.kind {
+            Kind::Fail => Err(self.injected()),
+            Kind::LoseReply => {
+                let _ = op.await;
+                Err(self.injected())
+            }
+            Kind::Stall => {
+                tokio::time::sleep(STALL).await;
+                op.await
+            }
+        }
+    }
+
+    fn struck(&self) -> bool {
+        self.struck.load(Ordering::SeqCst) > 0
+    }
+}
+
+#[async_trait]
+impl<S: Store> Store for Faulty<S> {
+    async fn begin(&self, request: &BeginRequest<'_>) -> Result<Begin, Error> {
+        self.through(Point::Begin, self.inner.begin(request)).await
+    }
+    async fn peek(&self, request: &BeginRequest<'_>) -> Result<Option<Begin>, Error> {
+        self.through(Point::Peek, self.inner.peek(request)).await
+    }
+    async fn renew(&self, claim: &Claim) -> Result<(), Error> {
+        self.through(Point::Renew, self.inner.renew(claim)).await
+    }
+    async fn complete(&self, claim: &Claim, outcome: &Outcome) -> Result<(), Error> {
+        self.through(Point::Complete, self.inner.complete(claim, outcome))
+            .await
+    }
+    async fn release(&self, claim: &Claim) -> Result<(), Error> {
+        self.through(Point::Release, self.inner.release(claim))
+            .await
+    }
+    async fn get(&self, scope: &Scope, key: &Key) -> Result<Option<Record>, Error> {
+        self.inner.get(scope, key).await
+    }
+    async fn purge_expired(&self, batch: usize) -> Result<u64, Error> {
+        self.inner.purge_expired(batch).await
+    }
+    async fn wait_for_change(
+        &self,
+        scope: &Scope,
+        key: &Key,
+        timeout: Duration,
+    ) -> Result<(), Error> {
+        self.inner.wait_for_change(scope, key, timeout).await
+    }
+    // No `detach`: work left for the background would bypass the fault.
+    // The matrix's callers are never dropped.
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+enum TestError {
+    Idem(String, bool),
+    /// The body's first run fails on purpose, so the release is exercised.
+    Transient,
+}
+
+impl From<Error> for TestError {
+    fn from(e: Error) -> Self {
+        TestError::Idem(e.to_string(), e.is_retryable())
+    }
+}
+
+/// What the two clients saw.
+#[derive(Default)]
+struct Seen {
+    ok_runs: Vec<u64>,
+    answers: Vec<u64>,
+}
+
+/// One point of the matrix on one store: two clients, one key.
+async fn one_point<S: Store>(store: S, point: Point, kind: Kind, tag: &str) {
+    let store = Arc::new(Faulty::new(store, point, kind));
+    let key = format!(
+        "fault-{tag}-{point:?}-{kind:?}-{}-{}",
+        std::process::id(),
+        idem::record::now_millis()
+    );
+    let runs = Arc::new(AtomicUsize::new(0));
+    let seen = Arc::new(Mutex::new(Seen::default()));
+    // The release is only on the path of a body that fails.
+    let fail_first = point == Point::Release;
+    let started = Instant::now();
+    let client = |delay: Duration, payload: u64| {
+        let (store, runs, seen, key) = (store.clone(), runs.clone(), seen.clone(), key.clone());
+        async move {
+            tokio::time::sleep(delay).await;
+            let policy = Policy::new().lease(LEASE).wait(Duration::from_secs(10));
+            loop {
+                let result = run(
+                    &*store,
+                    Call::new("faults.charge", key.as_str(), &payload).with_policy(policy),
+                    async {
+                        let n = runs.fetch_add(1, Ordering::SeqCst) as u64 + 1;
+                        tokio::time::sleep(BODY).await;
+                        if fail_first && n == 1 {
+                            return Err(TestError::Transient);
+                        }
+                        seen.lock().unwrap().ok_runs.push(n * 1000 + payload);
+                        Ok::<_, TestError>(n * 1000 + payload)
+                    },
+                )
+                .await;
+                match result {
+                    Ok(value) => {
+                        seen.lock().unwrap().answers.push(value);
+                        return;
+                    }
+                    Err(TestError::Transient) | Err(TestError::Idem(_, true)) => {
+                        assert!(
+                            started.elapsed() < LEASE * 4 + BODY * 3 + STALL * 2,
+                            "{point:?} {kind:?}: the key stayed blocked"
+                        );
+                        tokio::time::sleep(Duration::from_millis(30)).await;
+                    }
+                    Err(err) => panic!("{point:?} {kind:?}: not retryable: {err:?}"),
+                }
+            }
+        }
+    };
+    tokio::join!(
+        client(Duration::ZERO, 7),
+        client(Duration::from_millis(50), 7)
+    );
+    assert!(store.struck(), "{point:?} {kind:?}: the fault never struck");
+    let seen = seen.lock().unwrap();
+    assert_eq!(
+        seen.ok_runs.len(),
+        1,
+        "{point:?} {kind:?}: the effect happened {} times",
+        seen.ok_runs.len()
+    );
+    let value = seen.ok_runs[0];
+    assert_eq!(value % 1000, 7, "another payload's outcome");
+    assert!(
+        seen.answers.iter().all(|a| *a == value),
+        "{point:?} {kind:?}: answers {:?}, the run's value {value}",
+        seen.answers
+    );
+    assert_eq!(seen.answers.len(), 2);
+}
+
+/// Every point of the matrix on stores made by `make`.
+async fn matrix<S, F>(tag: &str, make: impl Fn() -> F)
+where
+    S: Store,
+    F: std::future::Future<Output = S>,
+{
+    let mut points = Vec::new();
+    for point in POINTS {
+        for kind in KINDS {
+            points.push(one_point(make().await, point, kind, tag));
+        }
+    }
+    // All points at once: each on a key of its own.
+    futures::future::join_all(points).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_fault_point_on_memory() {
+    let store = idem::MemoryStore::new();
+    matrix("memory", || async { store.clone() }).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_fault_point_on_sqlite() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let url = format!("sqlite://{}", dir.path().join("idem.db").display());
+    let store = idem::SqliteStore::connect(&url)
+        .await
+        .expect("open the SQLite file");
+    matrix("sqlite", || async { store.clone() }).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_fault_point_on_postgres() {
+    let (store, _db, _guard) = servers::postgres_store(20).await;
+    matrix("postgres", || async { store.clone() }).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_fault_point_on_mysql() {
+    let (store, _db, _guard) = servers::mysql_store(20).await;
+    matrix("mysql", || async { store.clone() }).await;
+}
