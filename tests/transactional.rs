@@ -219,6 +219,42 @@ macro_rules! transactional_suite {
                 assert_eq!((orders.rows("k4").await, orders.runs()), (1, 2));
             }
 
+            /// A record-mode owner (body 300 ms, lease 1.5 s) and a duplicate
+            /// in transactional mode: the duplicate waits with plain reads
+            /// and holds no lock on the record, so the owner's completion
+            /// lands at once and the duplicate replays it. (A waiter whose
+            /// claim attempt locked the row stalled the completion until the
+            /// lease lapsed, then ran the body a second time.)
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn waiting_duplicate_holds_no_lock_the_owner_needs() {
+                let orders = orders().await;
+                let key = "k6";
+                let policy = idem::Policy::new().lease(Duration::from_millis(1_500));
+                let owner = {
+                    let o = orders.clone();
+                    tokio::spawn(async move {
+                        idem::run(
+                            &o.store,
+                            idem::Call::new("orders.create", key, &"widget").with_policy(policy),
+                            async {
+                                let run = o.runs.fetch_add(1, Ordering::SeqCst) + 1;
+                                tokio::time::sleep(Duration::from_millis(300)).await;
+                                Ok::<_, OrderError>(format!("widget #{run}"))
+                            },
+                        )
+                        .await
+                    })
+                };
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                let mut tx = orders.pool.begin().await.unwrap();
+                let duplicate = orders.create(&mut tx, key, "widget", None).await.unwrap();
+                tx.commit().await.unwrap();
+                let owner = owner.await.unwrap().unwrap();
+                assert_eq!(owner, "widget #1");
+                assert_eq!(duplicate, owner);
+                assert_eq!(orders.runs(), 1, "the body ran twice");
+            }
+
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn dropped_transaction_lets_the_retry_run() {
                 let orders = orders().await;
@@ -268,6 +304,61 @@ transactional_suite!(
         (store, pool, orders, guard)
     }
 );
+
+/// MariaDB with `innodb_snapshot_isolation=ON` (the default of newer
+/// releases) refuses a locking write of a row changed since the
+/// transaction's snapshot (error 1020). A duplicate whose transaction
+/// started before the first call completed still gets the replay, not a
+/// store error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mariadb_snapshot_isolation_replays() {
+    use sqlx::Connection;
+    let (store, db, _guard) = servers::mysql_store(4).await;
+    let servers::Db::MySql(pool) = &db else {
+        unreachable!()
+    };
+    let table = store.table_name().to_owned();
+    let store = &store;
+    let key = "snapshot";
+    let first: Result<String, OrderError> = idem::run(
+        store,
+        idem::Call::new("orders.create", key, &"widget"),
+        async { Ok("widget #1".to_owned()) },
+    )
+    .await;
+    let mut conn = pool.acquire().await.unwrap();
+    sqlx::query("SET SESSION innodb_snapshot_isolation = ON")
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+    let mut tx = conn.begin().await.unwrap();
+    // The snapshot is taken before the record changes.
+    let _: i64 = sqlx::query_scalar(&format!("SELECT COUNT(*) FROM `{table}`"))
+        .fetch_one(&mut *tx)
+        .await
+        .unwrap();
+    // Another instance takes the (expired) record over and completes it.
+    let _ = first.unwrap();
+    let second = "widget #2".to_owned();
+    sqlx::query(&format!(
+        "UPDATE `{}` SET fence = fence + 1, outcome = ? WHERE `key` = ?",
+        store.table_name()
+    ))
+    .bind(serde_json::to_vec(&second).unwrap())
+    .bind(key)
+    .execute(pool)
+    .await
+    .unwrap();
+    let replayed: Result<String, OrderError> = idem::run_in_transaction(
+        store,
+        &mut *tx,
+        idem::Call::new("orders.create", key, &"widget"),
+        |conn| async move { (Ok("widget #3".to_owned()), conn) },
+    )
+    .await;
+    tx.rollback().await.unwrap();
+    assert_eq!(replayed.unwrap(), second);
+}
 
 transactional_suite!(mysql, sqlx::MySql, idem::MySqlStore, ("?", "?"), async {
     let server = servers::Server::MySql;

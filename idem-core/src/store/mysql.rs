@@ -8,7 +8,8 @@ use sqlx::mysql::{MySqlConnection, MySqlPool, MySqlPoolOptions, MySqlRow};
 use sqlx::{Executor, Row};
 
 use super::sql::{
-    millis, render, unsettled, validate_table_name, StoredRecord, CLAIM_ROUNDS, DEFAULT_TABLE,
+    beside, millis, render, unsettled, validate_table_name, StoredRecord, CLAIM_ROUNDS,
+    DEFAULT_TABLE,
 };
 use super::{BeginRequest, Store, Waiters};
 use crate::record::{decide, now_millis, Begin, Claim, Millis, Outcome, Record};
@@ -371,7 +372,7 @@ impl MySqlStore {
                 .await;
             if let Err(err) = claimed {
                 if is_changed_since_read(&err) {
-                    if let Some(mut own) = self.pool.try_acquire() {
+                    if let Some(mut own) = beside(&self.pool).await {
                         if let Some(answer) = self.peek_on(&mut own, req).await? {
                             return Ok(answer);
                         }
@@ -410,19 +411,18 @@ impl MySqlStore {
     }
 
     /// [`TransactionalStore::peek_in`](super::TransactionalStore::peek_in):
-    /// a plain read on a free connection of the pool, which sees the latest
-    /// committed record (a read in the caller's `REPEATABLE READ`
-    /// transaction sees its snapshot); on the caller's connection when the
-    /// pool has none free, where a stale answer only sends the caller on to
-    /// the claim, which reads the latest row.
+    /// a plain read on a connection of the store's own pool, which sees the
+    /// latest committed record (a read in the caller's `REPEATABLE READ`
+    /// transaction would see its snapshot); `None` (go on to the claim,
+    /// which reads the latest row) when no connection comes soon.
     pub async fn peek_in(
         &self,
-        conn: &mut MySqlConnection,
+        _conn: &mut MySqlConnection,
         req: &BeginRequest<'_>,
     ) -> Result<Option<Begin>, Error> {
-        match self.pool.try_acquire() {
+        match beside(&self.pool).await {
             Some(mut own) => self.peek_on(&mut own, req).await,
-            None => self.peek_on(conn, req).await,
+            None => Ok(None),
         }
     }
 

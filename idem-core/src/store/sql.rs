@@ -42,6 +42,21 @@ pub(crate) fn unsettled() -> Error {
     ))
 }
 
+/// A connection of the store's own pool for a plain read beside a
+/// caller's transaction, or `None` when none comes soon (the pool is
+/// exhausted, or holds a single connection the caller has): the caller
+/// then goes on to the claim on its own connection, which reads the
+/// latest row.
+pub(crate) async fn beside<DB: sqlx::Database>(
+    pool: &sqlx::Pool<DB>,
+) -> Option<sqlx::pool::PoolConnection<DB>> {
+    const SOON: std::time::Duration = std::time::Duration::from_millis(100);
+    if pool.options().get_max_connections() <= 1 {
+        return None;
+    }
+    tokio::time::timeout(SOON, pool.acquire()).await.ok()?.ok()
+}
+
 /// Milliseconds to bind for a duration (leases, ttls), saturating.
 pub(crate) fn millis(d: std::time::Duration) -> Millis {
     crate::record::duration_millis(d)

@@ -12,7 +12,8 @@ use sqlx::sqlite::{
 use sqlx::{Connection, Executor, Row};
 
 use super::sql::{
-    millis, render, unsettled, validate_table_name, StoredRecord, CLAIM_ROUNDS, DEFAULT_TABLE,
+    beside, millis, render, unsettled, validate_table_name, StoredRecord, CLAIM_ROUNDS,
+    DEFAULT_TABLE,
 };
 use super::{BeginRequest, Store, Waiters};
 use crate::record::{decide, now_millis, Begin, Claim, Millis, Outcome, Record};
@@ -284,14 +285,15 @@ impl SqliteStore {
     /// [`TransactionalStore::peek_in`](super::TransactionalStore::peek_in):
     /// a plain read on another of the pool's connections, which sees the
     /// latest committed record without starting a read snapshot in the
-    /// caller's transaction; `None` (go on to the claim) when none is free
-    /// (an in-memory database has one connection, and the caller holds it).
+    /// caller's transaction; `None` (go on to the claim) when none comes
+    /// soon (an in-memory database has one connection, and the caller
+    /// holds it).
     pub async fn peek_in(
         &self,
         _conn: &mut SqliteConnection,
         req: &BeginRequest<'_>,
     ) -> Result<Option<Begin>, Error> {
-        match self.pool.try_acquire() {
+        match beside(&self.pool).await {
             Some(mut own) => self.peek_on(&mut own, req).await,
             None => Ok(None),
         }
