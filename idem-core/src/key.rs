@@ -153,65 +153,152 @@ macro_rules! integer_keys {
 }
 integer_keys!(u8, u16, u32, u64, u128, usize, i8, i16, i32, i64, i128, isize);
 
+/// The longest stored form of a [`Scope`], in bytes: an operation and a
+/// principal of at most 255 bytes each, and the line feed between them. It
+/// fits the unique index of every store.
+pub const MAX_SCOPE_LEN: usize = 2 * SCOPE_PART_LEN + 1;
+
+/// The longest stored form of each part of a scope. A part of this length
+/// or longer is shortened to exactly this length, so a shortened part is
+/// never equal to one kept whole.
+const SCOPE_PART_LEN: usize = 255;
+
+/// What a shortened part puts between its prefix and its digest.
+const DIGEST_MARK: &str = "...sha256:";
+
 /// The operation a key belongs to, optionally narrowed to a principal
 /// (tenant, account, API key id).
 ///
 /// Records are unique per `(scope, key)`: the same key used for two
 /// operations, or by two principals, never shares a result. The operation
 /// must not contain a line feed; the principal may be any text.
+///
+/// # Long scopes
+///
+/// The stored form is bounded by [`MAX_SCOPE_LEN`], so that it fits every
+/// store's index whatever the operation (an HTTP layer may use a raw
+/// request path) or the principal. A part (the operation or the principal)
+/// of 255 bytes or more is shortened to exactly 255 bytes: its first bytes,
+/// then `...sha256:` and the SHA-256 of the whole part in 64 hex digits:
+///
+/// ```
+/// use idem_core::{Scope, MAX_SCOPE_LEN};
+///
+/// let path = format!("POST /files/{}", "a".repeat(4000));
+/// let scope = Scope::new(&path).with_principal("acct_1");
+/// assert!(scope.as_str().len() <= MAX_SCOPE_LEN);
+/// assert!(scope.operation().starts_with("POST /files/aaaa"));
+/// assert_eq!(scope.operation().len(), 255);
+/// assert_eq!(scope.principal(), Some("acct_1"));
+///
+/// // Another long path, differing at its very end: another scope.
+/// let other = Scope::new(format!("{path}b")).with_principal("acct_1");
+/// assert_ne!(scope, other);
+/// ```
+///
+/// Parts shorter than 255 bytes are kept as they are. A shortened part
+/// stays distinct from every other part, shortened or whole: the digest
+/// covers all of it, and a part kept whole is never 255 bytes long. The
+/// accessors ([`operation`](Scope::operation),
+/// [`principal`](Scope::principal), [`as_str`](Scope::as_str), `Display`)
+/// answer the parts as stored, shortened where they were long.
 #[derive(Clone, PartialEq, Eq, Hash, Debug)]
 pub struct Scope {
-    // `operation` alone, or `operation '\n' principal`: the operation has no
-    // line feed, so the split is unambiguous.
+    // `operation` alone, or `operation '\n' principal`, each part shortened
+    // where it is long: the operation has no line feed (nor has its
+    // shortened form), so the split is unambiguous.
     joined: String,
     operation_len: usize,
 }
 
 impl Scope {
     /// A scope for `operation`. Line feeds in the operation are replaced by
-    /// spaces so the stored form stays unambiguous.
+    /// spaces so the stored form stays unambiguous; an operation of 255
+    /// bytes or more is shortened (see [Long scopes](Scope#long-scopes)).
     pub fn new(operation: impl Into<String>) -> Self {
-        let mut joined: String = operation.into();
-        if joined.contains('\n') {
-            joined = joined.replace('\n', " ");
+        let mut operation: String = operation.into();
+        if operation.contains('\n') {
+            operation = operation.replace('\n', " ");
         }
+        let joined = match shortened(&operation) {
+            Some(short) => short,
+            None => operation,
+        };
         Scope {
             operation_len: joined.len(),
             joined,
         }
     }
 
-    /// The same operation, narrowed to `principal`.
+    /// The same operation, narrowed to `principal` (in place of the
+    /// principal it had, if any). A principal of 255 bytes or more is
+    /// shortened (see [Long scopes](Scope#long-scopes)).
     pub fn with_principal(mut self, principal: impl AsRef<str>) -> Self {
+        let principal = principal.as_ref();
         self.joined.truncate(self.operation_len);
         self.joined.push('\n');
-        self.joined.push_str(principal.as_ref());
+        match shortened(principal) {
+            Some(short) => self.joined.push_str(&short),
+            None => self.joined.push_str(principal),
+        }
         self
     }
 
-    /// The operation part.
+    /// The operation part, as stored.
     pub fn operation(&self) -> &str {
         &self.joined[..self.operation_len]
     }
 
-    /// The principal part, if any.
+    /// The principal part as stored, if any.
     pub fn principal(&self) -> Option<&str> {
         self.joined.get(self.operation_len + 1..)
     }
 
     /// The stored form: the operation, then a line feed and the principal
-    /// when there is one.
+    /// when there is one. At most [`MAX_SCOPE_LEN`] bytes for a scope made
+    /// by [`Scope::new`] and [`Scope::with_principal`].
     pub fn as_str(&self) -> &str {
         &self.joined
     }
 
     /// The inverse of [`Scope::as_str`]: splits at the first line feed.
+    /// The parts are taken as they are, shortened or not, so that
+    /// `Scope::from_stored(scope.as_str()) == scope`.
     pub fn from_stored(stored: &str) -> Self {
-        match stored.split_once('\n') {
-            Some((operation, principal)) => Scope::new(operation).with_principal(principal),
-            None => Scope::new(stored),
+        Scope {
+            operation_len: stored.find('\n').unwrap_or(stored.len()),
+            joined: stored.to_owned(),
         }
     }
+}
+
+/// The stored form of a part of 255 bytes or more: its first bytes (cut at
+/// a character boundary, padded with dots), [`DIGEST_MARK`] and the
+/// SHA-256 of the whole part in hex, exactly [`SCOPE_PART_LEN`] bytes in
+/// all. `None` for a shorter part, which is kept as it is.
+fn shortened(part: &str) -> Option<String> {
+    use sha2::{Digest, Sha256};
+    use std::fmt::Write;
+
+    if part.len() < SCOPE_PART_LEN {
+        return None;
+    }
+    let digest = Sha256::digest(part.as_bytes());
+    let room = SCOPE_PART_LEN - DIGEST_MARK.len() - 2 * digest.len();
+    let mut cut = room;
+    while !part.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    let mut short = String::with_capacity(SCOPE_PART_LEN);
+    short.push_str(&part[..cut]);
+    short.extend(std::iter::repeat_n('.', room - cut));
+    short.push_str(DIGEST_MARK);
+    for byte in digest {
+        // Writing to a String cannot fail.
+        let _ = write!(short, "{byte:02x}");
+    }
+    debug_assert_eq!(short.len(), SCOPE_PART_LEN);
+    Some(short)
 }
 
 impl fmt::Display for Scope {
@@ -303,5 +390,99 @@ mod tests {
         assert_eq!(Scope::from_stored(s.as_str()), s);
         let empty = Scope::new("op").with_principal("");
         assert_eq!(Scope::from_stored(empty.as_str()), empty);
+    }
+
+    /// A long operation or principal is stored as a prefix and a digest of
+    /// exactly 255 bytes, so the stored form fits every store's index.
+    #[test]
+    fn long_scope_parts_are_bounded() {
+        use sha2::Digest;
+
+        let kept = "o".repeat(SCOPE_PART_LEN - 1);
+        assert_eq!(Scope::new(&kept).as_str(), kept);
+        assert_eq!(
+            Scope::new("op").with_principal(&kept).principal(),
+            Some(kept.as_str())
+        );
+
+        let long = format!("POST /files/{}", "a".repeat(100_000));
+        let scope = Scope::new(&long).with_principal("p".repeat(100_000));
+        assert!(scope.as_str().len() <= MAX_SCOPE_LEN);
+        assert_eq!(scope.operation().len(), SCOPE_PART_LEN);
+        assert_eq!(scope.principal().map(str::len), Some(SCOPE_PART_LEN));
+        assert!(scope.operation().starts_with("POST /files/aaa"));
+        let digest = format!("{DIGEST_MARK}{:x}", sha2::Sha256::digest(long.as_bytes()));
+        assert!(scope.operation().ends_with(&digest), "{scope}");
+        assert!(scope.principal().unwrap().starts_with("ppp"));
+
+        // The bound is reached, not passed.
+        let exact = "o".repeat(SCOPE_PART_LEN);
+        assert_eq!(Scope::new(&exact).as_str().len(), SCOPE_PART_LEN);
+        assert_ne!(Scope::new(&exact).as_str(), exact);
+        assert_eq!(
+            Scope::new(&exact).with_principal(&exact).as_str().len(),
+            MAX_SCOPE_LEN
+        );
+    }
+
+    /// Shortening never makes two scopes one: not two long parts that
+    /// differ only past the prefix, not a long part and a short one that
+    /// spells its shortened form.
+    #[test]
+    fn long_scopes_stay_distinct() {
+        let long = "x".repeat(1000);
+        let a = Scope::new(format!("{long}a"));
+        let b = Scope::new(format!("{long}b"));
+        assert_ne!(a, b);
+        assert_ne!(a.as_str(), b.as_str());
+        assert_eq!(a.operation()[..100], b.operation()[..100]);
+
+        // Spelled out, a shortened operation is itself shortened again.
+        assert_ne!(Scope::new(a.operation()), a);
+
+        // A principal is still part of the identity, long or short, on a
+        // long operation.
+        let p1 = a.clone().with_principal("tenant-1");
+        let p2 = a.clone().with_principal("tenant-2");
+        assert_ne!(p1, p2);
+        assert_ne!(p1, a);
+        let lp1 = a.clone().with_principal(format!("{long}1"));
+        let lp2 = a.clone().with_principal(format!("{long}2"));
+        assert_ne!(lp1, lp2);
+        assert_ne!(a.clone().with_principal(lp1.principal().unwrap()), lp1);
+
+        // Replacing the principal keeps the (shortened) operation.
+        assert_eq!(lp1.clone().with_principal("tenant-1"), p1);
+        assert_eq!(lp1.operation(), a.operation());
+    }
+
+    /// The stored form of a shortened scope reads back as the same scope,
+    /// and multi-byte characters are cut whole.
+    #[test]
+    fn long_scopes_round_trip() {
+        let op = "é".repeat(500);
+        let principal = format!("line:\n{}", "ü".repeat(500));
+        for scope in [
+            Scope::new(&op),
+            Scope::new(&op).with_principal("acct_1"),
+            Scope::new("op").with_principal(&principal),
+            Scope::new(&op).with_principal(&principal),
+            Scope::new(format!("a\n{op}")),
+        ] {
+            assert!(scope.as_str().len() <= MAX_SCOPE_LEN);
+            assert_eq!(Scope::from_stored(scope.as_str()), scope);
+            assert_eq!(Scope::from_stored(scope.as_str()).as_str(), scope.as_str());
+        }
+        let shortened = Scope::new("op").with_principal(&principal);
+        let stored_principal = shortened.principal().unwrap();
+        assert_eq!(stored_principal.len(), SCOPE_PART_LEN);
+        assert!(stored_principal.starts_with("line:\nüü"));
+        // 181 bytes of room: "line:\n", 87 two-byte characters and a dot.
+        assert!(
+            stored_principal.contains("ü....sha256:"),
+            "{stored_principal}"
+        );
+        assert_eq!(shortened.operation(), "op");
+        assert!(!Scope::new(&op).operation().contains('\n'));
     }
 }

@@ -35,7 +35,7 @@ pub use engine::{
 pub use entity::{is_unique_violation, Entity, EntityBind, TokenEntity};
 pub use error::Error;
 pub use fingerprint::Fingerprint;
-pub use key::{AsKey, Key, KeyError, Scope, MAX_KEY_LEN};
+pub use key::{AsKey, Key, KeyError, Scope, MAX_KEY_LEN, MAX_SCOPE_LEN};
 pub use policy::{InProgressPolicy, Policy};
 pub use record::{Begin, Claim, ClaimToken, Outcome, OutcomeKind, Record, State};
 #[cfg(feature = "mysql")]
