@@ -48,6 +48,8 @@ enum Kind {
     LoseReply,
     /// The operation stalls, then takes effect.
     Stall,
+    /// The operation takes effect, and its reply stalls.
+    StallReply,
 }
 
 const POINTS: [Point; 5] = [
@@ -64,12 +66,15 @@ const LEASE: Duration = Duration::from_millis(600);
 const STALL: Duration = Duration::from_millis(250);
 const BODY: Duration = Duration::from_millis(450);
 
-/// A store whose `point` misbehaves once, as `kind` says.
+/// A store whose `point` misbehaves once, as `kind` says. Clones share
+/// the fault, so it strikes once in all.
+#[derive(Clone)]
 struct Faulty<S> {
     inner: S,
     point: Point,
     kind: Kind,
-    struck: AtomicUsize,
+    struck: Arc<AtomicUsize>,
+    detachable: bool,
 }
 
 impl<S> Faulty<S> {
@@ -78,8 +83,15 @@ impl<S> Faulty<S> {
             inner,
             point,
             kind,
-            struck: AtomicUsize::new(0),
+            struck: Arc::default(),
+            detachable: false,
         }
+    }
+
+    /// Lets the engine hand work to the background through this store.
+    fn detachable(mut self) -> Self {
+        self.detachable = true;
+        self
     }
 
     fn injected(&self) -> Error {
@@ -106,6 +118,11 @@ impl<S> Faulty<S> {
                 tokio::time::sleep(STALL).await;
                 op.await
             }
+            Kind::StallReply => {
+                let reply = op.await;
+                tokio::time::sleep(STALL).await;
+                reply
+            }
         }
     }
 
@@ -115,7 +132,7 @@ impl<S> Faulty<S> {
 }
 
 #[async_trait]
-impl<S: Store> Store for Faulty<S> {
+impl<S: Store + Clone + 'static> Store for Faulty<S> {
     async fn begin(&self, request: &BeginRequest<'_>) -> Result<Begin, Error> {
         self.through(Point::Begin, self.inner.begin(request)).await
     }
@@ -147,8 +164,10 @@ impl<S: Store> Store for Faulty<S> {
     ) -> Result<(), Error> {
         self.inner.wait_for_change(scope, key, timeout).await
     }
-    // No `detach`: work left for the background would bypass the fault.
-    // The matrix's callers are never dropped.
+    fn detach(&self) -> Option<Arc<dyn Store>> {
+        self.detachable
+            .then(|| Arc::new(self.clone()) as Arc<dyn Store>)
+    }
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -172,7 +191,7 @@ struct Seen {
 }
 
 /// One point of the matrix on one store: two clients, one key.
-async fn one_point<S: Store>(store: S, point: Point, kind: Kind, tag: &str) {
+async fn one_point<S: Store + Clone + 'static>(store: S, point: Point, kind: Kind, tag: &str) {
     let store = Arc::new(Faulty::new(store, point, kind));
     let key = format!(
         "fault-{tag}-{point:?}-{kind:?}-{}-{}",
@@ -246,7 +265,7 @@ async fn one_point<S: Store>(store: S, point: Point, kind: Kind, tag: &str) {
 /// Every point of the matrix on stores made by `make`.
 async fn matrix<S, F>(tag: &str, make: impl Fn() -> F)
 where
-    S: Store,
+    S: Store + Clone + 'static,
     F: std::future::Future<Output = S>,
 {
     let mut points = Vec::new();
@@ -257,6 +276,91 @@ where
     }
     // All points at once: each on a key of its own.
     futures::future::join_all(points).await;
+    dropped_after_the_body_returned_still_stores(make().await, tag).await;
+    dropped_during_the_claim_blocks_nothing(make().await, tag).await;
+}
+
+fn fresh(tag: &str, what: &str) -> String {
+    format!(
+        "{what}-{tag}-{}-{}",
+        std::process::id(),
+        idem::record::now_millis()
+    )
+}
+
+/// A caller dropped after its body returned, while the outcome is being
+/// stored (the completion stalls): the outcome is still stored, and the
+/// retry replays it.
+async fn dropped_after_the_body_returned_still_stores<S: Store + Clone + 'static>(
+    store: S,
+    tag: &str,
+) {
+    let store = Faulty::new(store, Point::Complete, Kind::Stall).detachable();
+    let key = fresh(tag, "dropped-saving");
+    let runs = AtomicUsize::new(0);
+    let call = || Call::new("faults.charge", key.as_str(), &1).with_policy(Policy::new());
+    let first = tokio::time::timeout(
+        Duration::from_millis(100),
+        run(&store, call(), async {
+            Ok::<_, Error>(runs.fetch_add(1, Ordering::SeqCst) as u64 + 1)
+        }),
+    )
+    .await;
+    assert!(
+        first.is_err(),
+        "{tag}: the caller was not dropped while saving"
+    );
+    let retry = run(&store, call(), async {
+        Ok::<_, Error>(runs.fetch_add(1, Ordering::SeqCst) as u64 + 1)
+    })
+    .await;
+    assert_eq!(
+        retry.unwrap(),
+        1,
+        "{tag}: the retry replays the dropped caller's outcome"
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+/// A caller dropped while the answer to its claim is on the way (the claim
+/// landed): the claim is handed back, so a retry runs long before the
+/// 30 s lease.
+async fn dropped_during_the_claim_blocks_nothing<S: Store + Clone + 'static>(store: S, tag: &str) {
+    let store = Faulty::new(store, Point::Begin, Kind::StallReply).detachable();
+    let key = fresh(tag, "dropped-claiming");
+    let runs = AtomicUsize::new(0);
+    let policy = Policy::new().lease(Duration::from_secs(30)).fail_fast();
+    let call = || Call::new("faults.charge", key.as_str(), &1).with_policy(policy);
+    let first = tokio::time::timeout(
+        Duration::from_millis(100),
+        run(&store, call(), async {
+            Ok::<_, Error>(runs.fetch_add(1, Ordering::SeqCst) as u64 + 1)
+        }),
+    )
+    .await;
+    assert!(
+        first.is_err(),
+        "{tag}: the caller was not dropped while claiming"
+    );
+    assert!(store.struck());
+    let started = Instant::now();
+    let retried = loop {
+        match run(&store, call(), async {
+            Ok::<_, Error>(runs.fetch_add(1, Ordering::SeqCst) as u64 + 1)
+        })
+        .await
+        {
+            Err(Error::InProgress { .. }) => {
+                assert!(
+                    started.elapsed() < Duration::from_secs(5),
+                    "{tag}: the dropped claim was never handed back"
+                );
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            other => break other.unwrap(),
+        }
+    };
+    assert_eq!(retried, 1, "the dropped caller's body never ran");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
