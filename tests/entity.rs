@@ -302,6 +302,7 @@ mod postgres_fixture {
     pub async fn pool(ns: &Namespace, max: u32) -> PgPool {
         let options = PgConnectOptions::from_str(&Server::Postgres.url())
             .unwrap()
+            .application_name(&ns.name)
             .options([("search_path", ns.name.as_str())]);
         PgPoolOptions::new()
             .max_connections(max)
@@ -309,6 +310,44 @@ mod postgres_fixture {
             .connect_with(options)
             .await
             .unwrap()
+    }
+
+    /// Kills every connection of the namespace's pools; answers how many.
+    pub async fn kill_connections(ns: &Namespace) -> usize {
+        let admin = PgPoolOptions::new()
+            .max_connections(1)
+            .connect(&Server::Postgres.url())
+            .await
+            .unwrap();
+        let killed: Vec<bool> = sqlx::query_scalar(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+             WHERE application_name = $1 AND pid <> pg_backend_pid()",
+        )
+        .bind(&ns.name)
+        .fetch_all(&admin)
+        .await
+        .unwrap();
+        admin.close().await;
+        killed.len()
+    }
+
+    /// Holds a lock that lets the namespace's tables be read, not written,
+    /// until the returned transaction ends.
+    pub async fn block_writes(ns: &Namespace) -> sqlx::Transaction<'static, sqlx::Postgres> {
+        let admin = PgPoolOptions::new()
+            .max_connections(1)
+            .connect(&Server::Postgres.url())
+            .await
+            .unwrap();
+        let mut tx = admin.begin().await.unwrap();
+        sqlx::query(&format!(
+            "LOCK TABLE \"{}\".payments IN EXCLUSIVE MODE",
+            ns.name
+        ))
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+        tx
     }
 }
 
@@ -378,6 +417,45 @@ mod mysql_fixture {
             .await
             .unwrap()
     }
+
+    /// Kills every connection of the namespace's pools; answers how many.
+    pub async fn kill_connections(ns: &Namespace) -> usize {
+        let admin = MySqlPoolOptions::new()
+            .max_connections(1)
+            .connect(&Server::MySql.url())
+            .await
+            .unwrap();
+        let ids: Vec<i64> = sqlx::query_scalar(
+            "SELECT CAST(id AS SIGNED) FROM information_schema.processlist
+             WHERE db = ? AND id <> CONNECTION_ID()",
+        )
+        .bind(&ns.name)
+        .fetch_all(&admin)
+        .await
+        .unwrap();
+        for id in &ids {
+            // A session that ended meanwhile is no error of the test.
+            let _ = sqlx::raw_sql(&format!("KILL {id}")).execute(&admin).await;
+        }
+        admin.close().await;
+        ids.len()
+    }
+
+    /// Holds a lock that lets the payments table be read, not written,
+    /// until the returned connection is dropped.
+    pub async fn block_writes(ns: &Namespace) -> sqlx::pool::PoolConnection<sqlx::MySql> {
+        let admin = MySqlPoolOptions::new()
+            .max_connections(1)
+            .connect(&Server::MySql.url())
+            .await
+            .unwrap();
+        let mut conn = admin.acquire().await.unwrap();
+        sqlx::raw_sql(&format!("LOCK TABLES `{}`.payments READ", ns.name))
+            .execute(&mut *conn)
+            .await
+            .unwrap();
+        conn
+    }
 }
 
 macro_rules! entity_suite {
@@ -387,7 +465,8 @@ macro_rules! entity_suite {
         $fixture:ident,
         params: ($first:literal, $second:literal),
         lost_race: #[$lost_race:meta],
-        case_insensitive: #[$case_insensitive:meta]
+        case_insensitive: #[$case_insensitive:meta],
+        killable: #[$killable:meta]
     ) => {
         mod $backend {
             use super::*;
@@ -660,8 +739,80 @@ macro_rules! entity_suite {
                 assert_eq!(first.pay(&charge("t-6", 500)).await.unwrap(), paid);
             }
 
-            /// A writer that skips the lock stores the token while the body
-            /// runs: the insert loses on the UNIQUE constraint and the
+            /// The claim outlives the connections: with every connection
+            /// of the service killed while its body runs, a retry is told
+            /// the call is in progress (it never runs the body), and the
+            /// body's row is stored once.
+            #[$killable]
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn a_killed_connection_never_lets_a_retry_run_the_body_again() {
+                let ns = $fixture::namespace().await;
+                let service = Arc::new(Payments::new($fixture::pool(&ns, 4).await));
+                *service.gateway.delay.lock().unwrap() = Duration::from_millis(1_500);
+                let running = {
+                    let service = service.clone();
+                    tokio::spawn(async move { service.pay(&charge("t-k", 500)).await })
+                };
+                while service.gateway.runs("t-k") == 0 {
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                }
+                let mut killed = 0;
+                for _ in 0..5 {
+                    killed += $fixture::kill_connections(&ns).await;
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                assert!(killed > 0, "no connection was killed");
+                let other = Payments::new($fixture::pool(&ns, 2).await);
+                let err = other
+                    .pay_or_fail_fast(&charge("t-k", 500))
+                    .await
+                    .unwrap_err();
+                assert!(
+                    matches!(err, PayError::Idem(idem::Error::InProgress { .. })),
+                    "{err:?}"
+                );
+                let paid = running.await.unwrap().unwrap();
+                assert_eq!(other.pay(&charge("t-k", 500)).await.unwrap(), paid);
+                assert_eq!(service.gateway.runs("t-k"), 1);
+                assert_eq!(count(&other.pool, "payments").await, 1);
+            }
+
+            /// The body ran, then inserting its row fails (the table is
+            /// locked, and the inserting connections are killed): the
+            /// insert is tried again until it lands, and nothing is handed
+            /// back meanwhile, so the body never runs twice.
+            #[$killable]
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn a_failed_insert_is_retried_before_anything_is_released() {
+                let ns = $fixture::namespace().await;
+                let service = Arc::new(Payments::new($fixture::pool(&ns, 4).await));
+                let lock = $fixture::block_writes(&ns).await;
+                let running = {
+                    let service = service.clone();
+                    tokio::spawn(async move { service.pay(&charge("t-i", 500)).await })
+                };
+                while service.gateway.runs("t-i") == 0 {
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                }
+                let mut killed = 0;
+                for _ in 0..5 {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    killed += $fixture::kill_connections(&ns).await;
+                }
+                assert!(killed > 0, "no connection was killed");
+                drop(lock);
+                let paid = tokio::time::timeout(Duration::from_secs(30), running)
+                    .await
+                    .expect("the insert never landed")
+                    .unwrap()
+                    .unwrap();
+                assert_eq!(service.pay(&charge("t-i", 500)).await.unwrap(), paid);
+                assert_eq!(service.gateway.runs("t-i"), 1);
+                assert_eq!(count(&service.pool, "payments").await, 1);
+            }
+
+            /// A writer that skips the claim stores the token while the
+            /// body runs: the insert loses on the UNIQUE constraint and the
             /// writer's row is returned.
             #[$lost_race]
             #[tokio::test]
@@ -799,15 +950,16 @@ macro_rules! entity_suite {
     };
 }
 
-// SQLite's one writer cannot be bypassed while a body holds the lock; only
-// the MariaDB tables compare tokens case-insensitively.
+// Only the MariaDB tables compare tokens case-insensitively; an embedded
+// SQLite database has no connections to kill.
 entity_suite!(
     sqlite,
     sqlx::Sqlite,
     sqlite_fixture,
     params: ("?1", "?2"),
-    lost_race: #[cfg(any())],
-    case_insensitive: #[cfg(any())]
+    lost_race: #[cfg(all())],
+    case_insensitive: #[cfg(any())],
+    killable: #[cfg(any())]
 );
 #[cfg(feature = "postgres")]
 entity_suite!(
@@ -816,7 +968,8 @@ entity_suite!(
     postgres_fixture,
     params: ("$1", "$2"),
     lost_race: #[cfg(all())],
-    case_insensitive: #[cfg(any())]
+    case_insensitive: #[cfg(any())],
+    killable: #[cfg(all())]
 );
 #[cfg(feature = "mysql")]
 entity_suite!(
@@ -825,5 +978,6 @@ entity_suite!(
     mysql_fixture,
     params: ("?", "?"),
     lost_race: #[cfg(all())],
-    case_insensitive: #[cfg(all())]
+    case_insensitive: #[cfg(all())],
+    killable: #[cfg(all())]
 );

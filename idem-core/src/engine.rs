@@ -181,17 +181,33 @@ impl Call {
         &self.scope
     }
 
-    /// The parts, for the flows outside this module (entity mode).
+    /// The key, or why it is not one.
     #[cfg(feature = "_sql")]
-    pub(crate) fn into_parts(
-        self,
-    ) -> (
-        Scope,
-        Result<Key, Error>,
-        Result<Fingerprint, Error>,
-        Policy,
-    ) {
-        (self.scope, self.key, self.fingerprint, self.policy)
+    pub(crate) fn key(&self) -> Result<Key, Error> {
+        match &self.key {
+            Ok(key) => Ok(key.clone()),
+            Err(Error::InvalidKey(err)) => Err(Error::InvalidKey(err.clone())),
+            Err(Error::MissingKey) => Err(Error::MissingKey),
+            Err(err) => Err(Error::Config(err.to_string())),
+        }
+    }
+
+    /// The fingerprint, or why there is none.
+    #[cfg(feature = "_sql")]
+    pub(crate) fn fingerprint(&self) -> Result<Fingerprint, Error> {
+        match &self.fingerprint {
+            Ok(fingerprint) => Ok(*fingerprint),
+            Err(Error::Serialization(err)) => Err(Error::Serialization(
+                <serde_json::Error as serde::de::Error>::custom(err),
+            )),
+            Err(err) => Err(Error::Config(err.to_string())),
+        }
+    }
+
+    /// The policy.
+    #[cfg(feature = "_sql")]
+    pub(crate) fn policy(&self) -> Policy {
+        self.policy
     }
 }
 

@@ -11,42 +11,56 @@
 //!
 //! [`run`] takes a sqlx pool (SQLite, PostgreSQL or MySQL/MariaDB), a
 //! [`Call`] (the key and the payload fingerprint) and the body, a future
-//! that produces the entity:
+//! that produces the entity. It is the engine's flow (the claim, its
+//! renewal, waiting, cancellation), with the row as the outcome:
 //!
 //! 1. **find by token**: a row whose token is the key is returned as it is
 //!    stored; the body does not run;
-//! 2. otherwise the call takes a **per-token lock**, looks again, and only
-//!    then runs the body; concurrent first calls with one token wait (up to
-//!    the policy's bound, then [`Error::InProgress`]; or fail at once under
-//!    `fail_fast`) and then find the row, so the body runs once;
-//! 3. the body's entity must carry the key as its token (otherwise
+//! 2. otherwise the call **claims the token** in the records table
+//!    `idem_entity_claims` of the same database (created on first use), as
+//!    record mode claims a key: one atomic conditional write, a lease that
+//!    is renewed while the body runs, a claim token that fences every
+//!    later write, the database's clock. Concurrent first calls with one
+//!    token wait (up to the policy's bound, then [`Error::InProgress`]; or
+//!    fail at once under `fail_fast`) and then find the row, so the body
+//!    runs once. The claim is a committed row, not a lock held by a
+//!    connection: a connection killed while the body runs takes nothing
+//!    with it, and a retry meanwhile is told the call is in progress;
+//! 3. under the claim, the call looks for the row again (an owner before it
+//!    may have inserted it, then stopped), then runs the body;
+//! 4. the body's entity must carry the key as its token (otherwise
 //!    [`Error::Config`]); it is **inserted**, and the row as stored (with
-//!    the columns the database filled in) is returned. Should the insert
-//!    find the token taken by a row written by code that did not take the
-//!    lock, that row is read and returned (or refused, as a replay would
-//!    be): the UNIQUE constraint stays the last line of defense;
-//! 4. a body error is returned as it is and nothing is stored, so a retry
-//!    runs the body again.
+//!    the columns the database filled in) is returned. The body has run,
+//!    so the insert is tried again while the database cannot be reached
+//!    (a lost or killed connection, a deadlock), and the claim stays held
+//!    and renewed meanwhile: nothing is handed back before the row lands.
+//!    Should the insert find the token taken by a row written by code that
+//!    did not claim it, that row is read and returned (or refused, as a
+//!    replay would be): the UNIQUE constraint stays the last line of
+//!    defense;
+//! 5. the claim is completed, and waiting duplicates read the row;
+//! 6. a body error is returned as it is and the claim handed back, so a
+//!    retry runs the body again.
 //!
-//! | backend | per-token lock | save |
-//! |---|---|---|
-//! | PostgreSQL | `pg_try_advisory_xact_lock(<hash of table and token>)` in a `READ COMMITTED` transaction; the body runs inside it, the commit releases the lock | `INSERT ... ON CONFLICT (token) DO NOTHING RETURNING *`, in that transaction |
-//! | MySQL/MariaDB | `GET_LOCK('idem-entity:<hash of database, table, token>', 0)` on one pooled connection, `RELEASE_LOCK` on every way out | `INSERT`, then `SELECT` by token; on a duplicate-key error (1062), the row holding the token |
-//! | SQLite | `BEGIN IMMEDIATE`: SQLite has one writer, so **first executions are serialized database-wide**, not per token | `INSERT ... ON CONFLICT (token) DO NOTHING RETURNING *`, in that transaction |
+//! | backend | insert |
+//! |---|---|
+//! | PostgreSQL, SQLite | `INSERT ... ON CONFLICT (token) DO NOTHING RETURNING *` |
+//! | MySQL/MariaDB | `INSERT`, then `SELECT` by token; on a duplicate-key error (1062), the row holding the token |
 //!
-//! Waiting callers poll (every 1 to 25 ms) rather than block in the
-//! database, so they give their connection back to the pool between looks.
-//! The call that holds the lock holds one pooled connection while its body
-//! runs: a body that takes another connection from the same pool needs a
-//! pool larger than the number of first calls running at once, and on
-//! SQLite a body must not write to the same database through another
-//! connection (it would wait for the very lock its call holds).
+//! A claim holds no connection and no lock while the body runs, so first
+//! calls with different tokens run at once on every backend, SQLite
+//! included, and a body may use the same pool freely.
 //!
-//! A call dropped while it holds the lock (a client went away, a timeout
-//! fired) rolls back, and its connection is closed rather than returned to
-//! the pool, so no pooled connection ever keeps a lock or a transaction.
-//! The body's own side effects are not undone: to make a body always run to
+//! A call dropped while its body runs (a client went away, a timeout
+//! fired) hands its claim back at once, so a retry runs without waiting
+//! for the lease; see [the engine](crate::engine#cancellation). The body's
+//! own side effects are not undone: to make a body always run to
 //! completion, call the operation from a task of its own.
+//!
+//! A scope that names a principal is refused with [`Error::Config`]: rows
+//! are found by their token alone, so a principal could not separate them.
+//! Put the tenant into the token (or the table's unique key), or use record
+//! mode.
 //!
 //! # Reused tokens
 //!
@@ -66,8 +80,9 @@
 //! keeps a case-insensitive collation, and keys that differ only in case
 //! cannot both be stored.
 //!
-//! The policy's `ttl` and `lease` do not apply: the row lives as long as
-//! the table keeps it, and the lock lives as long as the call.
+//! The policy's `ttl` does not apply: the row lives as long as the table
+//! keeps it, and a claim is kept only as long as its lease after it
+//! completed. The policy's `lease` is the claim's.
 //!
 //! # Upserts
 //!
@@ -93,18 +108,23 @@
 //! starting with a digit; they are quoted, hence case-sensitive. Every value
 //! is bound.
 
+use std::collections::HashSet;
 use std::future::Future;
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-#[cfg(feature = "postgres")]
-use sha2::{Digest, Sha256};
 use sqlx::error::BoxDynError;
-use sqlx::pool::PoolConnection;
 use sqlx::{Database, FromRow, Pool};
+use tracing::Instrument;
 
+use crate::engine::{self, Call, Codec};
+use crate::fingerprint::Fingerprint;
+use crate::key::{Key, KeyError, Scope};
 use crate::metrics;
+use crate::record::{Begin, Claim, Outcome, Record};
 use crate::store::sql::validate_table_name;
-use crate::{Call, Error, Fingerprint, Key, KeyError, Policy, Scope};
+use crate::store::{BeginRequest, Store};
+use crate::{Error, Policy};
 
 #[cfg(feature = "mysql")]
 mod mysql;
@@ -117,12 +137,6 @@ mod sqlite;
 /// code.
 #[doc(hidden)]
 pub use sqlx;
-
-/// The longest pause between two looks at a token another call holds.
-const MAX_POLL: Duration = Duration::from_millis(25);
-const FIRST_POLL: Duration = Duration::from_millis(1);
-/// The `Retry-After` hint given with [`Error::InProgress`].
-const RETRY_AFTER: Duration = Duration::from_secs(1);
 
 /// A business table, as `#[derive(idem::Entity)]` describes it.
 pub trait Entity: Sized {
@@ -224,16 +238,10 @@ mod sealed {
 /// The databases entity mode and upserts run on: `Sqlite`, `Postgres` and
 /// `MySql`, each with its backend's feature.
 pub trait EntityDatabase: Database + sealed::Sealed {
+    /// The records store holding entity mode's claims, in the pool's
+    /// database (table `idem_entity_claims`, created on first use).
     #[doc(hidden)]
-    fn run_entity<T, E, Fut>(
-        pool: &Pool<Self>,
-        call: Call,
-        body: Fut,
-    ) -> impl Future<Output = Result<T, E>>
-    where
-        T: TokenEntity + EntityBind<Self> + for<'r> FromRow<'r, Self::Row> + Send + Unpin,
-        E: From<Error>,
-        Fut: Future<Output = Result<T, E>>;
+    fn claims(pool: &Pool<Self>) -> impl Future<Output = Result<Arc<dyn Store>, Error>>;
 
     #[doc(hidden)]
     fn find_entity<T>(
@@ -242,6 +250,16 @@ pub trait EntityDatabase: Database + sealed::Sealed {
     ) -> impl Future<Output = Result<Option<T>, Error>>
     where
         T: TokenEntity + for<'r> FromRow<'r, Self::Row> + Send + Unpin;
+
+    /// Inserts the entity and answers the row as stored, or `None` when a
+    /// row holds its token already.
+    #[doc(hidden)]
+    fn insert_entity<T>(
+        pool: &Pool<Self>,
+        entity: &T,
+    ) -> impl Future<Output = Result<Option<T>, Error>>
+    where
+        T: TokenEntity + EntityBind<Self> + for<'r> FromRow<'r, Self::Row> + Send + Unpin;
 
     #[doc(hidden)]
     fn upsert_entity<T>(
@@ -263,7 +281,217 @@ where
     E: From<Error>,
     Fut: Future<Output = Result<T, E>>,
 {
-    DB::run_entity(pool, call, body).await
+    let prepared = Prepared::new(&call)?;
+    check_token_names::<T>()?;
+    let span = prepared.span();
+    async move {
+        if let Some(found) = DB::find_entity::<T>(pool, &prepared.key).await? {
+            return Ok(prepared.replay(found)?);
+        }
+        let claims = DB::claims(pool).await?;
+        let entry = engine::run_with_codec(
+            &*claims,
+            prepared.claim::<T>(call.policy()),
+            claimed::<DB, T, E, Fut>(pool, &prepared, body),
+            Marker,
+        )
+        .await?;
+        match entry {
+            Entry::Saved(row) => Ok(row),
+            Entry::Found(found) => Ok(prepared.replay(found)?),
+            // The claim was completed: its row is stored.
+            Entry::Stored => match DB::find_entity::<T>(pool, &prepared.key).await? {
+                Some(found) => Ok(prepared.check_found(&found).map(|()| found)?),
+                None => Err(Error::store(format!(
+                    "the claim on token {:?} was completed, but no row of table {:?} holds it \
+                     (was it deleted?)",
+                    prepared.key,
+                    T::TABLE
+                ))
+                .into()),
+            },
+        }
+    }
+    .instrument(span)
+    .await
+}
+
+/// What runs under the claim: look again, run the body, insert its row.
+async fn claimed<DB, T, E, Fut>(
+    pool: &Pool<DB>,
+    prepared: &Prepared,
+    body: Fut,
+) -> Result<Entry<T>, E>
+where
+    DB: EntityDatabase,
+    T: TokenEntity + EntityBind<DB> + for<'r> FromRow<'r, DB::Row> + Send + Unpin,
+    E: From<Error>,
+    Fut: Future<Output = Result<T, E>>,
+{
+    // An owner before this one may have inserted its row, then stopped
+    // before its claim was completed.
+    if let Some(found) = DB::find_entity::<T>(pool, &prepared.key).await? {
+        return Ok(Entry::Found(found));
+    }
+    let mut entity = body.await?;
+    prepared.produced(&mut entity)?;
+    Ok(Entry::Saved(save::<DB, T>(pool, &entity, prepared).await?))
+}
+
+/// The name of the table holding entity mode's claims.
+pub(crate) const CLAIMS_TABLE: &str = "idem_entity_claims";
+
+/// What the claimed flow ends with.
+enum Entry<T> {
+    /// The row this call inserted.
+    Saved(T),
+    /// A row found under the token once claimed.
+    Found(T),
+    /// The claim was completed by another call: read its row.
+    Stored,
+}
+
+/// The outcome stored with a completed claim: nothing but the fact (the
+/// row is the result).
+struct Marker;
+
+impl<T> Codec<Entry<T>> for Marker {
+    fn encode(&self, _: &Entry<T>) -> Result<Vec<u8>, Error> {
+        Ok(Vec::new())
+    }
+
+    fn decode(&self, _: &[u8]) -> Result<Entry<T>, Error> {
+        Ok(Entry::Stored)
+    }
+}
+
+/// Inserts the body's entity, trying again while the database cannot be
+/// reached (the claim stays renewed meanwhile): the body has run, so its
+/// row must land before anything is handed back.
+async fn save<DB, T>(pool: &Pool<DB>, entity: &T, prepared: &Prepared) -> Result<T, Error>
+where
+    DB: EntityDatabase,
+    T: TokenEntity + EntityBind<DB> + for<'r> FromRow<'r, DB::Row> + Send + Unpin,
+{
+    let mut pause = Duration::from_millis(20);
+    loop {
+        match DB::insert_entity(pool, entity).await {
+            Ok(Some(row)) => return Ok(row),
+            // A row holds the token: written by code that did not claim, or
+            // by this very insert whose answer was lost.
+            Ok(None) => {
+                let winner = DB::find_entity(pool, &prepared.key).await?;
+                return prepared.lost_race(winner);
+            }
+            Err(err) if is_transient(&err) => {
+                tracing::warn!(error = %err, "inserting the entity failed; trying again");
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_secs(1));
+            }
+            Err(err) => {
+                tracing::error!(
+                    error = %err,
+                    "the entity cannot be inserted; the operation ran, and a retry runs it again"
+                );
+                return Err(err);
+            }
+        }
+    }
+}
+
+/// Whether a store error may pass by itself: the connection, not the
+/// statement, failed (lost, killed, refused, timed out), or the database
+/// asked for the statement to be tried again (deadlock, serialization).
+fn is_transient(err: &Error) -> bool {
+    let Error::Store(source) = err else {
+        return false;
+    };
+    let Some(err) = source.downcast_ref::<sqlx::Error>() else {
+        return false;
+    };
+    match err {
+        sqlx::Error::Io(_)
+        | sqlx::Error::Tls(_)
+        | sqlx::Error::Protocol(_)
+        | sqlx::Error::PoolTimedOut
+        | sqlx::Error::PoolClosed
+        | sqlx::Error::WorkerCrashed => true,
+        sqlx::Error::Database(db) => {
+            #[cfg(feature = "mysql")]
+            if let Some(mysql) = db.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>() {
+                // Deadlock, lock wait timeout, connection killed, server gone.
+                return matches!(mysql.number(), 1213 | 1205 | 1927 | 2006 | 2013);
+            }
+            // PostgreSQL: connection exceptions, operator intervention
+            // (a terminated backend), serialization failure, deadlock.
+            // SQLite: SQLITE_BUSY and its extended codes.
+            db.code().is_some_and(|code| {
+                code.starts_with("08")
+                    || code.starts_with("57P")
+                    || matches!(&*code, "40001" | "40P01" | "5" | "261" | "517")
+            })
+        }
+        _ => false,
+    }
+}
+
+/// A records store that polls instead of listening: entity mode makes one
+/// per call, and a listening connection per call would be too many.
+#[derive(Clone)]
+pub(crate) struct Claims<S>(pub(crate) S);
+
+#[async_trait::async_trait]
+impl<S: Store + Clone + 'static> Store for Claims<S> {
+    async fn begin(&self, request: &BeginRequest<'_>) -> Result<Begin, Error> {
+        self.0.begin(request).await
+    }
+    async fn peek(&self, request: &BeginRequest<'_>) -> Result<Option<Begin>, Error> {
+        self.0.peek(request).await
+    }
+    async fn renew(&self, claim: &Claim) -> Result<(), Error> {
+        self.0.renew(claim).await
+    }
+    async fn complete(&self, claim: &Claim, outcome: &Outcome) -> Result<(), Error> {
+        self.0.complete(claim, outcome).await
+    }
+    async fn release(&self, claim: &Claim) -> Result<(), Error> {
+        self.0.release(claim).await
+    }
+    async fn get(&self, scope: &Scope, key: &Key) -> Result<Option<Record>, Error> {
+        self.0.get(scope, key).await
+    }
+    async fn purge_expired(&self, batch: usize) -> Result<u64, Error> {
+        self.0.purge_expired(batch).await
+    }
+    fn detach(&self) -> Option<Arc<dyn Store>> {
+        Some(Arc::new(self.clone()))
+    }
+}
+
+/// Runs `migrate` once per database in this process, keyed by `database`
+/// (the backend and its connect options).
+pub(crate) async fn migrate_once<F>(database: String, migrate: F) -> Result<(), Error>
+where
+    F: Future<Output = Result<(), Error>>,
+{
+    static MIGRATED: OnceLock<Mutex<HashSet<String>>> = OnceLock::new();
+    let migrated = MIGRATED.get_or_init(Mutex::default);
+    let done = |set: &Mutex<HashSet<String>>| {
+        set.lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains(&database)
+    };
+    if done(migrated) {
+        return Ok(());
+    }
+    // Concurrent first calls may both migrate: migrations are safe to run
+    // at once.
+    migrate.await?;
+    migrated
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert(database);
+    Ok(())
 }
 
 /// The row whose token is `token`, if any.
@@ -498,55 +726,49 @@ where
     Ok(arguments)
 }
 
-/// The answer of a call that took the lock.
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
-pub(crate) enum Answer<T> {
-    /// A row that was there already: nothing to commit.
-    Existing(T),
-    /// The row this call inserted.
-    Saved(T),
-}
-
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
-impl<T> Answer<T> {
-    pub(crate) fn into_inner(self) -> T {
-        match self {
-            Answer::Existing(row) | Answer::Saved(row) => row,
-        }
-    }
-}
-
 /// An entity-mode call whose key and fingerprint are valid.
 pub(crate) struct Prepared {
     pub(crate) scope: Scope,
     pub(crate) key: Key,
     pub(crate) fingerprint: Fingerprint,
-    policy: Policy,
     started: Instant,
 }
 
 impl Prepared {
-    pub(crate) fn new(call: Call) -> Result<Self, Error> {
-        let (scope, key, fingerprint, policy) = call.into_parts();
+    pub(crate) fn new(call: &Call) -> Result<Self, Error> {
+        let scope = call.scope().clone();
+        if let Some(principal) = scope.principal() {
+            return Err(Error::Config(format!(
+                "entity mode finds rows by their token alone, so the principal {principal:?} \
+                 of scope {:?} would not separate them: put the principal into the token \
+                 (or the table's unique key), or use record mode",
+                scope.operation()
+            )));
+        }
         Ok(Prepared {
+            key: call.key()?,
+            fingerprint: call.fingerprint()?,
             scope,
-            key: key?,
-            fingerprint: fingerprint?,
-            policy,
             started: Instant::now(),
         })
     }
 
-    pub(crate) fn span(&self) -> tracing::Span {
-        tracing::info_span!("idem", scope = %self.scope, key = %self.key, mode = "entity")
+    /// The claim's call: per table and token, whatever the operation, so
+    /// that two operations writing one table exclude each other as the
+    /// token's UNIQUE constraint does. Every payload claims alike: whether
+    /// a reused token is refused is the row's request hash to say.
+    fn claim<T: Entity>(&self, policy: Policy) -> Call {
+        Call::from_parts(
+            Scope::new(format!("idem.entity.{}", T::TABLE)),
+            Ok(self.key.clone()),
+            Ok(Fingerprint::of_bytes(b"idem.entity")),
+            // A completed claim is only needed until the row is visible.
+            policy.ttl(policy.lease),
+        )
     }
 
-    pub(crate) fn waiting(&self) -> Wait {
-        Wait {
-            deadline: Instant::now() + self.policy.wait_bound(),
-            step: FIRST_POLL,
-            waited: false,
-        }
+    pub(crate) fn span(&self) -> tracing::Span {
+        tracing::info_span!("idem", scope = %self.scope, key = %self.key, mode = "entity")
     }
 
     /// A row found under the key: it is the answer, unless its stored
@@ -558,7 +780,7 @@ impl Prepared {
         Ok(found)
     }
 
-    fn check_found<T: TokenEntity>(&self, found: &T) -> Result<(), Error> {
+    pub(crate) fn check_found<T: TokenEntity>(&self, found: &T) -> Result<(), Error> {
         match found.token() {
             Ok(token) if token == self.key => {}
             token => {
@@ -583,20 +805,6 @@ impl Prepared {
             }
             _ => Ok(()),
         }
-    }
-
-    /// The lock is held and no row exists: the body runs.
-    pub(crate) fn executing(&self) {
-        tracing::debug!(decision = "claimed", "running the operation");
-        metrics::executed(&self.scope);
-    }
-
-    /// The body failed: nothing is stored.
-    pub(crate) fn failed(&self) {
-        tracing::debug!(
-            decision = "released",
-            "the operation failed; nothing was stored, a retry runs again"
-        );
     }
 
     /// Checks the body's entity carries the key, and fills in its request
@@ -625,7 +833,7 @@ impl Prepared {
         Ok(())
     }
 
-    /// The insert found the token taken by a row written without the lock:
+    /// The insert found the token taken by a row written without a claim:
     /// that row is the answer, under the same payload rule as a replay.
     pub(crate) fn lost_race<T: TokenEntity>(&self, winner: Option<T>) -> Result<T, Error> {
         let winner = winner.ok_or_else(|| {
@@ -636,96 +844,12 @@ impl Prepared {
         })?;
         tracing::warn!(
             decision = "lost race",
-            "the token was stored meanwhile by a writer that did not take the lock; \
+            "the token was stored meanwhile by a writer that did not claim it; \
              returning its row"
         );
         self.check_found(&winner)?;
         Ok(winner)
     }
-}
-
-/// The bounded, backed-off wait for a token another call holds.
-pub(crate) struct Wait {
-    deadline: Instant,
-    step: Duration,
-    waited: bool,
-}
-
-impl Wait {
-    /// Pauses before the next look, or answers [`Error::InProgress`] once
-    /// the bound has passed.
-    pub(crate) async fn pause(&mut self, scope: &Scope) -> Result<(), Error> {
-        let now = Instant::now();
-        if now >= self.deadline {
-            tracing::info!(
-                decision = "in progress",
-                waited = self.waited,
-                "another call holds the token"
-            );
-            metrics::in_progress(scope);
-            return Err(Error::InProgress {
-                retry_after: RETRY_AFTER,
-            });
-        }
-        if !self.waited {
-            tracing::debug!(
-                decision = "waiting",
-                "another call holds the token; waiting for its entity"
-            );
-            self.waited = true;
-        }
-        tokio::time::sleep(self.step.min(self.deadline - now)).await;
-        self.step = (self.step * 2).min(MAX_POLL);
-        Ok(())
-    }
-}
-
-/// A pooled connection that goes back to the pool only when [`give_back`]
-/// says it holds no lock and no transaction; dropped otherwise (a call
-/// dropped mid-way, an error), it is closed instead.
-///
-/// [`give_back`]: Held::give_back
-pub(crate) struct Held<DB: Database> {
-    conn: Option<PoolConnection<DB>>,
-}
-
-impl<DB: Database> Held<DB> {
-    pub(crate) async fn acquire(pool: &Pool<DB>) -> Result<Self, Error> {
-        Ok(Held {
-            conn: Some(pool.acquire().await?),
-        })
-    }
-
-    pub(crate) fn conn(&mut self) -> &mut DB::Connection {
-        self.conn
-            .as_mut()
-            .expect("the connection is only taken by give_back")
-    }
-
-    /// Returns the connection to the pool: it holds no lock and no
-    /// transaction.
-    pub(crate) fn give_back(mut self) {
-        drop(self.conn.take());
-    }
-}
-
-impl<DB: Database> Drop for Held<DB> {
-    fn drop(&mut self) {
-        if let Some(mut conn) = self.conn.take() {
-            conn.close_on_drop();
-        }
-    }
-}
-
-/// A digest of the table and the token, for the per-token lock's key.
-#[cfg(feature = "postgres")]
-pub(crate) fn lock_digest(table: &str, token: &Key) -> [u8; 32] {
-    let mut hasher = Sha256::new();
-    hasher.update(b"idem-entity\0");
-    hasher.update(table.as_bytes());
-    hasher.update(b"\0");
-    hasher.update(token.as_str().as_bytes());
-    hasher.finalize().into()
 }
 
 #[cfg(test)]
@@ -783,21 +907,6 @@ mod tests {
         assert_eq!(None::<String>.to_fingerprint().unwrap(), None);
         assert!("zz".to_owned().to_fingerprint().is_err());
         assert!(vec![1u8, 2].to_fingerprint().is_err());
-    }
-
-    #[cfg(feature = "postgres")]
-    #[test]
-    fn lock_digests_separate_tables_and_tokens() {
-        let k = Key::new("k").unwrap();
-        let a = lock_digest("payments", &k);
-        assert_eq!(a, lock_digest("payments", &k));
-        assert_ne!(a, lock_digest("refunds", &k));
-        assert_ne!(a, lock_digest("payments", &Key::new("k2").unwrap()));
-        // The separator keeps ("ab", "c") and ("a", "bc") apart.
-        assert_ne!(
-            lock_digest("ab", &Key::new("c").unwrap()),
-            lock_digest("a", &Key::new("bc").unwrap())
-        );
     }
 
     #[cfg(feature = "sqlite")]
