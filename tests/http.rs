@@ -7,8 +7,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::extract::Path;
+use axum::extract::{Path, Request};
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::Router;
@@ -34,7 +35,8 @@ macro_rules! http_cases {
                 concurrent_duplicates_run_once,
                 server_error_released_then_retried,
                 stored_statuses_follow_the_policy,
-                principals_are_isolated,
+                principals_never_share_a_response,
+                missing_principal_is_refused_with_401,
                 get_is_untouched,
                 body_over_limit_is_413,
                 store_down_is_503,
@@ -202,6 +204,34 @@ fn app(seen: &Arc<Seen>) -> Router {
         .route("/panic", post(panicky))
 }
 
+/// The tenant that [`authenticate`] verified, in the request's extensions.
+#[derive(Clone)]
+struct Tenant(String);
+
+/// Stands for an authentication middleware: the bearer token `t-<name>`
+/// authenticates tenant `<name>`. A request without a token goes on
+/// unauthenticated, as past a middleware that lets anonymous requests
+/// through, so that the layer's own refusal is seen.
+async fn authenticate(mut request: Request, next: Next) -> Response {
+    let tenant = request
+        .headers()
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer t-"))
+        .map(|name| Tenant(name.to_owned()));
+    if let Some(tenant) = tenant {
+        request.extensions_mut().insert(tenant);
+    }
+    next.run(request).await
+}
+
+/// A layer that scopes keys to the authenticated tenant.
+fn by_tenant<S: Backend>(store: S) -> IdempotencyLayer {
+    IdempotencyLayer::new(store).principal(|parts: &axum::http::request::Parts| {
+        Some(parts.extensions.get::<Tenant>()?.0.clone())
+    })
+}
+
 /// A running server.
 struct Server {
     base: String,
@@ -236,6 +266,15 @@ impl Server {
 async fn serve(layer: IdempotencyLayer) -> (Server, Arc<Seen>) {
     let seen = Arc::new(Seen::default());
     (Server::start(app(&seen).layer(layer)).await, seen)
+}
+
+/// Starts the app behind `layer`, behind [`authenticate`].
+async fn serve_authenticated(layer: IdempotencyLayer) -> (Server, Arc<Seen>) {
+    let seen = Arc::new(Seen::default());
+    let router = app(&seen)
+        .layer(layer)
+        .layer(middleware::from_fn(authenticate));
+    (Server::start(router).await, seen)
 }
 
 /// A structured-field key, unique per call.
@@ -490,16 +529,15 @@ async fn stored_statuses_follow_the_policy<S: Backend>(store: S) {
     }
 }
 
-async fn principals_are_isolated<S: Backend>(store: S) {
-    let layer = IdempotencyLayer::new(store).principal(|parts: &axum::http::request::Parts| {
-        Some(parts.headers.get("x-tenant")?.to_str().ok()?.to_owned())
-    });
-    let (server, seen) = serve(layer).await;
+/// The same key and payload sent by two authenticated tenants never share
+/// a response: each runs once, and each replay is its own.
+async fn principals_never_share_a_response<S: Backend>(store: S) {
+    let (server, seen) = serve_authenticated(by_tenant(store)).await;
     let key = fresh_key();
     let send = |tenant: &'static str| {
         server
             .post("/orders", &key, "2 apples")
-            .header("x-tenant", tenant)
+            .bearer_auth(format!("t-{tenant}"))
             .send()
     };
     let a = send("acme").await.unwrap();
@@ -512,10 +550,40 @@ async fn principals_are_isolated<S: Backend>(store: S) {
     );
     let b_body = b.text().await.unwrap();
     assert_ne!(a_body, b_body);
-    let a_again = send("acme").await.unwrap();
-    assert!(replayed(a_again.headers()));
-    assert_eq!(a_again.text().await.unwrap(), a_body);
+    for (tenant, body) in [("acme", &a_body), ("globex", &b_body)] {
+        let again = send(tenant).await.unwrap();
+        assert!(replayed(again.headers()));
+        assert_eq!(&again.text().await.unwrap(), body, "{tenant}");
+    }
     assert_eq!(seen.runs(), 2);
+}
+
+/// A layer that scopes keys to a principal refuses a request in which its
+/// extractor finds none (401), rather than widening the key to the whole
+/// route: the handler does not run, and nothing is stored.
+async fn missing_principal_is_refused_with_401<S: Backend>(store: S) {
+    let (server, seen) = serve_authenticated(by_tenant(store)).await;
+    let key = fresh_key();
+    let anonymous = || server.post("/orders", &key, "2 apples").send();
+    let refused = anonymous().await.unwrap();
+    assert!(!replayed(refused.headers()));
+    problem(refused, Problem::MissingPrincipal).await;
+    assert_eq!(seen.runs(), 0);
+    // Nothing was stored under the key: an authenticated request with it
+    // runs the handler.
+    let acme = server
+        .post("/orders", &key, "2 apples")
+        .bearer_auth("t-acme")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(acme.status(), StatusCode::CREATED);
+    assert!(!replayed(acme.headers()));
+    assert_eq!(seen.runs(), 1);
+    // And the anonymous retry is still refused, not answered acme's
+    // response.
+    problem(anonymous().await.unwrap(), Problem::MissingPrincipal).await;
+    assert_eq!(seen.runs(), 1);
 }
 
 async fn get_is_untouched<S: Backend>(store: S) {

@@ -54,13 +54,21 @@
 //! **The scope** of a key is the method plus the route: axum's
 //! `MatchedPath` (`POST /orders/{id}`) when the request went through an
 //! axum 0.8 router, the request's path otherwise, or what
-//! [`route`](IdempotencyLayer::route) answers. It is narrowed to a
-//! principal when the layer has a [`principal`](IdempotencyLayer::principal)
-//! extractor ([`MakePrincipal`]): the same key sent by two principals never
-//! shares a response. **Without an extractor, keys are global to the
-//! route**: any client sending another client's key with the same payload
-//! is answered that client's response. Set one whenever requests come from
-//! more than one tenant, account or user.
+//! [`route`](IdempotencyLayer::route) answers. A long one (a raw path) is
+//! stored as a prefix and a digest, as every [`Scope`](crate::Scope) is.
+//!
+//! **The principal.** The scope is narrowed to a principal when the layer
+//! has a [`principal`](IdempotencyLayer::principal) extractor
+//! ([`MakePrincipal`]): the same key sent by two principals never shares a
+//! response. The extractor reads what authentication established, such as
+//! an extension that the authentication middleware in front of the layer
+//! inserted once it verified the request's token; never a header or a
+//! parameter that a client may set to anything. A request in which the
+//! extractor finds no principal is refused with 401: the inner service
+//! does not run and nothing is stored. **Without an extractor, keys are
+//! global to the route**: any client sending another client's key with the
+//! same payload is answered that client's response. Set one whenever
+//! requests come from more than one tenant, account or user.
 //!
 //! **The flow** is the engine's ([`crate::engine`]), on the store given to
 //! [`IdempotencyLayer::new`]:
@@ -92,6 +100,7 @@
 //! | status | when |
 //! |---|---|
 //! | 400 | key missing (on a method that requires one), repeated, empty, over 255 bytes, not visible ASCII, not a valid structured string; or the body could not be read |
+//! | 401 | the layer has a principal extractor and it finds no principal in the request; nothing is run or stored |
 //! | 413 | the body is over the limit; nothing is stored |
 //! | 422 | the key was used with another payload |
 //! | 409 + `Retry-After` | a request with the key is still running and the wait bound passed, or the layer fails fast |

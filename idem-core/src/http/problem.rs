@@ -23,6 +23,13 @@ pub enum Problem {
     /// 400: the key header is malformed: repeated, empty, over 255 bytes,
     /// not visible ASCII, or not a valid Structured Field String.
     InvalidKey,
+    /// 401: the layer scopes keys to a principal
+    /// ([`MakePrincipal`](super::MakePrincipal)) and the request has none:
+    /// it was not authenticated. The request is neither run nor stored.
+    /// No `WWW-Authenticate` challenge is sent, as the layer does not know
+    /// the authentication scheme: the authentication in front of the layer
+    /// should refuse such requests first, with its own challenge.
+    MissingPrincipal,
     /// 400: the request body could not be read (the client went away or
     /// sent a broken body).
     UnreadableBody,
@@ -50,6 +57,7 @@ impl Problem {
             Problem::MissingKey | Problem::InvalidKey | Problem::UnreadableBody => {
                 StatusCode::BAD_REQUEST
             }
+            Problem::MissingPrincipal => StatusCode::UNAUTHORIZED,
             Problem::ContentTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             Problem::KeyReused => StatusCode::UNPROCESSABLE_ENTITY,
             Problem::InProgress => StatusCode::CONFLICT,
@@ -63,6 +71,7 @@ impl Problem {
         match self {
             Problem::MissingKey => "Idempotency key missing",
             Problem::InvalidKey => "Idempotency key malformed",
+            Problem::MissingPrincipal => "Authentication required",
             Problem::UnreadableBody => "Request body unreadable",
             Problem::ContentTooLarge => "Request body too large",
             Problem::KeyReused => "Idempotency key reused",
@@ -76,6 +85,7 @@ impl Problem {
         match self {
             Problem::MissingKey => "MissingKey",
             Problem::InvalidKey => "InvalidKey",
+            Problem::MissingPrincipal => "MissingPrincipal",
             Problem::UnreadableBody => "UnreadableBody",
             Problem::ContentTooLarge => "ContentTooLarge",
             Problem::KeyReused => "KeyReused",

@@ -118,6 +118,13 @@ where
             }
             Err(err) => return answer(Problem::InvalidKey.response(err, None)),
         };
+        let (parts, body) = request.into_parts();
+        let Some(scope) = scope(&self.config, &parts) else {
+            let detail = "this request has no principal to scope its idempotency key to: \
+                          it must be authenticated; it was not processed";
+            return answer(Problem::MissingPrincipal.response(detail, None));
+        };
+        let request = Request::from_parts(parts, body);
         // The service polled ready is the one that must be called; leave a
         // fresh clone in its place.
         let clone = self.inner.clone();
@@ -126,6 +133,7 @@ where
             inner,
             self.store.clone(),
             self.config.clone(),
+            scope,
             key,
             request,
         ))
@@ -147,6 +155,7 @@ async fn handle<S, ReqBody, ResBody>(
     inner: S,
     store: Arc<dyn Store>,
     config: Arc<Config>,
+    scope: Scope,
     key: Key,
     request: Request<ReqBody>,
 ) -> Result<Response<ResBody>, S::Error>
@@ -176,7 +185,7 @@ where
         }
     };
     let call = Call::from_parts(
-        scope(&config, &parts),
+        scope,
         Ok(key),
         Ok(fingerprint::of_request(
             &parts,
@@ -203,7 +212,9 @@ where
 }
 
 /// The operation of a request: method and route, narrowed to the principal.
-fn scope(config: &Config, parts: &Parts) -> Scope {
+/// `None` when the layer has a principal extractor and it finds none: the
+/// request is refused rather than given a scope wider than its principal's.
+fn scope(config: &Config, parts: &Parts) -> Option<Scope> {
     let route = config
         .route
         .as_ref()
@@ -216,13 +227,9 @@ fn scope(config: &Config, parts: &Parts) -> Scope {
         })
         .unwrap_or_else(|| parts.uri.path().to_owned());
     let scope = Scope::new(format!("{} {}", parts.method, route));
-    match config
-        .principal
-        .as_ref()
-        .and_then(|p| p.make_principal(parts))
-    {
-        Some(principal) => scope.with_principal(principal),
-        None => scope,
+    match &config.principal {
+        None => Some(scope),
+        Some(make) => Some(scope.with_principal(make.make_principal(parts)?)),
     }
 }
 
