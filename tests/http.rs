@@ -37,6 +37,7 @@ macro_rules! http_cases {
                 stored_statuses_follow_the_policy,
                 principals_never_share_a_response,
                 missing_principal_is_refused_with_401,
+                set_cookie_is_never_replayed,
                 get_is_untouched,
                 body_over_limit_is_413,
                 store_down_is_503,
@@ -120,13 +121,15 @@ impl Seen {
 }
 
 /// 201 with a body and headers that differ at every run, so a replay is
-/// told apart from a second execution.
+/// told apart from a second execution. The cookies and the
+/// `Authentication-Info` are for the client of this run only.
 fn created(run: usize, body: &str) -> Response {
     let mut headers = HeaderMap::new();
     headers.insert("location", HeaderValue::from(run));
     headers.insert("x-run", HeaderValue::from(run));
-    headers.append("set-cookie", HeaderValue::from_static("a=1"));
+    headers.append("set-cookie", HeaderValue::from(run));
     headers.append("set-cookie", HeaderValue::from_static("b=2"));
+    headers.insert("authentication-info", HeaderValue::from(run));
     headers.insert("content-type", HeaderValue::from_static("application/json"));
     let doc = json!({ "run": run, "echo": body });
     (StatusCode::CREATED, headers, doc.to_string()).into_response()
@@ -297,6 +300,13 @@ async fn parts(response: reqwest::Response) -> (StatusCode, HeaderMap, Vec<u8>) 
     (status, headers, body)
 }
 
+/// Removes the headers that go to the first client only, never to a
+/// replay (`set_cookie_is_never_replayed`).
+fn remove_per_client(headers: &mut HeaderMap) {
+    headers.remove("set-cookie");
+    headers.remove("authentication-info");
+}
+
 fn replayed(headers: &HeaderMap) -> bool {
     headers
         .get("idempotent-replayed")
@@ -332,10 +342,11 @@ async fn replay_is_identical<S: Backend>(store: S) {
         .send()
         .await
         .unwrap();
-    let (status, headers, body) = parts(first).await;
+    let (status, mut headers, body) = parts(first).await;
     assert_eq!(status, StatusCode::CREATED);
     assert!(!replayed(&headers));
     assert_eq!(headers.get_all("set-cookie").iter().count(), 2);
+    remove_per_client(&mut headers);
 
     for retry_key in [key.clone(), key.trim_matches('"').to_owned()] {
         // The bare form names the same key as the structured string.
@@ -478,6 +489,7 @@ async fn concurrent_duplicates_run_once<S: Backend>(store: S) {
             originals += 1;
         }
         headers.remove("idempotent-replayed");
+        remove_per_client(&mut headers);
         bodies.push((headers, body));
     }
     assert_eq!(originals, 1);
@@ -515,8 +527,9 @@ async fn stored_statuses_follow_the_policy<S: Backend>(store: S) {
         }
         assert_eq!(seen.runs(), before + 1, "{code}");
     }
-    // "Try again" answers and server errors release the key.
-    for code in [408u16, 409, 425, 429, 503] {
+    // "Try again" answers (authenticated, later) and server errors release
+    // the key.
+    for code in [401u16, 407, 408, 409, 425, 429, 503] {
         let key = fresh_key();
         let path = format!("/status/{code}");
         let before = seen.runs();
@@ -583,6 +596,31 @@ async fn missing_principal_is_refused_with_401<S: Backend>(store: S) {
     // And the anonymous retry is still refused, not answered acme's
     // response.
     problem(anonymous().await.unwrap(), Problem::MissingPrincipal).await;
+    assert_eq!(seen.runs(), 1);
+}
+
+/// A replay never carries the `Set-Cookie` (nor the `Authentication-Info`)
+/// of the response it replays, which went to its first client only: a
+/// replay may go to any client that sends the key.
+async fn set_cookie_is_never_replayed<S: Backend>(store: S) {
+    let (server, seen) = serve(IdempotencyLayer::new(store)).await;
+    let key = fresh_key();
+    let first = server.post("/orders", &key, "2 apples").send();
+    let (status, headers, body) = parts(first.await.unwrap()).await;
+    assert_eq!(status, StatusCode::CREATED);
+    assert_eq!(headers.get_all("set-cookie").iter().count(), 2);
+    assert!(headers.contains_key("authentication-info"));
+
+    let retry = server.post("/orders", &key, "2 apples").send();
+    let (r_status, r_headers, r_body) = parts(retry.await.unwrap()).await;
+    assert!(replayed(&r_headers));
+    assert_eq!((r_status, &r_body), (status, &body));
+    assert_eq!(r_headers["x-run"], headers["x-run"]);
+    assert!(!r_headers.contains_key("set-cookie"), "{r_headers:?}");
+    assert!(
+        !r_headers.contains_key("authentication-info"),
+        "{r_headers:?}"
+    );
     assert_eq!(seen.runs(), 1);
 }
 

@@ -86,19 +86,24 @@ where
 }
 
 /// Which responses are stored by default: every status below 500 except
-/// 408 Request Timeout, 409 Conflict, 425 Too Early and 429 Too Many
-/// Requests, which say "try again" rather than answer the request. 5xx
-/// responses are not stored: the key is released and a retry runs again.
+/// 401 Unauthorized, 407 Proxy Authentication Required, 408 Request
+/// Timeout, 409 Conflict, 425 Too Early and 429 Too Many Requests, which
+/// say "try again" (authenticated, later) rather than answer the request.
+/// 5xx responses are not stored: the key is released and a retry runs
+/// again.
 ///
 /// 2xx and 4xx are the final answers the IETF draft asks to keep; 3xx are
 /// kept too, since a `303 See Other` after a POST means the POST did its
 /// work, and running it again on a retry is what the layer exists to
-/// prevent.
+/// prevent. A 401 is the answer to the credentials, not to the request: a
+/// client that authenticates again retries with the same key, and a 401
+/// is nothing without its `WWW-Authenticate` challenge, which belongs to
+/// one client and is never stored.
 #[cfg_attr(docsrs, doc(cfg(feature = "http")))]
 pub fn stored_by_default(status: StatusCode) -> bool {
     status.as_u16() < 500
         && !status.is_informational()
-        && !matches!(status.as_u16(), 408 | 409 | 425 | 429)
+        && !matches!(status.as_u16(), 401 | 407 | 408 | 409 | 425 | 429)
 }
 
 type RouteFn = dyn Fn(&Parts) -> Option<String> + Send + Sync;
@@ -311,10 +316,10 @@ mod tests {
     #[test]
     fn default_stored_statuses() {
         let stored = |code: u16| stored_by_default(StatusCode::from_u16(code).unwrap());
-        for code in [200, 201, 204, 303, 400, 401, 403, 404, 410, 422] {
+        for code in [200, 201, 204, 303, 400, 403, 404, 410, 422] {
             assert!(stored(code), "{code}");
         }
-        for code in [100, 408, 409, 425, 429, 500, 502, 503, 504] {
+        for code in [100, 401, 407, 408, 409, 425, 429, 500, 502, 503, 504] {
             assert!(!stored(code), "{code}");
         }
     }

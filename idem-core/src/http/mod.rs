@@ -88,10 +88,16 @@
 //! (`Connection` and those it names, `Keep-Alive`, `Transfer-Encoding`,
 //! `TE`, `Trailer`, `Upgrade`, `Proxy-*`) and per-response ones (`Date`,
 //! `Age`, `Content-Length`, which the server sets anew) are not replayed.
-//! By default every status below 500 is stored except 408, 409, 425 and
-//! 429 ([`stored_by_default`]; [`store_status`](IdempotencyLayer::store_status)
-//! changes it). For any other response the key is released, so a retry runs
-//! the request again; the response itself still goes to the client.
+//! Nor are per-client ones, which are never stored: `Set-Cookie` (and the
+//! obsolete `Set-Cookie2`), `WWW-Authenticate`, `Authentication-Info` and
+//! `Proxy-Authentication-Info`. A cookie or a step of an authentication
+//! exchange belongs to the client that got the first response, which still
+//! receives them; a replay may go to another client (always so when keys
+//! are global to the route). By default every status below 500 is stored
+//! except 401, 407, 408, 409, 425 and 429 ([`stored_by_default`];
+//! [`store_status`](IdempotencyLayer::store_status) changes it). For any
+//! other response the key is released, so a retry runs the request again;
+//! the response itself still goes to the client.
 //!
 //! **Answers of the layer's own**, each an RFC 9457
 //! `application/problem+json` document with `type`, `title`, `status` and

@@ -47,10 +47,23 @@ const NOT_REPLAYED: [HeaderName; 12] = [
     header::CONTENT_LENGTH,
 ];
 
+/// Headers that belong to the client that got the first response: a
+/// cookie it is given, or a step of its authentication exchange (a
+/// challenge, the next nonce). A replay may go to another client (always,
+/// when keys are global to the route), so they are never stored.
+/// `Proxy-Authenticate` is one too, but hop-by-hop already.
+const PER_CLIENT: [HeaderName; 5] = [
+    header::SET_COOKIE,
+    HeaderName::from_static("set-cookie2"),
+    header::WWW_AUTHENTICATE,
+    HeaderName::from_static("authentication-info"),
+    HeaderName::from_static("proxy-authentication-info"),
+];
+
 impl StoredResponse {
-    /// Keeps the headers worth replaying: drops those in [`NOT_REPLAYED`],
-    /// those that `Connection` names, and `replay_header` (set on replays
-    /// only).
+    /// Keeps the headers worth replaying: drops those in [`NOT_REPLAYED`]
+    /// and [`PER_CLIENT`], those that `Connection` names, and
+    /// `replay_header` (set on replays only).
     pub(crate) fn new(
         status: StatusCode,
         headers: &HeaderMap,
@@ -67,6 +80,7 @@ impl StoredResponse {
         let mut kept = HeaderMap::with_capacity(headers.len());
         for (name, value) in headers {
             if NOT_REPLAYED.contains(name)
+                || PER_CLIENT.contains(name)
                 || named_by_connection.contains(name)
                 || name == replay_header
             {
@@ -179,8 +193,8 @@ mod tests {
     fn round_trip() {
         let mut headers = HeaderMap::new();
         headers.insert(header::CONTENT_TYPE, "application/json".parse().unwrap());
-        headers.append(header::SET_COOKIE, "a=1".parse().unwrap());
-        headers.append(header::SET_COOKIE, "b=2".parse().unwrap());
+        headers.append(header::LINK, "</a>; rel=next".parse().unwrap());
+        headers.append(header::LINK, "</b>; rel=prev".parse().unwrap());
         headers.insert(header::LOCATION, "/orders/7".parse().unwrap());
         let stored = StoredResponse::new(
             StatusCode::CREATED,
@@ -190,7 +204,7 @@ mod tests {
         );
         let bytes = ResponseCodec.encode(&stored).unwrap();
         assert_eq!(ResponseCodec.decode(&bytes).unwrap(), stored);
-        assert_eq!(stored.headers.get_all(header::SET_COOKIE).iter().count(), 2);
+        assert_eq!(stored.headers.get_all(header::LINK).iter().count(), 2);
 
         let empty = StoredResponse::new(
             StatusCode::NO_CONTENT,
@@ -224,6 +238,38 @@ mod tests {
         );
         let names: Vec<&str> = stored.headers.keys().map(|n| n.as_str()).collect();
         assert_eq!(names, ["x-request-total"]);
+    }
+
+    /// A cookie or an authentication step given to one client is never
+    /// stored, so no replay hands it to another.
+    #[test]
+    fn per_client_headers_are_not_stored() {
+        let mut headers = HeaderMap::new();
+        headers.append(header::SET_COOKIE, "session=a1; HttpOnly".parse().unwrap());
+        headers.append(header::SET_COOKIE, "csrf=b2".parse().unwrap());
+        headers.insert("set-cookie2", "old=1".parse().unwrap());
+        headers.insert(
+            header::WWW_AUTHENTICATE,
+            "Bearer error=\"invalid_token\"".parse().unwrap(),
+        );
+        headers.insert("authentication-info", "nextnonce=\"n1\"".parse().unwrap());
+        headers.insert(
+            header::PROXY_AUTHENTICATE,
+            "Basic realm=\"p\"".parse().unwrap(),
+        );
+        headers.insert(
+            "proxy-authentication-info",
+            "nextnonce=\"n2\"".parse().unwrap(),
+        );
+        headers.insert(header::CONTENT_TYPE, "application/json".parse().unwrap());
+        let stored = StoredResponse::new(
+            StatusCode::CREATED,
+            &headers,
+            Bytes::from_static(b"{}"),
+            &replayed(),
+        );
+        let names: Vec<&str> = stored.headers.keys().map(|n| n.as_str()).collect();
+        assert_eq!(names, ["content-type"]);
     }
 
     #[test]
