@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::extract::{Path, Request};
+use axum::extract::{MatchedPath, Path, Request};
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
@@ -38,6 +38,7 @@ macro_rules! http_cases {
                 principals_never_share_a_response,
                 missing_principal_is_refused_with_401,
                 set_cookie_is_never_replayed,
+                long_raw_path_is_answered_and_replayed,
                 get_is_untouched,
                 body_over_limit_is_413,
                 store_down_is_503,
@@ -71,12 +72,19 @@ impl Backend for idem::SqliteStore {
     }
 }
 
-#[cfg(feature = "postgres")]
+#[cfg(any(feature = "postgres", feature = "mysql"))]
 #[path = "conformance/servers.rs"]
 mod servers;
 
 #[cfg(feature = "postgres")]
 impl Backend for idem::PostgresStore {
+    async fn shut_down(&self) {
+        self.pool().close().await;
+    }
+}
+
+#[cfg(feature = "mysql")]
+impl Backend for idem::MySqlStore {
     async fn shut_down(&self) {
         self.pool().close().await;
     }
@@ -97,6 +105,19 @@ http_cases!(postgres, async {
     let (store, _db, tables) = servers::postgres_store(8).await;
     (store, tables)
 });
+
+// MariaDB: the case that its store used to refuse (a scope over the 1024
+// bytes of its column).
+#[cfg(feature = "mysql")]
+mod mysql {
+    use super::*;
+    http_cases!(@cases async {
+        let (store, _db, tables) = servers::mysql_store(4).await;
+        (store, tables)
+    };
+        long_raw_path_is_answered_and_replayed,
+    );
+}
 
 // ---------------------------------------------------------------------------
 // The application under test.
@@ -197,6 +218,20 @@ fn app(seen: &Arc<Seen>) -> Router {
             created(run, &body)
         }
     };
+    let s = seen.clone();
+    // Outside every route: the layer sees no `MatchedPath`, and scopes keys
+    // to the raw path.
+    let unrouted = move |request: Request| {
+        let s = s.clone();
+        async move {
+            if request.extensions().get::<MatchedPath>().is_some() {
+                let wrong = "the fallback has a MatchedPath";
+                return (StatusCode::INTERNAL_SERVER_ERROR, wrong).into_response();
+            }
+            let len = request.uri().path().len();
+            created(s.next(), &format!("a path of {len} bytes"))
+        }
+    };
     Router::new()
         .route("/orders", post(orders).get(list))
         .route("/orders/{id}", post(order))
@@ -205,6 +240,7 @@ fn app(seen: &Arc<Seen>) -> Router {
         .route("/flaky", post(flaky))
         .route("/status/{code}", post(status))
         .route("/panic", post(panicky))
+        .fallback(unrouted)
 }
 
 /// The tenant that [`authenticate`] verified, in the request's extensions.
@@ -622,6 +658,39 @@ async fn set_cookie_is_never_replayed<S: Backend>(store: S) {
         "{r_headers:?}"
     );
     assert_eq!(seen.runs(), 1);
+}
+
+/// A raw request path too long for a store's index, outside every route
+/// template (no `MatchedPath`), is answered and replayed like any other:
+/// its scope is stored as a prefix and a digest. Two such paths that
+/// differ only at their end stay two scopes.
+async fn long_raw_path_is_answered_and_replayed<S: Backend>(store: S) {
+    let (server, seen) = serve(IdempotencyLayer::new(store)).await;
+    // Letters that do not compress: PostgreSQL compresses an index entry
+    // before it checks its size, so a repeated letter would fit.
+    let mut state = 0x9e37_79b9_7f4a_7c15_u64;
+    let noise: String = (0..6000)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            char::from(b'a' + (state % 26) as u8)
+        })
+        .collect();
+    let long = format!("/files/{noise}");
+    let key = fresh_key();
+    for (n, path) in [format!("{long}1"), format!("{long}2")].iter().enumerate() {
+        let first = server.post(path, &key, "x").send().await.unwrap();
+        assert_eq!(first.status(), StatusCode::CREATED, "path {n}");
+        assert!(!replayed(first.headers()));
+        let first_body = first.text().await.unwrap();
+        assert!(first_body.contains("a path of 6008 bytes"), "{first_body}");
+        let retry = server.post(path, &key, "x").send().await.unwrap();
+        assert_eq!(retry.status(), StatusCode::CREATED, "path {n}");
+        assert!(replayed(retry.headers()), "path {n}");
+        assert_eq!(retry.text().await.unwrap(), first_body);
+        assert_eq!(seen.runs(), n + 1);
+    }
 }
 
 async fn get_is_untouched<S: Backend>(store: S) {
