@@ -4,19 +4,24 @@
 //! cargo run --example http_axum --features http
 //! # then, twice: the second answer is the first one, replayed
 //! curl -i -X POST localhost:3000/orders -H 'Idempotency-Key: "order-1"' \
-//!      -H 'X-Account: acme' -H 'Content-Type: application/json' \
+//!      -H 'Authorization: Bearer token-of-acme' -H 'Content-Type: application/json' \
 //!      -d '{"item":"apples","quantity":2}'
 //! ```
 //!
 //! Records are kept in an in-memory SQLite database; pass a path
-//! (`-- orders.db`) to keep them in a file across runs. The account header
-//! stands in for real authentication: keys are scoped to it.
+//! (`-- orders.db`) to keep them in a file across runs. Keys are scoped to
+//! the account that authentication verified: the same key sent with
+//! `token-of-globex` is another account's, and runs again. A small token
+//! table stands in for real authentication (a JWT's signature, a session
+//! store).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use axum::extract::State;
-use axum::http::{request::Parts, StatusCode};
+use axum::extract::{Request, State};
+use axum::http::{header::AUTHORIZATION, request::Parts, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
 use axum::{routing::post, Json, Router};
 use idem::http::IdempotencyLayer;
 use idem::SqliteStore;
@@ -33,6 +38,28 @@ struct Order {
     id: u64,
     item: String,
     quantity: u32,
+}
+
+/// The account whose token `authenticate` verified, in the request's
+/// extensions.
+#[derive(Clone)]
+struct Account(&'static str);
+
+/// Puts the account of a known bearer token in the request's extensions;
+/// refuses any other request with 401.
+async fn authenticate(mut request: Request, next: Next) -> Response {
+    let token = request
+        .headers()
+        .get(AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    let account = match token {
+        Some("token-of-acme") => Account("acme"),
+        Some("token-of-globex") => Account("globex"),
+        _ => return (StatusCode::UNAUTHORIZED, [("www-authenticate", "Bearer")]).into_response(),
+    };
+    request.extensions_mut().insert(account);
+    next.run(request).await
 }
 
 async fn create_order(
@@ -56,11 +83,15 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         None => "sqlite::memory:".to_owned(),
     };
     let store = SqliteStore::connect(&url).await?;
+    // The principal comes from what `authenticate` verified, never from a
+    // header the client may set to another account's name.
     let idempotency = IdempotencyLayer::new(store)
-        .principal(|req: &Parts| Some(req.headers.get("x-account")?.to_str().ok()?.to_owned()));
+        .principal(|req: &Parts| Some(req.extensions.get::<Account>()?.0.to_owned()));
     let app = Router::new()
         .route("/orders", post(create_order))
         .layer(idempotency)
+        // Added last, runs first: only authenticated requests reach the layer.
+        .layer(middleware::from_fn(authenticate))
         .with_state(Arc::new(AtomicU64::new(1)));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:3000").await?;
     println!("listening on http://{}", listener.local_addr()?);

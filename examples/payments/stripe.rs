@@ -6,9 +6,11 @@
 //! | `POST /v1/payment_intents` (form: `amount`, `currency`, `payment_method`, `confirm`) | 200 `payment_intent`; 402 `card_error` when declined; 400 `invalid_request_error` |
 //! | `GET /v1/payment_intents/{id}` | 200, or 404 `resource_missing` |
 //!
-//! Any bearer API key is accepted (`Authorization: Bearer sk_test_...`);
-//! it is the principal that scopes idempotency keys, so two API keys never
-//! share a stored response, and an intent is visible to its API key only.
+//! Any bearer API key is accepted (`Authorization: Bearer sk_test_...`):
+//! the authentication middleware puts the account it stands for in the
+//! request's extensions, and that account is the principal that scopes
+//! idempotency keys, so two API keys never share a stored response, and an
+//! intent is visible to its API key only.
 //! As with Stripe, `Idempotency-Key` is optional; with it, a retry is
 //! answered the stored response with `Idempotent-Replayed: true`, a key
 //! reused with other parameters is a 400 `idempotency_error`, and a
@@ -19,7 +21,7 @@
 use std::sync::Arc;
 
 use axum::extract::rejection::FormRejection;
-use axum::extract::{Path, Request, State};
+use axum::extract::{Extension, Path, Request, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
@@ -39,13 +41,12 @@ pub fn router(layer: Option<IdempotencyLayer>) -> Router<Arc<App>> {
     let routes = Router::new()
         .route("/v1/payment_intents", post(create_intent))
         .route("/v1/payment_intents/{id}", get(get_intent));
-    let routes =
-        match layer {
-            Some(layer) => routes.layer(layer.require_key(false).principal(
-                |parts: &axum::http::request::Parts| api_key(&parts.headers).map(account),
-            )),
-            None => routes,
-        };
+    let routes = match layer {
+        Some(layer) => routes.layer(layer.require_key(false).principal(
+            |parts: &axum::http::request::Parts| Some(parts.extensions.get::<Account>()?.0.clone()),
+        )),
+        None => routes,
+    };
     // Outermost first on the way in: authenticate, then turn the layer's
     // problem documents into Stripe errors.
     routes
@@ -88,6 +89,11 @@ fn api_key(headers: &HeaderMap) -> Option<&str> {
     (!key.is_empty()).then_some(key)
 }
 
+/// The account of the request's API key, put in its extensions by
+/// [`authenticate`].
+#[derive(Clone)]
+struct Account(String);
+
 /// The account an API key stands for: a hash, so that no key is stored.
 pub fn account(api_key: &str) -> String {
     let digest = idem::Fingerprint::of(api_key)
@@ -96,8 +102,10 @@ pub fn account(api_key: &str) -> String {
     format!("acct_{}", &digest[..16])
 }
 
-async fn authenticate(request: Request, next: Next) -> Response {
-    if api_key(request.headers()).is_none() {
+/// Refuses a request without an API key; otherwise puts the account of its
+/// key in its extensions, for the idempotency layer and the handlers.
+async fn authenticate(mut request: Request, next: Next) -> Response {
+    let Some(key) = api_key(request.headers()) else {
         return error(
             StatusCode::UNAUTHORIZED,
             "invalid_request_error",
@@ -106,7 +114,9 @@ async fn authenticate(request: Request, next: Next) -> Response {
             "You did not provide an API key. Provide it in the Authorization header, \
              as `Authorization: Bearer YOUR_SECRET_KEY`.",
         );
-    }
+    };
+    let account = Account(account(key));
+    request.extensions_mut().insert(account);
     next.run(request).await
 }
 
@@ -185,10 +195,10 @@ fn card_of(payment_method: &str) -> Option<String> {
 
 async fn create_intent(
     State(app): State<Arc<App>>,
+    Extension(Account(account)): Extension<Account>,
     headers: HeaderMap,
     form: Result<Form<IntentForm>, FormRejection>,
 ) -> Response {
-    let account = account(api_key(&headers).unwrap_or_default());
     let Form(form) = match form {
         Ok(form) => form,
         Err(rejection) => {
@@ -336,10 +346,9 @@ fn api_error(err: &dyn std::fmt::Display) -> Response {
 
 async fn get_intent(
     State(app): State<Arc<App>>,
-    headers: HeaderMap,
+    Extension(Account(account)): Extension<Account>,
     Path(id): Path<String>,
 ) -> Response {
-    let account = account(api_key(&headers).unwrap_or_default());
     match app.db.backend.payment_intent(&account, &id).await {
         Ok(Some(intent)) => Json(object(&intent)).into_response(),
         Ok(None) => error(
