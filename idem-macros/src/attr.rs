@@ -1,6 +1,7 @@
 //! The arguments of `#[idempotent(...)]`.
 
 use proc_macro2::Span;
+use quote::quote;
 use syn::parse::{Parse, ParseStream};
 use syn::spanned::Spanned;
 use syn::{Expr, Ident, LitStr, Token};
@@ -70,7 +71,9 @@ pub(crate) enum InProgress {
 struct Partial {
     key: Option<Expr>,
     store: Option<Expr>,
-    scope: Option<Expr>,
+    /// Kept with its name, so that entity mode can point at the whole
+    /// argument when it refuses it.
+    scope: Option<(kw::scope, Expr)>,
     ttl: Option<DurationArg>,
     lease: Option<DurationArg>,
     wait: Option<DurationArg>,
@@ -94,7 +97,8 @@ impl Parse for Args {
                 set(&mut p.store, name, "store", expr_value(input, "store")?)?;
             } else if lookahead.peek(kw::scope) {
                 let name = input.parse::<kw::scope>()?;
-                set(&mut p.scope, name, "scope", expr_value(input, "scope")?)?;
+                let value = expr_value(input, "scope")?;
+                set(&mut p.scope, name, "scope", (name, value))?;
             } else if lookahead.peek(kw::fingerprint) {
                 let name = input.parse::<kw::fingerprint>()?;
                 let value = expr_value(input, "fingerprint")?;
@@ -218,7 +222,7 @@ impl Partial {
         Ok(Args {
             key,
             store,
-            scope: self.scope,
+            scope: self.scope.map(|(_, expr)| expr),
             ttl: self.ttl,
             lease: self.lease,
             in_progress,
@@ -232,6 +236,19 @@ impl Partial {
 
 /// Entity mode keeps no record: the options about records do not apply.
 fn entity_alone(flag: &kw::entity, p: &Partial) -> syn::Result<()> {
+    // The row is found by its token alone: a scope, and the tenant it may
+    // name, would be ignored, so one tenant's token could answer another's
+    // row. Refused at the argument, where the fix is.
+    if let Some((name, scope)) = &p.scope {
+        return Err(syn::Error::new_spanned(
+            quote!(#name = #scope),
+            "`entity` cannot be combined with `scope` in `#[idempotent]`: in entity mode \
+             the token column alone identifies the operation, so the scope and any tenant \
+             in it would be ignored; put the tenant into the key itself \
+             (`key = format!(\"{tenant}:{id}\")`), or drop `entity` to use record mode, \
+             where a scope's tenant is part of the key",
+        ));
+    }
     let why = if p.replayable.is_some() {
         Some((
             "replayable",
@@ -376,6 +393,11 @@ mod tests {
         assert!(error("key = k, store = s, entity = true").contains("is a flag"));
         assert!(error("key = k, store = s, entity, entity").starts_with("`entity` is given more"));
         for (option, src) in [
+            ("scope", "scope = \"payments\""),
+            (
+                "scope",
+                "scope = Scope::new(\"pay\").with_principal(&cmd.tenant)",
+            ),
             ("replayable", "replayable = |e| true"),
             ("ttl", "ttl = \"1h\""),
             ("lease", "lease = \"1s\""),
