@@ -12,8 +12,12 @@
 //! - storms of concurrent first calls over a few tokens run each body once
 //!   (the runs are counted), store one row per token, and every caller gets
 //!   that row; upsert storms leave one row per key;
-//! - a call dropped while it holds the per-token lock frees it: another
-//!   pool, like another process, runs the token next.
+//! - a call dropped while it holds the token's claim hands it back: another
+//!   pool, like another process, runs the token next;
+//! - a killed connection never lets a retry run the body again, and a
+//!   failed insert is retried before anything is handed back;
+//! - a scope with a principal is refused, since rows are found by token
+//!   alone.
 
 #[path = "conformance/servers.rs"]
 mod servers;
@@ -656,6 +660,30 @@ macro_rules! entity_suite {
                 .unwrap_err();
                 assert!(err.to_string().contains("\"email\" is not among"), "{err}");
                 assert_eq!(service.gateway.total_runs(), 0);
+            }
+
+            /// Rows are found by token alone, so a principal cannot narrow
+            /// them: the call is refused before the body runs, not widened
+            /// to every tenant.
+            #[tokio::test]
+            async fn a_scope_with_a_principal_is_refused_not_widened() {
+                let ns = $fixture::namespace().await;
+                let service = Payments::new($fixture::pool(&ns, 4).await);
+                let first = service.pay(&charge("t-6", 500)).await.unwrap();
+                let scope = idem::Scope::new("payments.pay").with_principal("tenant-b");
+                let call = idem::Call::new(scope, "t-6", &charge("t-6", 500));
+                let err = idem::entity::run(&service.pool, call, async {
+                    service.gateway.charge("t-6").await?;
+                    Ok::<_, PayError>(first.clone())
+                })
+                .await
+                .unwrap_err();
+                let PayError::Idem(idem::Error::Config(message)) = &err else {
+                    panic!("{err:?}");
+                };
+                assert!(message.contains("the principal \"tenant-b\""), "{message}");
+                assert_eq!(service.gateway.runs("t-6"), 1);
+                assert_eq!(count(&service.pool, "payments").await, 1);
             }
 
             /// 200 concurrent first calls over 10 tokens, through a pool

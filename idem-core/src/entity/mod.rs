@@ -59,8 +59,7 @@
 //!
 //! A scope that names a principal is refused with [`Error::Config`]: rows
 //! are found by their token alone, so a principal could not separate them.
-//! Put the tenant into the token (or the table's unique key), or use record
-//! mode.
+//! Put the tenant into the token, or use record mode.
 //!
 //! # Reused tokens
 //!
@@ -740,8 +739,8 @@ impl Prepared {
         if let Some(principal) = scope.principal() {
             return Err(Error::Config(format!(
                 "entity mode finds rows by their token alone, so the principal {principal:?} \
-                 of scope {:?} would not separate them: put the principal into the token \
-                 (or the table's unique key), or use record mode",
+                 of scope {:?} would not separate them: put the principal into the token, \
+                 or use record mode",
                 scope.operation()
             )));
         }
