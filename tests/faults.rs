@@ -170,6 +170,45 @@ impl<S: Store + Clone + 'static> Store for Faulty<S> {
     }
 }
 
+/// The same faults on the caller's connection, in transactional mode
+/// (there is no renewal there: the claim is uncommitted, and a competing
+/// claim waits for the transaction).
+#[async_trait]
+impl<C, S> idem::TransactionalStore<C> for Faulty<S>
+where
+    C: Send + ?Sized,
+    S: idem::TransactionalStore<C> + Clone + 'static,
+{
+    async fn peek_in(
+        &self,
+        conn: &mut C,
+        request: &BeginRequest<'_>,
+    ) -> Result<Option<Begin>, Error> {
+        self.through(Point::Peek, self.inner.peek_in(conn, request))
+            .await
+    }
+    async fn begin_on(&self, conn: &mut C, request: &BeginRequest<'_>) -> Result<Begin, Error> {
+        self.through(Point::Begin, self.inner.begin_on(conn, request))
+            .await
+    }
+    async fn complete_on(
+        &self,
+        conn: &mut C,
+        claim: &Claim,
+        outcome: &Outcome,
+    ) -> Result<(), Error> {
+        self.through(
+            Point::Complete,
+            self.inner.complete_on(conn, claim, outcome),
+        )
+        .await
+    }
+    async fn release_on(&self, conn: &mut C, claim: &Claim) -> Result<(), Error> {
+        self.through(Point::Release, self.inner.release_on(conn, claim))
+            .await
+    }
+}
+
 #[derive(Debug, Serialize, Deserialize)]
 enum TestError {
     Idem(String, bool),
@@ -390,3 +429,177 @@ async fn every_fault_point_on_mysql() {
     let (store, _db, _guard) = servers::mysql_store(20).await;
     matrix("mysql", || async { store.clone() }).await;
 }
+
+/// The transactional matrix on one backend: every point of the flow that
+/// runs on the caller's connection (look, claim, completion, release) and
+/// every fault kind; two clients per point retry in transactions of their
+/// own. The body writes its business row in the caller's transaction, so
+/// the effect is that row: exactly one is committed per key, and every
+/// client's answer is its value.
+macro_rules! transactional_matrix {
+    ($name:ident, $db:ty, $placeholders:literal, $make:expr) => {
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $name() {
+            let (store, pool, rows, _guard): (_, sqlx::Pool<$db>, String, Box<dyn std::any::Any>) =
+                $make.await;
+            sqlx::raw_sql(&format!(
+                "CREATE TABLE {rows} (run_key VARCHAR(255) NOT NULL, value BIGINT NOT NULL)"
+            ))
+            .execute(&pool)
+            .await
+            .unwrap();
+            let insert = format!(
+                "INSERT INTO {rows} (run_key, value) VALUES {}",
+                $placeholders
+            );
+            let mut points = Vec::new();
+            for point in [Point::Begin, Point::Peek, Point::Complete, Point::Release] {
+                for kind in KINDS {
+                    let store = Arc::new(Faulty::new(store.clone(), point, kind));
+                    let (pool, insert) = (pool.clone(), insert.clone());
+                    let key = format!("tx-{point:?}-{kind:?}-{}", std::process::id());
+                    let runs = Arc::new(AtomicUsize::new(0));
+                    let fail_first = point == Point::Release;
+                    let started = Instant::now();
+                    let select = format!(
+                        "SELECT value FROM {} WHERE run_key = {}",
+                        rows_table(&insert),
+                        $placeholders
+                            .split(',')
+                            .next()
+                            .unwrap()
+                            .trim_start_matches('(')
+                    );
+                    let (check_pool, check_key) = (pool.clone(), key.clone());
+                    let client = move |delay: Duration| {
+                        let (store, pool, insert, key, runs) = (
+                            store.clone(),
+                            pool.clone(),
+                            insert.clone(),
+                            key.clone(),
+                            runs.clone(),
+                        );
+                        async move {
+                            tokio::time::sleep(delay).await;
+                            loop {
+                                assert!(
+                                    started.elapsed() < Duration::from_secs(20),
+                                    "{point:?} {kind:?}: the key stayed blocked"
+                                );
+                                let mut tx = pool.begin().await.unwrap();
+                                let (insert, key2) = (insert.clone(), key.clone());
+                                let runs = runs.clone();
+                                let result = idem::run_in_transaction(
+                                    &*store,
+                                    &mut *tx,
+                                    Call::new("faults.tx", key.as_str(), &7)
+                                        .with_policy(Policy::new().wait(Duration::from_secs(10))),
+                                    |conn| async move {
+                                        let n = runs.fetch_add(1, Ordering::SeqCst) as i64 + 1;
+                                        let value = n * 1000 + 7;
+                                        let written = sqlx::query(&insert)
+                                            .bind(&key2)
+                                            .bind(value)
+                                            .execute(&mut *conn)
+                                            .await;
+                                        let result = match written {
+                                            Err(err) => Err(TestError::from(Error::store(err))),
+                                            Ok(_) if fail_first && n == 1 => {
+                                                Err(TestError::Transient)
+                                            }
+                                            Ok(_) => Ok(value),
+                                        };
+                                        (result, conn)
+                                    },
+                                )
+                                .await;
+                                match result {
+                                    Ok(value) => match tx.commit().await {
+                                        Ok(()) => return value,
+                                        Err(_) => continue,
+                                    },
+                                    Err(TestError::Transient) | Err(TestError::Idem(_, true)) => {
+                                        let _ = tx.rollback().await;
+                                        tokio::time::sleep(Duration::from_millis(30)).await;
+                                    }
+                                    Err(err) => {
+                                        panic!("{point:?} {kind:?}: not retryable: {err:?}")
+                                    }
+                                }
+                            }
+                        }
+                    };
+                    points.push(async move {
+                        let (a, b) =
+                            tokio::join!(client(Duration::ZERO), client(Duration::from_millis(50)));
+                        let stored: Vec<i64> = sqlx::query_scalar(&select)
+                            .bind(&check_key)
+                            .fetch_all(&check_pool)
+                            .await
+                            .unwrap();
+                        assert_eq!(stored.len(), 1, "{point:?} {kind:?}: rows {stored:?}");
+                        assert_eq!((a, b), (stored[0], stored[0]), "{point:?} {kind:?}");
+                    });
+                }
+            }
+            futures::future::join_all(points).await;
+        }
+    };
+}
+
+/// The table an insert statement writes.
+fn rows_table(insert: &str) -> &str {
+    insert
+        .trim_start_matches("INSERT INTO ")
+        .split(' ')
+        .next()
+        .unwrap()
+}
+
+transactional_matrix!(
+    every_transactional_fault_point_on_sqlite,
+    sqlx::Sqlite,
+    "(?1, ?2)",
+    async {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let url = format!("sqlite://{}", dir.path().join("idem.db").display());
+        let store = idem::SqliteStore::connect(&url)
+            .await
+            .expect("open the SQLite file");
+        let pool = store.pool().clone();
+        let guard: Box<dyn std::any::Any> = Box::new(dir);
+        (store, pool, "fault_rows".to_owned(), guard)
+    }
+);
+
+transactional_matrix!(
+    every_transactional_fault_point_on_postgres,
+    sqlx::Postgres,
+    "($1, $2)",
+    async {
+        let (store, db, mut guard) = servers::postgres_store(40).await;
+        let servers::Db::Postgres(pool) = &db else {
+            unreachable!()
+        };
+        let rows = guard.add(servers::unique_table("faultrows"));
+        let pool = pool.clone();
+        let guard: Box<dyn std::any::Any> = Box::new((db, guard));
+        (store, pool, rows, guard)
+    }
+);
+
+transactional_matrix!(
+    every_transactional_fault_point_on_mysql,
+    sqlx::MySql,
+    "(?, ?)",
+    async {
+        let (store, db, mut guard) = servers::mysql_store(40).await;
+        let servers::Db::MySql(pool) = &db else {
+            unreachable!()
+        };
+        let rows = guard.add(servers::unique_table("faultrows"));
+        let pool = pool.clone();
+        let guard: Box<dyn std::any::Any> = Box::new((db, guard));
+        (store, pool, rows, guard)
+    }
+);
