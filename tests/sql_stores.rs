@@ -392,6 +392,45 @@ async fn byte_exact_keys_and_scopes(store: Arc<dyn Store>) {
     assert_eq!(record.scope, scope);
 }
 
+/// A record this library cannot have written (in progress without a
+/// lease) makes a claim fail with a store error naming the problem, at
+/// once: it never loops on it.
+async fn corrupt_record_is_an_error_not_a_loop(store: Arc<dyn Store>, db: Db, table: &str) {
+    let fingerprint = idem::Fingerprint::of(&1).unwrap().to_hex();
+    let t = db.ident(table);
+    let (bytes, token) = match &db {
+        Db::Postgres(_) => (format!("decode('{fingerprint}', 'hex')"), "NULL".to_owned()),
+        Db::MySql(_) => (
+            format!("X'{fingerprint}'"),
+            format!("X'{}'", "00".repeat(16)),
+        ),
+    };
+    let key = if matches!(db, Db::Postgres(_)) {
+        "key"
+    } else {
+        "`key`"
+    };
+    db.execute(&format!(
+        "INSERT INTO {t} (scope, {key}, fingerprint, state, fence, lease_until, claim_token, \
+         created_at, expires_at) VALUES ('{SCOPE}', 'corrupt', {bytes}, 'in_progress', 1, NULL, \
+         {token}, 0, 9000000000000)"
+    ))
+    .await;
+    let runs = Runs::default();
+    let result = tokio::time::timeout(
+        Duration::from_secs(10),
+        charge(&*store, "corrupt", Policy::new(), &runs),
+    )
+    .await
+    .expect("a corrupt record made the claim loop");
+    let err = result.unwrap_err();
+    assert!(
+        matches!(&err, Error::Store(e) if e.to_string().contains("corrupt idempotency record")),
+        "{err:?}"
+    );
+    assert_eq!(runs.count(), 0);
+}
+
 /// A claim that takes a record over rewrites all of it: after a lapsed
 /// lease (same payload) and after expiry (another payload), the record is
 /// the new claim's, column by column.
@@ -473,6 +512,12 @@ mod postgres {
     async fn killed_while_claiming() {
         let (store, db, _guard, table) = store(4).await;
         super::killed_while_claiming(store, db, &table).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn corrupt_record_is_an_error_not_a_loop() {
+        let (store, db, _guard, table) = store(4).await;
+        super::corrupt_record_is_an_error_not_a_loop(store, db, &table).await;
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -592,6 +637,12 @@ mod mysql {
     async fn killed_while_claiming() {
         let (store, db, _guard, table) = store(4).await;
         super::killed_while_claiming(store, db, &table).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn corrupt_record_is_an_error_not_a_loop() {
+        let (store, db, _guard, table) = store(4).await;
+        super::corrupt_record_is_an_error_not_a_loop(store, db, &table).await;
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
