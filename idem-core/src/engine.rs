@@ -339,19 +339,9 @@ where
         // From here on, a dropped caller hands back whatever it holds.
         let mut guard = Guard::new(store.detach(), Claim::granted(&request, 0));
         let mut records = Pooled(store);
-        let claim = match claim_or_replay(&mut records, &call, &request, &outcomes).await {
-            Ok(Ok(claim)) => claim,
-            Ok(Err(replayed)) => {
-                guard.disarm();
-                return replayed;
-            }
-            // A store error may hide a claim that landed: the guard hands
-            // it back, by its token, as it drops.
-            Err(err @ Error::Store(_)) => return Err(err.into()),
-            Err(err) => {
-                guard.disarm();
-                return Err(err.into());
-            }
+        let claim = match claimed(&mut records, &call, &request, &outcomes, &mut guard).await {
+            Ok(claim) => claim,
+            Err(answer) => return answer,
         };
         guard.running(claim.clone());
         let result = renewing(store, &claim, body).await;
@@ -406,17 +396,9 @@ where
             conn,
             locked: false,
         };
-        let claim = match claim_or_replay(&mut records, &call, &request, &outcomes).await {
-            Ok(Ok(claim)) => claim,
-            Ok(Err(replayed)) => {
-                guard.disarm();
-                return replayed;
-            }
-            Err(err @ Error::Store(_)) => return Err(err.into()),
-            Err(err) => {
-                guard.disarm();
-                return Err(err.into());
-            }
+        let claim = match claimed(&mut records, &call, &request, &outcomes, &mut guard).await {
+            Ok(claim) => claim,
+            Err(answer) => return answer,
         };
         // The claim is written in the caller's open transaction: nobody
         // else sees it, and a competing claim waits for the transaction to
@@ -689,6 +671,35 @@ where
     }
     fn may_wait(&self) -> bool {
         !self.locked
+    }
+}
+
+/// The claim, or the caller's answer (a replay, or an error). A store
+/// error leaves the guard armed: the claim may have landed with its answer
+/// lost, and the guard hands it back, by its token, as it drops.
+async fn claimed<R, T, E, O>(
+    records: &mut R,
+    call: &Checked,
+    request: &BeginRequest<'_>,
+    outcomes: &O,
+    guard: &mut Guard,
+) -> Result<Claim, Result<T, E>>
+where
+    R: Records,
+    E: From<Error>,
+    O: Outcomes<T, E>,
+{
+    match claim_or_replay(records, call, request, outcomes).await {
+        Ok(Ok(claim)) => Ok(claim),
+        Ok(Err(replayed)) => {
+            guard.disarm();
+            Err(replayed)
+        }
+        Err(err @ Error::Store(_)) => Err(Err(err.into())),
+        Err(err) => {
+            guard.disarm();
+            Err(Err(err.into()))
+        }
     }
 }
 

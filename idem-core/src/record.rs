@@ -22,7 +22,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use crate::{Fingerprint, Key, Scope};
+use crate::fingerprint::Fingerprint;
+use crate::key::{Key, Scope};
 
 /// Milliseconds since the Unix epoch: the time base of every store. The SQL
 /// stores read it from the database's clock, never from the process's.
@@ -209,6 +210,26 @@ impl Record {
     }
 }
 
+/// What a caller asks of [`Store::begin`](crate::Store::begin).
+#[derive(Clone, Copy, Debug)]
+pub struct BeginRequest<'a> {
+    /// The operation.
+    pub scope: &'a Scope,
+    /// The client's key.
+    pub key: &'a Key,
+    /// The payload's fingerprint.
+    pub fingerprint: &'a Fingerprint,
+    /// This attempt's identity: written with the claim, and recognized when
+    /// the same request is sent again after its answer was lost.
+    pub token: ClaimToken,
+    /// How long the claim is held before it may be taken over, unless
+    /// renewed.
+    pub lease: Duration,
+    /// How long the completed record is kept. An in-progress record is kept
+    /// at least as long as its lease.
+    pub ttl: Duration,
+}
+
 /// A caller's hold on a key: proof that it may run the operation, renew
 /// its lease and store its outcome, as long as the record still carries
 /// its token.
@@ -230,7 +251,7 @@ pub struct Claim {
 
 impl Claim {
     /// The claim that `request` was granted with `fence`.
-    pub fn granted(request: &crate::store::BeginRequest<'_>, fence: i64) -> Self {
+    pub fn granted(request: &BeginRequest<'_>, fence: i64) -> Self {
         Claim {
             scope: request.scope.clone(),
             key: request.key.clone(),
@@ -301,7 +322,7 @@ impl Decision {
 /// - in progress with a valid lease: [`Begin::InProgress`];
 /// - anything free (expired, or a lapsed lease): [`Decision::Retry`], since
 ///   only the atomic claim may hand out a key.
-pub fn decide(request: &crate::store::BeginRequest<'_>, record: &Record, now: Millis) -> Decision {
+pub fn decide(request: &BeginRequest<'_>, record: &Record, now: Millis) -> Decision {
     if record.state == State::InProgress && record.token == Some(request.token) {
         return Decision::Answer(Begin::Claimed(Claim::granted(request, record.fence)));
     }
@@ -329,7 +350,6 @@ pub fn decide(request: &crate::store::BeginRequest<'_>, record: &Record, now: Mi
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::BeginRequest;
 
     fn record(state: State, fp: &Fingerprint) -> Record {
         Record {

@@ -109,7 +109,7 @@
 
 use std::collections::HashSet;
 use std::future::Future;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use sqlx::error::BoxDynError;
@@ -468,28 +468,18 @@ impl<S: Store + Clone + 'static> Store for Claims<S> {
 }
 
 /// Runs `migrate` once per database in this process, keyed by `database`
-/// (the backend and its connect options).
+/// (the backend and its connect options). First calls wait for each other
+/// rather than migrate at once.
 pub(crate) async fn migrate_once<F>(database: String, migrate: F) -> Result<(), Error>
 where
     F: Future<Output = Result<(), Error>>,
 {
-    static MIGRATED: OnceLock<Mutex<HashSet<String>>> = OnceLock::new();
-    let migrated = MIGRATED.get_or_init(Mutex::default);
-    let done = |set: &Mutex<HashSet<String>>| {
-        set.lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .contains(&database)
-    };
-    if done(migrated) {
-        return Ok(());
+    static MIGRATED: OnceLock<tokio::sync::Mutex<HashSet<String>>> = OnceLock::new();
+    let mut migrated = MIGRATED.get_or_init(Default::default).lock().await;
+    if !migrated.contains(&database) {
+        migrate.await?;
+        migrated.insert(database);
     }
-    // Concurrent first calls may both migrate: migrations are safe to run
-    // at once.
-    migrate.await?;
-    migrated
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .insert(database);
     Ok(())
 }
 

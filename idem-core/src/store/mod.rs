@@ -6,7 +6,7 @@
 //! Leases and expiry are decided with the database's clock (the process's
 //! clock only for the in-memory store, whose database is the process), and
 //! every fenced write (renewal, completion, release) names the claim's
-//! [`ClaimToken`], which never repeats.
+//! [`ClaimToken`](crate::record::ClaimToken), which never repeats.
 //! The answer to a duplicate is computed by [`record::decide`](crate::record::decide)
 //! so that all backends behave the same; the shared conformance suite in the
 //! repository's `tests/` holds each of them to it.
@@ -16,8 +16,10 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use crate::record::{Begin, Claim, ClaimToken, Outcome, Record};
-use crate::{Error, Fingerprint, Key, Scope};
+use crate::error::Error;
+use crate::key::{Key, Scope};
+pub use crate::record::BeginRequest;
+use crate::record::{Begin, Claim, Outcome, Record};
 
 mod memory;
 #[cfg(feature = "mysql")]
@@ -41,26 +43,6 @@ pub use postgres::PostgresStore;
 #[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
 pub use sqlite::SqliteStore;
 pub(crate) use waiters::Waiters;
-
-/// What a caller asks of [`Store::begin`].
-#[derive(Clone, Copy, Debug)]
-pub struct BeginRequest<'a> {
-    /// The operation.
-    pub scope: &'a Scope,
-    /// The client's key.
-    pub key: &'a Key,
-    /// The payload's fingerprint.
-    pub fingerprint: &'a Fingerprint,
-    /// This attempt's identity: written with the claim, and recognized when
-    /// the same request is sent again after its answer was lost.
-    pub token: ClaimToken,
-    /// How long the claim is held before it may be taken over, unless
-    /// renewed.
-    pub lease: Duration,
-    /// How long the completed record is kept. An in-progress record is kept
-    /// at least as long as its lease.
-    pub ttl: Duration,
-}
 
 /// A place to keep idempotency records.
 ///

@@ -200,7 +200,10 @@ impl SqliteStore {
     /// `idem_migrations` and skipped.
     pub async fn migrate(&self) -> Result<(), Error> {
         let mut conn = self.pool.acquire().await?;
-        let mut tx = conn.begin().await?;
+        // IMMEDIATE: the write lock from the start. A deferred transaction
+        // that read first could not be upgraded while another migrator
+        // writes (SQLITE_BUSY at once, whatever the busy timeout).
+        let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
         sqlx::query(
             "CREATE TABLE IF NOT EXISTS idem_migrations (
                 table_name TEXT    NOT NULL,
