@@ -114,9 +114,13 @@ use std::time::Duration;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
+use crate::engine::Call;
 use crate::engine::{run, run_in_transaction};
+use crate::error::Error;
+use crate::fingerprint::Fingerprint;
+use crate::key::{AsKey, Key, Scope};
+use crate::policy::Policy;
 use crate::store::{Store, TransactionalStore};
-use crate::{AsKey, Call, Error, Fingerprint, Key, Policy, Scope};
 
 /// The key of a message without a natural id: the SHA-256 of its canonical
 /// JSON, as 64 lowercase hex digits (see the [module documentation](self)).
@@ -335,7 +339,8 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::{MemoryStore, State};
+    use crate::record::State;
+    use crate::store::MemoryStore;
 
     #[derive(Debug, PartialEq)]
     enum Failure {

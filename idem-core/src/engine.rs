@@ -96,10 +96,13 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use tracing::Instrument;
 
+use crate::error::Error;
+use crate::fingerprint::Fingerprint;
+use crate::key::{AsKey, Key, Scope};
 use crate::metrics;
+use crate::policy::Policy;
 use crate::record::{Begin, Claim, ClaimToken, Outcome, OutcomeKind};
 use crate::store::{BeginRequest, Store, TransactionalStore};
-use crate::{AsKey, Error, Fingerprint, Key, Policy, Scope};
 
 /// The longest pause between two looks at an in-progress key when the store
 /// cannot wake waiters itself (another process completed it).

@@ -21,7 +21,7 @@ use serde::Serialize;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
-use crate::Error;
+use crate::error::Error;
 
 /// The SHA-256 digest of a canonical payload.
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]

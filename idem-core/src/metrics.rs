@@ -19,7 +19,7 @@
 
 use std::time::Duration;
 
-use crate::Scope;
+use crate::key::Scope;
 
 /// The name of the executions counter.
 pub const EXECUTIONS: &str = "idem_executions_total";

@@ -301,11 +301,11 @@ pub enum Decision {
 impl Decision {
     /// The answer, or `None` to claim again; a corrupt record is a store
     /// error naming what is wrong.
-    pub fn answer(self) -> Result<Option<Begin>, crate::Error> {
+    pub fn answer(self) -> Result<Option<Begin>, crate::error::Error> {
         match self {
             Decision::Answer(answer) => Ok(Some(answer)),
             Decision::Retry => Ok(None),
-            Decision::Corrupt(what) => Err(crate::Error::store(format!(
+            Decision::Corrupt(what) => Err(crate::error::Error::store(format!(
                 "corrupt idempotency record: {what}"
             ))),
         }

@@ -117,13 +117,14 @@ use sqlx::{Database, FromRow, Pool};
 use tracing::Instrument;
 
 use crate::engine::{self, Call, Codec};
+use crate::error::Error;
 use crate::fingerprint::Fingerprint;
 use crate::key::{Key, KeyError, Scope};
 use crate::metrics;
+use crate::policy::Policy;
 use crate::record::{Begin, Claim, Outcome, Record};
 use crate::store::sql::validate_table_name;
 use crate::store::{BeginRequest, Store};
-use crate::{Error, Policy};
 
 #[cfg(feature = "mysql")]
 mod mysql;

@@ -12,8 +12,9 @@ use super::{
     arguments, check_conflict, check_token_names, is_unique_violation, migrate_once, sealed,
     Claims, Dialect, EntityBind, EntityDatabase, TokenEntity, CLAIMS_TABLE,
 };
+use crate::error::Error;
+use crate::key::Key;
 use crate::store::{MySqlStore, Store};
-use crate::{Error, Key};
 
 const DIALECT: Dialect = Dialect::MySql;
 

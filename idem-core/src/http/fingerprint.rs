@@ -10,7 +10,7 @@ use ::http::header::HeaderName;
 use ::http::request::Parts;
 use sha2::{Digest, Sha256};
 
-use crate::Fingerprint;
+use crate::fingerprint::Fingerprint;
 
 const TAG: &[u8] = b"idem-http-request-v1";
 

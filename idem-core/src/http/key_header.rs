@@ -11,7 +11,7 @@ use std::fmt;
 
 use ::http::header::{HeaderMap, HeaderName};
 
-use crate::{Key, KeyError};
+use crate::key::{Key, KeyError};
 
 /// Why the header did not yield a key.
 #[derive(Debug, Clone, PartialEq, Eq)]

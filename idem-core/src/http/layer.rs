@@ -11,7 +11,8 @@ use ::http::{Method, StatusCode};
 use tower_layer::Layer;
 
 use super::Idempotency;
-use crate::{Policy, Store};
+use crate::policy::Policy;
+use crate::store::Store;
 
 /// Who sends a request: the principal that keys are scoped to (a tenant, an
 /// account, an API key id, an authenticated user).

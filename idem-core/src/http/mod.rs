@@ -152,6 +152,6 @@ pub use service::Idempotency;
 /// `None` when the layer would answer 400. Exposed for the property tests of
 /// the parser; not a public API.
 #[doc(hidden)]
-pub fn parse_key_header(value: &[u8]) -> Option<crate::Key> {
+pub fn parse_key_header(value: &[u8]) -> Option<crate::key::Key> {
     key_header::parse_key(value).ok()
 }

@@ -21,7 +21,9 @@ use super::layer::Config;
 use super::stored::{ResponseCodec, StoredResponse};
 use super::Problem;
 use crate::engine::{run_with_codec, Call};
-use crate::{Error, Key, Scope, Store};
+use crate::error::Error;
+use crate::key::{Key, Scope};
+use crate::store::Store;
 
 /// The header that marks a replayed response.
 pub(crate) const REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
@@ -376,7 +378,7 @@ mod tests {
 
     use super::*;
     use crate::http::IdempotencyLayer;
-    use crate::MemoryStore;
+    use crate::store::MemoryStore;
 
     type Req = Request<Full<Bytes>>;
 

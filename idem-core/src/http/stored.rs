@@ -17,7 +17,7 @@ use ::http::StatusCode;
 use bytes::Bytes;
 
 use crate::engine::Codec;
-use crate::Error;
+use crate::error::Error;
 
 const VERSION: u8 = 1;
 

@@ -7,10 +7,11 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use super::{BeginRequest, Store, Waiters};
+use crate::error::Error;
+use crate::key::{Key, Scope};
 use crate::record::{
     decide, duration_millis, now_millis, Begin, Claim, Millis, Outcome, Record, State,
 };
-use crate::{Error, Key, Scope};
 
 /// Records in a map behind a mutex: the claim is atomic because the lookup
 /// and the write happen under one lock. Cloning shares the records.

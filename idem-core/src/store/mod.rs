@@ -219,29 +219,29 @@ macro_rules! transactional_store {
                 &self,
                 $c: &mut $on,
                 request: &$crate::store::BeginRequest<'_>,
-            ) -> Result<Option<$crate::Begin>, $crate::Error> {
+            ) -> Result<Option<$crate::record::Begin>, $crate::error::Error> {
                 <$store>::peek_in(self, $conn, request).await
             }
             async fn begin_on(
                 &self,
                 $c: &mut $on,
                 request: &$crate::store::BeginRequest<'_>,
-            ) -> Result<$crate::Begin, $crate::Error> {
+            ) -> Result<$crate::record::Begin, $crate::error::Error> {
                 <$store>::begin_on(self, $conn, request).await
             }
             async fn complete_on(
                 &self,
                 $c: &mut $on,
-                claim: &$crate::Claim,
-                outcome: &$crate::Outcome,
-            ) -> Result<(), $crate::Error> {
+                claim: &$crate::record::Claim,
+                outcome: &$crate::record::Outcome,
+            ) -> Result<(), $crate::error::Error> {
                 <$store>::complete_on(self, $conn, claim, outcome).await
             }
             async fn release_on(
                 &self,
                 $c: &mut $on,
-                claim: &$crate::Claim,
-            ) -> Result<(), $crate::Error> {
+                claim: &$crate::record::Claim,
+            ) -> Result<(), $crate::error::Error> {
                 <$store>::release_on(self, $conn, claim).await
             }
         }

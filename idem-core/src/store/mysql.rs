@@ -12,8 +12,9 @@ use super::sql::{
     DEFAULT_TABLE,
 };
 use super::{BeginRequest, Store, Waiters};
+use crate::error::Error;
+use crate::key::{Key, Scope};
 use crate::record::{decide, now_millis, Begin, Claim, Millis, Outcome, Record};
-use crate::{Error, Key, Scope};
 
 /// The longest scope (operation and principal) the table holds, in bytes.
 const MAX_SCOPE_LEN: usize = 1024;

@@ -15,8 +15,9 @@ use super::sql::{
     millis, render, unsettled, validate_table_name, StoredRecord, CLAIM_ROUNDS, DEFAULT_TABLE,
 };
 use super::{BeginRequest, Store, Waiters};
+use crate::error::Error;
+use crate::key::{Key, Scope};
 use crate::record::{decide, now_millis, Begin, Claim, Millis, Outcome, Record};
-use crate::{Error, Key, Scope};
 
 /// The embedded migrations, in order. `{table}` is the records table,
 /// `{index}` the name of its expiry index.

@@ -1,8 +1,10 @@
 //! What the SQL backends share: table names and the embedded migrations'
 //! bookkeeping.
 
+use crate::error::Error;
+use crate::fingerprint::Fingerprint;
+use crate::key::{Key, Scope};
 use crate::record::{ClaimToken, Millis, Outcome, OutcomeKind, Record, State};
-use crate::{Error, Fingerprint, Key, Scope};
 
 /// The default name of the records table.
 pub(crate) const DEFAULT_TABLE: &str = "idem_records";

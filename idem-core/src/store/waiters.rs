@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use tokio::sync::Notify;
 
-use crate::{Key, Scope};
+use crate::key::{Key, Scope};
 
 type Slot = (String, String);
 
