@@ -35,7 +35,7 @@
 //! | `Err(e)`, the handler's error | the marker was released: a redelivery runs the handler again | nacks with requeue (or dead-letters a poison message) |
 //! | `Err(e)` from [`Error::InProgress`] | another consumer is processing the same message right now, past the wait bound | nacks with requeue, after a pause |
 //! | `Err(e)` from [`Error::KeyReused`], [`Error::InvalidKey`] | the message cannot be processed as sent | dead-letters |
-//! | `Err(e)` from [`Error::Store`] | the database failed; nothing is known to have happened | nacks with requeue |
+//! | `Err(e)` from [`Error::Store`] | the database failed before the handler ran (with [`process`](Deduplicator::process), a handler that ran always returns its value: its marker is stored with retries, in the background if it takes long); with [`process_in_transaction`](Deduplicator::process_in_transaction), storing the marker failed and the transaction, handler's rows included, is to be rolled back | nacks with requeue |
 //!
 //! [`Error::is_retryable`] tells the requeue cases from the dead-letter ones.
 //!
