@@ -43,8 +43,39 @@
 #![warn(missing_docs, unreachable_pub)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+// The facade lists what it exports, so that adding a name to the core
+// never adds it here by accident.
+#[cfg(feature = "http")]
+#[cfg_attr(docsrs, doc(cfg(feature = "http")))]
 #[doc(inline)]
-pub use idem_core::*;
+pub use idem_core::http;
+#[cfg(feature = "mysql")]
+#[cfg_attr(docsrs, doc(cfg(feature = "mysql")))]
+#[doc(inline)]
+pub use idem_core::MySqlStore;
+#[cfg(feature = "postgres")]
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
+#[doc(inline)]
+pub use idem_core::PostgresStore;
+#[cfg(feature = "sqlite")]
+#[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
+#[doc(inline)]
+pub use idem_core::SqliteStore;
+#[doc(inline)]
+pub use idem_core::{
+    consumer, engine, fingerprint, metrics, record, run, run_in_transaction,
+    run_in_transaction_replaying, run_replaying, run_with_codec, store, AsKey, Begin, BeginRequest,
+    Call, Claim, ClaimToken, Codec, Error, Fingerprint, InProgressPolicy, Key, KeyError,
+    MemoryStore, Outcome, OutcomeKind, Policy, Record, Scope, State, Store, TransactionalStore,
+    MAX_KEY_LEN, MAX_SCOPE_LEN,
+};
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
+#[cfg_attr(
+    docsrs,
+    doc(cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql")))
+)]
+#[doc(inline)]
+pub use idem_core::{entity, is_unique_violation, Entity, EntityBind, TokenEntity};
 
 /// Makes an `async fn` idempotent: *find by key, or execute and save*.
 ///

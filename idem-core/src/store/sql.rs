@@ -49,6 +49,7 @@ pub(crate) fn unsettled() -> Error {
 /// exhausted, or holds a single connection the caller has): the caller
 /// then goes on to the claim on its own connection, which reads the
 /// latest row.
+#[cfg(any(feature = "sqlite", feature = "mysql"))]
 pub(crate) async fn beside<DB: sqlx::Database>(
     pool: &sqlx::Pool<DB>,
 ) -> Option<sqlx::pool::PoolConnection<DB>> {
