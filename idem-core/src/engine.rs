@@ -340,7 +340,7 @@ where
     async move {
         let request = call.request();
         // From here on, a dropped caller hands back whatever it holds.
-        let mut guard = Guard::new(store.detach(), Claim::granted(&request, 0));
+        let mut guard = Guard::new(store, Claim::granted(&request, 0));
         let mut records = Pooled(store);
         let claim = match claimed(&mut records, &call, &request, &outcomes, &mut guard).await {
             Ok(claim) => claim,
@@ -350,15 +350,16 @@ where
         let result = renewing(store, &claim, body).await;
         let stored = match outcomes.encode(&result) {
             Some(Ok(outcome)) => outcome,
-            Some(Err(err)) => {
-                release(&mut records, &claim).await;
-                guard.disarm();
-                return Err(err.into());
-            }
-            None => {
-                release(&mut records, &claim).await;
-                guard.disarm();
-                return result;
+            // Nothing to store: release the key. Should that fail, the
+            // guard hands it back in the background as it drops.
+            encoded => {
+                if release(&mut records, &claim).await {
+                    guard.disarm();
+                }
+                return match encoded {
+                    Some(Err(err)) => Err(err.into()),
+                    _ => result,
+                };
             }
         };
         guard.saving(stored.clone());
@@ -393,7 +394,7 @@ where
     let span = call.span();
     async move {
         let request = call.request();
-        let mut guard = Guard::new(store.detach(), Claim::granted(&request, 0));
+        let mut guard = Guard::new(store, Claim::granted(&request, 0));
         let mut records = OnConnection {
             store,
             conn,
@@ -431,7 +432,11 @@ where
                 release(&mut records, &claim).await;
                 return Err(err.into());
             }
-            None => release(&mut records, &claim).await,
+            None => {
+                // On the caller's transaction: if this fails, so does the
+                // transaction, and the claim rolls back with it.
+                release(&mut records, &claim).await;
+            }
         }
         result
     }
@@ -583,17 +588,18 @@ impl<S: Store + ?Sized> Records for Pooled<'_, S> {
         // A lost answer is asked for again with the same token: a claim
         // that landed is recognized as ours.
         let mut pause = Duration::from_millis(10);
-        for attempt in 1.. {
+        let mut attempt = 1;
+        loop {
             match self.0.begin(request).await {
                 Err(err @ Error::Store(_)) if attempt < BEGIN_ATTEMPTS => {
                     tracing::warn!(error = %err, attempt, "claiming failed; trying again");
                     tokio::time::sleep(pause).await;
                     pause *= 4;
+                    attempt += 1;
                 }
                 answer => return answer,
             }
         }
-        unreachable!("the loop returns")
     }
     async fn peek(&mut self, request: &BeginRequest<'_>) -> Result<Option<Begin>, Error> {
         self.0.peek(request).await
@@ -680,14 +686,15 @@ where
 /// The claim, or the caller's answer (a replay, or an error). A store
 /// error leaves the guard armed: the claim may have landed with its answer
 /// lost, and the guard hands it back, by its token, as it drops.
-async fn claimed<R, T, E, O>(
+async fn claimed<S, R, T, E, O>(
     records: &mut R,
     call: &Checked,
     request: &BeginRequest<'_>,
     outcomes: &O,
-    guard: &mut Guard,
+    guard: &mut Guard<'_, S>,
 ) -> Result<Claim, Result<T, E>>
 where
+    S: Store + ?Sized,
     R: Records,
     E: From<Error>,
     O: Outcomes<T, E>,
@@ -901,14 +908,21 @@ async fn save<S: Store + ?Sized>(
     }
 }
 
-async fn release<R: Records>(records: &mut R, claim: &Claim) {
+/// Releases the key after a failed operation; answers whether the claim
+/// is settled (released, or not ours any more).
+async fn release<R: Records>(records: &mut R, claim: &Claim) -> bool {
     match records.release(claim).await {
-        Ok(()) => tracing::debug!(
-            decision = "released",
-            "the operation failed; the key is free for a retry"
-        ),
+        Ok(()) => {
+            tracing::debug!(
+                decision = "released",
+                "the operation failed; the key is free for a retry"
+            );
+            true
+        }
+        Err(Error::LeaseLost) => true,
         Err(err) => {
-            tracing::warn!(error = %err, "releasing the key failed; it frees itself when the lease runs out")
+            tracing::warn!(error = %err, "releasing the key failed; handing it back in the background");
+            false
         }
     }
 }
@@ -927,14 +941,17 @@ enum Holding {
 /// Hands on what a dropped (or failed) caller holds, from a task of its
 /// own: the claim back to the store (fenced by its token, so a later
 /// claim is never touched), or the outcome into it.
-struct Guard {
-    store: Option<Arc<dyn Store>>,
+///
+/// It borrows the store and detaches it ([`Store::detach`]) only when it
+/// has something to hand on, so a call that ends normally pays nothing.
+struct Guard<'s, S: Store + ?Sized> {
+    store: &'s S,
     claim: Claim,
     holding: Holding,
 }
 
-impl Guard {
-    fn new(store: Option<Arc<dyn Store>>, claim: Claim) -> Self {
+impl<'s, S: Store + ?Sized> Guard<'s, S> {
+    fn new(store: &'s S, claim: Claim) -> Self {
         Guard {
             store,
             claim,
@@ -956,7 +973,7 @@ impl Guard {
     }
 }
 
-impl Drop for Guard {
+impl<S: Store + ?Sized> Drop for Guard<'_, S> {
     fn drop(&mut self) {
         let holding = std::mem::replace(&mut self.holding, Holding::Nothing);
         if matches!(holding, Holding::Nothing) {
@@ -964,7 +981,7 @@ impl Drop for Guard {
         }
         let claim = self.claim.clone();
         let runtime = tokio::runtime::Handle::try_current().ok();
-        let (Some(store), Some(runtime)) = (self.store.take(), runtime) else {
+        let (Some(runtime), Some(store)) = (runtime, self.store.detach()) else {
             tracing::warn!(
                 decision = "abandoned",
                 fence = claim.fence,
