@@ -401,6 +401,30 @@ pub async fn purge_removes_only_expired<S: Store>(store: S) {
     assert_eq!(store.purge_expired(3).await.unwrap(), 0);
 }
 
+/// A claim taken straight from the store, with a fresh token: an owner
+/// that never renews (a crashed or stopped process).
+async fn claim_directly<S: Store>(
+    store: &S,
+    scope: &Scope,
+    key: &Key,
+    fingerprint: &idem::Fingerprint,
+    lease: Duration,
+    ttl: Duration,
+) -> idem::Claim {
+    let request = BeginRequest {
+        scope,
+        key,
+        fingerprint,
+        token: ClaimToken::new(),
+        lease,
+        ttl,
+    };
+    match store.begin(&request).await.unwrap() {
+        Begin::Claimed(claim) => claim,
+        other => panic!("not claimed: {other:?}"),
+    }
+}
+
 /// An owner that stops renewing (a crashed or stopped process: here a
 /// claim taken straight from the store, which nobody renews) is taken over
 /// once its lease lapses. While the new owner still runs, everything the
@@ -416,17 +440,15 @@ pub async fn lease_takeover_fences_the_old_owner<S: Store>(store: S) {
     let runs = Runs::default();
     let payload = charge(9);
     let fingerprint = idem::Fingerprint::of(&payload).unwrap();
-    let request = BeginRequest {
-        scope: &scope,
-        key: &k,
-        fingerprint: &fingerprint,
-        token: ClaimToken::new(),
-        lease: Duration::from_millis(200),
-        ttl: Duration::from_secs(60),
-    };
-    let Begin::Claimed(zombie) = store.begin(&request).await.unwrap() else {
-        panic!("a fresh key was not claimed")
-    };
+    let zombie = claim_directly(
+        &store,
+        &scope,
+        &k,
+        &fingerprint,
+        Duration::from_millis(200),
+        Duration::from_secs(60),
+    )
+    .await;
     let policy = Policy::new().lease(Duration::from_secs(5)).fail_fast();
     // While the lease holds: in progress.
     let err = pay(&store, &key, &payload, policy, &runs)
@@ -496,27 +518,12 @@ pub async fn zombie_completion_after_release_is_refused<S: Store>(store: S) {
     );
     let (a_payload, c_payload) = (charge(1), charge(2));
     let a_fingerprint = idem::Fingerprint::of(&a_payload).unwrap();
-    let a = BeginRequest {
-        scope: &scope,
-        key: &k,
-        fingerprint: &a_fingerprint,
-        token: ClaimToken::new(),
-        lease: Duration::from_millis(150),
-        ttl: Duration::from_secs(60),
-    };
-    let Begin::Claimed(a_claim) = store.begin(&a).await.unwrap() else {
-        panic!("a fresh key was not claimed")
-    };
+    let (lease, ttl) = (Duration::from_millis(150), Duration::from_secs(60));
+    let a_claim = claim_directly(&store, &scope, &k, &a_fingerprint, lease, ttl).await;
     assert_eq!(a_claim.fence, 1);
     tokio::time::sleep(Duration::from_millis(250)).await;
     // B takes over (fence 2), fails, releases: the row is gone.
-    let b = BeginRequest {
-        token: ClaimToken::new(),
-        ..a
-    };
-    let Begin::Claimed(b_claim) = store.begin(&b).await.unwrap() else {
-        panic!("the lapsed claim was not taken over")
-    };
+    let b_claim = claim_directly(&store, &scope, &k, &a_fingerprint, lease, ttl).await;
     assert_eq!(b_claim.fence, 2);
     store.release(&b_claim).await.unwrap();
     // C claims with another payload: fence 1 again, another token.
@@ -571,29 +578,20 @@ pub async fn purged_claim_cannot_touch_the_next_one<S: Store>(store: S) {
         Key::new(key.as_str()).unwrap(),
     );
     let fingerprint = idem::Fingerprint::of(&charge(1)).unwrap();
-    let old = BeginRequest {
-        scope: &scope,
-        key: &k,
-        fingerprint: &fingerprint,
-        token: ClaimToken::new(),
-        lease: Duration::from_millis(100),
-        ttl: Duration::from_millis(100),
-    };
-    let Begin::Claimed(old_claim) = store.begin(&old).await.unwrap() else {
-        panic!("a fresh key was not claimed")
-    };
+    let short = Duration::from_millis(100);
+    let old_claim = claim_directly(&store, &scope, &k, &fingerprint, short, short).await;
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert!(store.purge_expired(100).await.unwrap() >= 1);
     assert!(store.get(&scope, &k).await.unwrap().is_none());
-    let new = BeginRequest {
-        token: ClaimToken::new(),
-        lease: Duration::from_secs(30),
-        ttl: Duration::from_secs(60),
-        ..old
-    };
-    let Begin::Claimed(new_claim) = store.begin(&new).await.unwrap() else {
-        panic!("a purged key was not claimed")
-    };
+    let new_claim = claim_directly(
+        &store,
+        &scope,
+        &k,
+        &fingerprint,
+        Duration::from_secs(30),
+        Duration::from_secs(60),
+    )
+    .await;
     assert_eq!(new_claim.fence, old_claim.fence);
     let late = Outcome {
         kind: OutcomeKind::Ok,
