@@ -43,39 +43,50 @@
 #![warn(missing_docs, unreachable_pub)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
-// The facade lists what it exports, so that adding a name to the core
-// never adds it here by accident.
-#[cfg(feature = "http")]
-#[cfg_attr(docsrs, doc(cfg(feature = "http")))]
-#[doc(inline)]
-pub use idem_core::http;
-#[cfg(feature = "mysql")]
-#[cfg_attr(docsrs, doc(cfg(feature = "mysql")))]
-#[doc(inline)]
-pub use idem_core::MySqlStore;
-#[cfg(feature = "postgres")]
-#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
-#[doc(inline)]
-pub use idem_core::PostgresStore;
-#[cfg(feature = "sqlite")]
-#[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
-#[doc(inline)]
-pub use idem_core::SqliteStore;
-#[doc(inline)]
-pub use idem_core::{
-    consumer, engine, fingerprint, metrics, record, run, run_in_transaction,
-    run_in_transaction_replaying, run_replaying, run_with_codec, store, AsKey, Begin, BeginRequest,
-    Call, Claim, ClaimToken, Codec, Error, Fingerprint, InProgressPolicy, Key, KeyError,
-    MemoryStore, Outcome, OutcomeKind, Policy, Record, Scope, State, Store, TransactionalStore,
-    MAX_KEY_LEN, MAX_SCOPE_LEN,
-};
-#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
+pub mod consumer;
+pub mod engine;
+#[cfg(feature = "_sql")]
 #[cfg_attr(
     docsrs,
     doc(cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql")))
 )]
-#[doc(inline)]
-pub use idem_core::{entity, is_unique_violation, Entity, EntityBind, TokenEntity};
+pub mod entity;
+mod error;
+pub mod fingerprint;
+#[cfg(feature = "http")]
+#[cfg_attr(docsrs, doc(cfg(feature = "http")))]
+pub mod http;
+mod key;
+pub mod metrics;
+mod policy;
+pub mod record;
+pub mod store;
+
+pub use engine::{
+    run, run_in_transaction, run_in_transaction_replaying, run_replaying, run_with_codec, Call,
+    Codec,
+};
+#[cfg(feature = "_sql")]
+#[cfg_attr(
+    docsrs,
+    doc(cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql")))
+)]
+pub use entity::{is_unique_violation, Entity, EntityBind, TokenEntity};
+pub use error::Error;
+pub use fingerprint::Fingerprint;
+pub use key::{AsKey, Key, KeyError, Scope, MAX_KEY_LEN, MAX_SCOPE_LEN};
+pub use policy::{InProgressPolicy, Policy};
+pub use record::{Begin, Claim, ClaimToken, Outcome, OutcomeKind, Record, State};
+#[cfg(feature = "mysql")]
+#[cfg_attr(docsrs, doc(cfg(feature = "mysql")))]
+pub use store::MySqlStore;
+#[cfg(feature = "postgres")]
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
+pub use store::PostgresStore;
+#[cfg(feature = "sqlite")]
+#[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
+pub use store::SqliteStore;
+pub use store::{BeginRequest, MemoryStore, Store, TransactionalStore};
 
 /// Makes an `async fn` idempotent: *find by key, or execute and save*.
 ///
@@ -114,14 +125,12 @@ pub use idem_macros::Entity;
 /// release.
 #[doc(hidden)]
 pub mod __private {
+    pub use crate::engine::{run, run_in_transaction, run_in_transaction_replaying, run_replaying};
+    pub use crate::{AsKey, Call, Error, Fingerprint, Key, KeyError, Policy, Scope};
     pub use ::core::time::Duration;
-    pub use idem_core::engine::{
-        run, run_in_transaction, run_in_transaction_replaying, run_replaying,
-    };
-    pub use idem_core::{AsKey, Call, Error, Fingerprint, Key, KeyError, Policy, Scope};
 
     #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
-    pub use idem_core::entity::{
+    pub use crate::entity::{
         run as run_entity, sqlx, Entity, EntityBind, RequestHash, TokenEntity,
     };
 

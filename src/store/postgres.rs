@@ -83,8 +83,8 @@ const MAX_NOTIFY_PAYLOAD: usize = 7999;
 /// it commits.
 ///
 /// ```no_run
-/// # async fn example() -> Result<(), idem_core::Error> {
-/// use idem_core::PostgresStore;
+/// # async fn example() -> Result<(), idem::Error> {
+/// use idem::PostgresStore;
 /// let store = PostgresStore::connect("postgres://postgres@127.0.0.1:5432/test").await?;
 /// let audit = PostgresStore::new(store.pool().clone())
 ///     .with_table_name("audit_idempotency")?;

@@ -77,8 +77,8 @@ const DEADLOCK_ATTEMPTS: u32 = 5;
 /// such as an open transaction.
 ///
 /// ```no_run
-/// # async fn example() -> Result<(), idem_core::Error> {
-/// use idem_core::MySqlStore;
+/// # async fn example() -> Result<(), idem::Error> {
+/// use idem::MySqlStore;
 /// let store = MySqlStore::connect("mysql://root@127.0.0.1:3306/test").await?;
 /// let audit = MySqlStore::new(store.pool().clone())
 ///     .with_table_name("audit_idempotency")?;

@@ -182,7 +182,7 @@ const DIGEST_MARK: &str = "...sha256:";
 /// then `...sha256:` and the SHA-256 of the whole part in 64 hex digits:
 ///
 /// ```
-/// use idem_core::{Scope, MAX_SCOPE_LEN};
+/// use idem::{Scope, MAX_SCOPE_LEN};
 ///
 /// let path = format!("POST /files/{}", "a".repeat(4000));
 /// let scope = Scope::new(&path).with_principal("acct_1");

@@ -4,8 +4,8 @@
 //!
 //! ```
 //! use axum::{routing::post, Router};
-//! use idem_core::http::IdempotencyLayer;
-//! use idem_core::MemoryStore;
+//! use idem::http::IdempotencyLayer;
+//! use idem::MemoryStore;
 //! use tower::ServiceExt;
 //!
 //! async fn create_order(body: String) -> String {

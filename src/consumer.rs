@@ -69,15 +69,15 @@
 //! ## Example
 //!
 //! ```
-//! use idem_core::consumer::{content_key, Deduplicator, Handled};
-//! use idem_core::MemoryStore;
+//! use idem::consumer::{content_key, Deduplicator, Handled};
+//! use idem::MemoryStore;
 //! use serde::{Deserialize, Serialize};
 //!
 //! #[derive(Serialize, Deserialize)]
 //! struct OrderPlaced { order_id: String, sku: String, quantity: u32 }
 //!
 //! /// The work: reserve the stock (here, just say how much).
-//! async fn reserve(event: &OrderPlaced) -> Result<u32, idem_core::Error> {
+//! async fn reserve(event: &OrderPlaced) -> Result<u32, idem::Error> {
 //!     Ok(event.quantity)
 //! }
 //!
@@ -97,7 +97,7 @@
 //! let a: serde_json::Value = serde_json::from_str(r#"{"sku":"pear","qty":1}"#)?;
 //! let b: serde_json::Value = serde_json::from_str(r#"{ "qty": 1, "sku": "pear" }"#)?;
 //! assert_eq!(content_key(&a)?, content_key(&b)?);
-//! # Ok::<_, idem_core::Error>(())
+//! # Ok::<_, idem::Error>(())
 //! # }).unwrap();
 //! ```
 //!

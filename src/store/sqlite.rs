@@ -63,12 +63,12 @@ const NOW: &str = "CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS IN
 ///
 /// ```
 /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
-/// use idem_core::SqliteStore;
+/// use idem::SqliteStore;
 /// let store = SqliteStore::connect("sqlite::memory:").await?;
 /// let audit = SqliteStore::new(store.pool().clone())
 ///     .with_table_name("audit_idempotency")?;
 /// audit.migrate().await?;
-/// # Ok::<_, idem_core::Error>(())
+/// # Ok::<_, idem::Error>(())
 /// # }).unwrap();
 /// ```
 #[derive(Clone, Debug)]

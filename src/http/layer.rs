@@ -38,8 +38,8 @@ use crate::store::Store;
 /// use axum::middleware::{self, Next};
 /// use axum::response::{IntoResponse, Response};
 /// use axum::{http::StatusCode, routing::post, Router};
-/// use idem_core::http::IdempotencyLayer;
-/// use idem_core::MemoryStore;
+/// use idem::http::IdempotencyLayer;
+/// use idem::MemoryStore;
 ///
 /// /// The account whose credentials were verified, put in the request's
 /// /// extensions by `authenticate`.
@@ -146,8 +146,8 @@ impl fmt::Debug for Config {
 /// ```
 /// use std::time::Duration;
 /// use http::{Method, StatusCode};
-/// use idem_core::http::IdempotencyLayer;
-/// use idem_core::MemoryStore;
+/// use idem::http::IdempotencyLayer;
+/// use idem::MemoryStore;
 ///
 /// let layer = IdempotencyLayer::new(MemoryStore::new())
 ///     .methods([Method::POST, Method::PUT, Method::PATCH])
