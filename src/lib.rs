@@ -43,6 +43,8 @@
 #![warn(missing_docs, unreachable_pub)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+#[cfg(feature = "_sql")]
+mod backend;
 pub mod consumer;
 pub mod engine;
 #[cfg(feature = "_sql")]

@@ -116,6 +116,8 @@ use sqlx::error::BoxDynError;
 use sqlx::{Database, FromRow, Pool};
 use tracing::Instrument;
 
+use crate::backend::exec::Value;
+use crate::backend::{entity as statements, validate_table_name, Backend, SqlStore};
 use crate::engine::{self, Call, Codec};
 use crate::error::Error;
 use crate::fingerprint::Fingerprint;
@@ -123,15 +125,7 @@ use crate::key::{Key, KeyError, Scope};
 use crate::metrics;
 use crate::policy::Policy;
 use crate::record::{Begin, Claim, Outcome, Record};
-use crate::store::sql::validate_table_name;
 use crate::store::{BeginRequest, Store};
-
-#[cfg(feature = "mysql")]
-mod mysql;
-#[cfg(feature = "postgres")]
-mod postgres;
-#[cfg(feature = "sqlite")]
-mod sqlite;
 
 /// The sqlx version this crate is built with, for the derive's generated
 /// code.
@@ -231,36 +225,66 @@ impl<T: RequestHash> RequestHash for Option<T> {
     }
 }
 
-mod sealed {
-    pub trait Sealed {}
-}
-
 /// The databases entity mode and upserts run on: `Sqlite`, `Postgres` and
 /// `MySql`, each with its backend's feature.
-pub trait EntityDatabase: Database + sealed::Sealed {
+pub trait EntityDatabase: Backend {
     /// The records store holding entity mode's claims, in the pool's
     /// database (table `idem_entity_claims`, created on first use).
     #[doc(hidden)]
-    fn claims(pool: &Pool<Self>) -> impl Future<Output = Result<Arc<dyn Store>, Error>>;
+    fn claims(pool: &Pool<Self>) -> impl Future<Output = Result<Arc<dyn Store>, Error>> {
+        async move {
+            let store = SqlStore::<Self>::new(pool.clone()).with_table_name(CLAIMS_TABLE)?;
+            let database = format!("{} {:?}", <Self as Database>::NAME, pool.connect_options());
+            migrate_once(database, store.migrate()).await?;
+            Ok(Arc::new(Claims(store)) as Arc<dyn Store>)
+        }
+    }
 
+    /// The row whose token is `token`, if any.
     #[doc(hidden)]
     fn find_entity<T>(
         pool: &Pool<Self>,
         token: &Key,
     ) -> impl Future<Output = Result<Option<T>, Error>>
     where
-        T: TokenEntity + for<'r> FromRow<'r, Self::Row> + Send + Unpin;
+        T: TokenEntity + for<'r> FromRow<'r, Self::Row> + Send + Unpin,
+    {
+        async move {
+            check_token_names::<T>()?;
+            let find = statements::select_where::<Self>(T::TABLE, &[T::TOKEN_COLUMN]);
+            let mut conn = pool.acquire().await?;
+            let row = Self::fetch_row(&mut conn, &find, vec![Value::Text(token.as_str())]).await?;
+            Ok(row.map(|row| T::from_row(&row)).transpose()?)
+        }
+    }
 
     /// Inserts the entity and answers the row as stored, or `None` when a
-    /// row holds its token already.
+    /// row holds its token already: `INSERT ... ON CONFLICT (<token>) DO
+    /// NOTHING RETURNING *` (SQLite, PostgreSQL).
     #[doc(hidden)]
     fn insert_entity<T>(
         pool: &Pool<Self>,
         entity: &T,
     ) -> impl Future<Output = Result<Option<T>, Error>>
     where
-        T: TokenEntity + EntityBind<Self> + for<'r> FromRow<'r, Self::Row> + Send + Unpin;
+        T: TokenEntity + EntityBind<Self> + for<'r> FromRow<'r, Self::Row> + Send + Unpin,
+    {
+        async move {
+            let insert = format!(
+                "{} ON CONFLICT ({}) DO NOTHING RETURNING *",
+                statements::insert::<Self>(T::TABLE, T::COLUMNS),
+                statements::quote::<Self>(T::TOKEN_COLUMN)
+            );
+            let mut conn = pool.acquire().await?;
+            let args = arguments::<Self, T>(entity, T::COLUMNS)?;
+            let row = Self::fetch_row_with(&mut conn, &insert, args).await?;
+            Ok(row.map(|row| T::from_row(&row)).transpose()?)
+        }
+    }
 
+    /// Inserts the entity, or updates the row it conflicts with on
+    /// `conflict`, and answers the row as stored: `INSERT ... ON CONFLICT
+    /// (<conflict>) DO UPDATE ... RETURNING *` (SQLite, PostgreSQL).
     #[doc(hidden)]
     fn upsert_entity<T>(
         pool: &Pool<Self>,
@@ -268,7 +292,17 @@ pub trait EntityDatabase: Database + sealed::Sealed {
         conflict: &[&str],
     ) -> impl Future<Output = Result<T, Error>>
     where
-        T: EntityBind<Self> + for<'r> FromRow<'r, Self::Row> + Send + Unpin;
+        T: EntityBind<Self> + for<'r> FromRow<'r, Self::Row> + Send + Unpin,
+    {
+        async move {
+            check_conflict::<T>(conflict)?;
+            let upsert = statements::upsert_returning::<Self>(T::TABLE, T::COLUMNS, conflict);
+            let mut conn = pool.acquire().await?;
+            let args = arguments::<Self, T>(entity, T::COLUMNS)?;
+            let row = Self::fetch_row_with(&mut conn, &upsert, args).await?;
+            Ok(T::from_row(&row.ok_or(sqlx::Error::RowNotFound)?)?)
+        }
+    }
 }
 
 /// Entity mode: returns the row whose token is the call's key, or runs
@@ -527,96 +561,6 @@ pub fn is_unique_violation(err: &sqlx::Error) -> bool {
 /// `code()` is the generic SQLSTATE `23000`.
 fn is_unique_code(code: Option<&str>) -> bool {
     matches!(code, Some("23505" | "2067" | "1555"))
-}
-
-/// How a backend writes names and parameters.
-#[derive(Clone, Copy, Debug)]
-pub(crate) enum Dialect {
-    #[cfg(feature = "sqlite")]
-    Sqlite,
-    #[cfg(feature = "postgres")]
-    Postgres,
-    #[cfg(feature = "mysql")]
-    MySql,
-}
-
-impl Dialect {
-    /// `name` quoted as an identifier.
-    pub(crate) fn quote(self, name: &str) -> String {
-        match self {
-            #[cfg(feature = "mysql")]
-            Dialect::MySql => format!("`{name}`"),
-            #[allow(unreachable_patterns)]
-            _ => format!("\"{name}\""),
-        }
-    }
-
-    /// The `n`th parameter (from 1).
-    pub(crate) fn param(self, n: usize) -> String {
-        match self {
-            #[cfg(feature = "sqlite")]
-            Dialect::Sqlite => format!("?{n}"),
-            #[cfg(feature = "postgres")]
-            Dialect::Postgres => format!("${n}"),
-            #[cfg(feature = "mysql")]
-            Dialect::MySql => {
-                let _ = n;
-                "?".to_owned()
-            }
-        }
-    }
-
-    /// `SELECT * FROM <table> WHERE <c1> = <p1> AND ...`.
-    pub(crate) fn select_where(self, table: &str, columns: &[&str]) -> String {
-        let conditions: Vec<String> = columns
-            .iter()
-            .enumerate()
-            .map(|(i, c)| format!("{} = {}", self.quote(c), self.param(i + 1)))
-            .collect();
-        format!(
-            "SELECT * FROM {} WHERE {}",
-            self.quote(table),
-            conditions.join(" AND ")
-        )
-    }
-
-    /// `INSERT INTO <table> (<columns>) VALUES (<params>)`.
-    pub(crate) fn insert(self, table: &str, columns: &[&str]) -> String {
-        let names: Vec<String> = columns.iter().map(|c| self.quote(c)).collect();
-        let params: Vec<String> = (1..=columns.len()).map(|n| self.param(n)).collect();
-        format!(
-            "INSERT INTO {} ({}) VALUES ({})",
-            self.quote(table),
-            names.join(", "),
-            params.join(", ")
-        )
-    }
-
-    /// `ON CONFLICT (<keys>) DO UPDATE SET <c> = excluded.<c>, ...` over the
-    /// columns other than the keys (PostgreSQL and SQLite). With no other
-    /// column, the first key is set to itself, so that `RETURNING` still
-    /// answers the row.
-    #[cfg(any(feature = "sqlite", feature = "postgres"))]
-    pub(crate) fn on_conflict_update(self, keys: &[&str], columns: &[&str]) -> String {
-        let quoted: Vec<String> = keys.iter().map(|k| self.quote(k)).collect();
-        let mut updated: Vec<&str> = columns
-            .iter()
-            .copied()
-            .filter(|c| !keys.contains(c))
-            .collect();
-        if updated.is_empty() {
-            updated.push(keys[0]);
-        }
-        let set: Vec<String> = updated
-            .iter()
-            .map(|c| format!("{0} = excluded.{0}", self.quote(c)))
-            .collect();
-        format!(
-            "ON CONFLICT ({}) DO UPDATE SET {}",
-            quoted.join(", "),
-            set.join(", ")
-        )
-    }
 }
 
 /// Checks the names of `T`'s table and columns (they are formatted into

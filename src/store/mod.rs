@@ -22,26 +22,24 @@ pub use crate::record::BeginRequest;
 use crate::record::{Begin, Claim, Outcome, Record};
 
 mod memory;
-#[cfg(feature = "mysql")]
-mod mysql;
-#[cfg(feature = "postgres")]
-mod postgres;
-#[cfg(feature = "_sql")]
-pub(crate) mod sql;
-#[cfg(feature = "sqlite")]
-mod sqlite;
 mod waiters;
 
-pub use memory::MemoryStore;
 #[cfg(feature = "mysql")]
 #[cfg_attr(docsrs, doc(cfg(feature = "mysql")))]
-pub use mysql::MySqlStore;
+pub use crate::backend::mysql::MySqlStore;
 #[cfg(feature = "postgres")]
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
-pub use postgres::PostgresStore;
+pub use crate::backend::postgres::PostgresStore;
 #[cfg(feature = "sqlite")]
 #[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
-pub use sqlite::SqliteStore;
+pub use crate::backend::sqlite::SqliteStore;
+#[cfg(feature = "_sql")]
+#[cfg_attr(
+    docsrs,
+    doc(cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql")))
+)]
+pub use crate::backend::{Backend, SqlStore};
+pub use memory::MemoryStore;
 pub(crate) use waiters::Waiters;
 
 /// A place to keep idempotency records.
@@ -201,55 +199,6 @@ macro_rules! forward_transactional_store {
     )*};
 }
 forward_transactional_store!(Arc<S>, Box<S>, &S);
-
-/// Implements [`TransactionalStore`] for a SQL store on its backend's
-/// connection, transaction and pooled connection, through the store's
-/// inherent `*_on` methods.
-#[cfg(feature = "_sql")]
-macro_rules! transactional_store {
-    ($store:ty, $db:ty, $conn:ty) => {
-        $crate::store::transactional_store!(@impl $store, $conn, [], |c| c);
-        $crate::store::transactional_store!(@impl $store, ::sqlx::Transaction<'c, $db>, ['c], |c| &mut **c);
-        $crate::store::transactional_store!(@impl $store, ::sqlx::pool::PoolConnection<$db>, [], |c| &mut **c);
-    };
-    (@impl $store:ty, $on:ty, [$($lt:lifetime)?], |$c:ident| $conn:expr) => {
-        #[::async_trait::async_trait]
-        impl<$($lt)?> $crate::store::TransactionalStore<$on> for $store {
-            async fn peek_in(
-                &self,
-                $c: &mut $on,
-                request: &$crate::store::BeginRequest<'_>,
-            ) -> Result<Option<$crate::record::Begin>, $crate::error::Error> {
-                <$store>::peek_in(self, $conn, request).await
-            }
-            async fn begin_on(
-                &self,
-                $c: &mut $on,
-                request: &$crate::store::BeginRequest<'_>,
-            ) -> Result<$crate::record::Begin, $crate::error::Error> {
-                <$store>::begin_on(self, $conn, request).await
-            }
-            async fn complete_on(
-                &self,
-                $c: &mut $on,
-                claim: &$crate::record::Claim,
-                outcome: &$crate::record::Outcome,
-            ) -> Result<(), $crate::error::Error> {
-                <$store>::complete_on(self, $conn, claim, outcome).await
-            }
-            async fn release_on(
-                &self,
-                $c: &mut $on,
-                claim: &$crate::record::Claim,
-            ) -> Result<(), $crate::error::Error> {
-                <$store>::release_on(self, $conn, claim).await
-            }
-        }
-    };
-}
-#[cfg(feature = "_sql")]
-pub(crate) use transactional_store;
-
 macro_rules! forward_store {
     ($($ty:ty),*) => {$(
         #[async_trait]

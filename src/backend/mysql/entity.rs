@@ -1,60 +1,31 @@
 //! Entity mode and upserts on MySQL and MariaDB: the statements. The flow
-//! is [`super::run`]'s; claims live in the records table
-//! [`CLAIMS_TABLE`](super::CLAIMS_TABLE) of the same database.
+//! is [`crate::entity::run`]'s; claims live in the records table
+//! [`CLAIMS_TABLE`](crate::entity::CLAIMS_TABLE) of the same database.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use sqlx::mysql::{MySql, MySqlPool};
 use sqlx::FromRow;
 
-use super::{
-    arguments, check_conflict, check_token_names, is_unique_violation, migrate_once, sealed,
-    Claims, Dialect, EntityBind, EntityDatabase, TokenEntity, CLAIMS_TABLE,
+use crate::backend::entity as statements;
+use crate::entity::{
+    arguments, check_conflict, is_unique_violation, EntityBind, EntityDatabase, TokenEntity,
 };
 use crate::error::Error;
-use crate::key::Key;
-use crate::store::{MySqlStore, Store};
-
-const DIALECT: Dialect = Dialect::MySql;
 
 /// InnoDB's deadlock error.
 const ER_LOCK_DEADLOCK: u16 = 1213;
 /// How often an upsert picked as a deadlock victim runs.
 const UPSERT_ATTEMPTS: u32 = 5;
 
-impl sealed::Sealed for MySql {}
-
 impl EntityDatabase for MySql {
-    async fn claims(pool: &MySqlPool) -> Result<Arc<dyn Store>, Error> {
-        let store = MySqlStore::new(pool.clone()).with_table_name(CLAIMS_TABLE)?;
-        migrate_once(
-            format!("mysql {:?}", pool.connect_options()),
-            store.migrate(),
-        )
-        .await?;
-        Ok(Arc::new(Claims(store)))
-    }
-
-    async fn find_entity<T>(pool: &MySqlPool, token: &Key) -> Result<Option<T>, Error>
-    where
-        T: TokenEntity + for<'r> FromRow<'r, Self::Row> + Send + Unpin,
-    {
-        check_token_names::<T>()?;
-        let find = DIALECT.select_where(T::TABLE, &[T::TOKEN_COLUMN]);
-        Ok(sqlx::query_as(&find)
-            .bind(token.as_str())
-            .fetch_optional(pool)
-            .await?)
-    }
-
     /// `INSERT`, then the row read back by its token; a duplicate of the
     /// token (error 1062) answers `None`.
     async fn insert_entity<T>(pool: &MySqlPool, entity: &T) -> Result<Option<T>, Error>
     where
         T: TokenEntity + EntityBind<MySql> + for<'r> FromRow<'r, Self::Row> + Send + Unpin,
     {
-        let insert = DIALECT.insert(T::TABLE, T::COLUMNS);
+        let insert = statements::insert::<MySql>(T::TABLE, T::COLUMNS);
         let args = arguments::<MySql, T>(entity, T::COLUMNS)?;
         match sqlx::query_with(&insert, args).execute(pool).await {
             Ok(_) => {}
@@ -96,14 +67,14 @@ impl EntityDatabase for MySql {
         }
         let set: Vec<String> = updated
             .iter()
-            .map(|c| format!("{0} = VALUES({0})", DIALECT.quote(c)))
+            .map(|c| format!("{0} = VALUES({0})", statements::quote::<MySql>(c)))
             .collect();
         let upsert = format!(
             "{} ON DUPLICATE KEY UPDATE {}",
-            DIALECT.insert(T::TABLE, T::COLUMNS),
+            statements::insert::<MySql>(T::TABLE, T::COLUMNS),
             set.join(", ")
         );
-        let select = DIALECT.select_where(T::TABLE, conflict);
+        let select = statements::select_where::<MySql>(T::TABLE, conflict);
         let mut attempt = 1;
         loop {
             match upsert_once(pool, entity, conflict, &upsert, &select).await {

@@ -1,0 +1,178 @@
+//! The SQL backends: one folder each, on one shared skeleton.
+//!
+//! - [`records`]: the flow every backend runs, written once: the claim →
+//!   read → decide loop, the fenced renewal, completion and release, row
+//!   decoding, purges, and the [`Store`](crate::store::Store) and
+//!   [`TransactionalStore`](crate::store::TransactionalStore)
+//!   implementations of [`SqlStore`];
+//! - [`migrate`]: the migrations' bookkeeping (`idem_migrations`);
+//! - `sqlite/`, `postgres/`, `mysql/`: each backend's SQL and its true
+//!   differences (its clock, its claim statement, how migrators are kept
+//!   apart, PostgreSQL's listener, MariaDB's snapshot errors), and its
+//!   statements for entity mode.
+//!
+//! "Where is PostgreSQL's SQL?" has one answer: `backend/postgres/`.
+
+use std::fmt::Debug;
+use std::future::Future;
+
+use crate::error::Error;
+use crate::key::{Key, Scope};
+use crate::record::BeginRequest;
+
+pub(crate) mod entity;
+pub(crate) mod exec;
+pub(crate) mod migrate;
+#[cfg(feature = "mysql")]
+pub(crate) mod mysql;
+#[cfg(feature = "postgres")]
+pub(crate) mod postgres;
+pub(crate) mod records;
+#[cfg(feature = "sqlite")]
+pub(crate) mod sqlite;
+mod statements;
+
+pub(crate) use records::validate_table_name;
+pub use records::SqlStore;
+
+/// The default name of the records table.
+pub(crate) const DEFAULT_TABLE: &str = "idem_records";
+
+/// A sqlx database that [`SqlStore`] keeps records in: SQLite, PostgreSQL
+/// or MySQL/MariaDB, each behind its cargo feature. Sealed: its items are
+/// this crate's.
+pub trait Backend: dialect::Dialect {}
+
+impl<DB: dialect::Dialect> Backend for DB {}
+
+pub(crate) mod dialect {
+    //! What a backend supplies to the shared skeleton.
+    #![allow(unreachable_pub)] // named in `Backend`'s bounds, so `pub`; unnameable outside
+
+    pub use super::exec::Exec;
+    pub use super::statements::Statements;
+    use super::*;
+
+    /// A backend's statements and true differences.
+    pub trait Dialect: Exec + Sized {
+        /// Text columns are binary (MySQL's `VARBINARY`): read as bytes,
+        /// checked as UTF-8.
+        const TEXT_AS_BYTES: bool = false;
+        /// `outcome_kind` is a `SMALLINT` (SQLite's integers are 64 bits).
+        const SMALL_OUTCOME_KIND: bool = true;
+        /// A plain read on the caller's transaction sees the latest
+        /// committed record (PostgreSQL's `READ COMMITTED`); otherwise
+        /// [`SqlStore::peek_in`] reads beside it.
+        const PEEK_IN_CALLER: bool = false;
+
+        /// What the store keeps to wake waiters in other processes.
+        type Wake: Default + Debug + Send + Sync + 'static;
+
+        /// The character that quotes identifiers.
+        const QUOTE: char = '"';
+
+        /// The `n`th placeholder of a statement (from 1).
+        fn param(n: usize) -> String;
+
+        /// The statements on `table`.
+        fn statements(table: String) -> Statements;
+
+        /// How many rows a statement changed (or, on MySQL, matched).
+        fn rows_affected(result: &Self::QueryResult) -> u64;
+
+        /// Creates or upgrades the records table (see [`SqlStore::migrate`]).
+        fn migrate(store: &SqlStore<Self>) -> impl Future<Output = Result<(), Error>> + Send;
+
+        /// Refuses a request this backend cannot keep.
+        fn check_request(request: &BeginRequest<'_>) -> Result<(), Error> {
+            let _ = request;
+            Ok(())
+        }
+
+        /// The database refused a claim because the caller's snapshot is
+        /// older than the record (MariaDB's `innodb_snapshot_isolation`).
+        fn changed_since_read(err: &Error) -> bool {
+            let _ = err;
+            false
+        }
+
+        /// The database rolled a statement back to break a deadlock: on the
+        /// pool, it runs again.
+        fn is_deadlock(err: &Error) -> bool {
+            let _ = err;
+            false
+        }
+
+        /// Tells other processes that `(scope, key)` changed, on `conn`
+        /// (delivered when its transaction commits).
+        fn changed_on<'a>(
+            store: &'a SqlStore<Self>,
+            conn: &'a mut Self::Connection,
+            scope: &'a Scope,
+            key: &'a Key,
+        ) -> impl Future<Output = Result<(), Error>> + Send + 'a {
+            let _ = (store, conn, scope, key);
+            async { Ok(()) }
+        }
+
+        /// Starts listening for changes made by other processes, if the
+        /// backend can.
+        fn listen(store: &SqlStore<Self>) {
+            let _ = store;
+        }
+
+        /// Whether changes made in other processes wake waiters right now.
+        fn wakes_across_processes(store: &SqlStore<Self>) -> bool {
+            let _ = store;
+            false
+        }
+    }
+}
+
+/// Implements [`TransactionalStore`](crate::store::TransactionalStore) for
+/// [`SqlStore`] on a backend's connection, transaction and pooled
+/// connection, through the store's `*_on` methods. (One generic impl per
+/// kind would overlap: the compiler cannot tell a backend's connection
+/// type from a transaction.)
+macro_rules! transactional_store {
+    ($db:ty, $conn:ty) => {
+        $crate::backend::transactional_store!(@impl $db, $conn, [], |c| c);
+        $crate::backend::transactional_store!(@impl $db, ::sqlx::Transaction<'c, $db>, ['c], |c| &mut **c);
+        $crate::backend::transactional_store!(@impl $db, ::sqlx::pool::PoolConnection<$db>, [], |c| &mut **c);
+    };
+    (@impl $db:ty, $on:ty, [$($lt:lifetime)?], |$c:ident| $conn:expr) => {
+        #[::async_trait::async_trait]
+        impl<$($lt)?> $crate::store::TransactionalStore<$on> for $crate::backend::SqlStore<$db> {
+            async fn peek_in(
+                &self,
+                $c: &mut $on,
+                request: &$crate::record::BeginRequest<'_>,
+            ) -> Result<Option<$crate::record::Begin>, $crate::error::Error> {
+                $crate::backend::SqlStore::peek_in(self, $conn, request).await
+            }
+            async fn begin_on(
+                &self,
+                $c: &mut $on,
+                request: &$crate::record::BeginRequest<'_>,
+            ) -> Result<$crate::record::Begin, $crate::error::Error> {
+                $crate::backend::SqlStore::begin_on(self, $conn, request).await
+            }
+            async fn complete_on(
+                &self,
+                $c: &mut $on,
+                claim: &$crate::record::Claim,
+                outcome: &$crate::record::Outcome,
+            ) -> Result<(), $crate::error::Error> {
+                $crate::backend::SqlStore::complete_on(self, $conn, claim, outcome).await
+            }
+            async fn release_on(
+                &self,
+                $c: &mut $on,
+                claim: &$crate::record::Claim,
+            ) -> Result<(), $crate::error::Error> {
+                $crate::backend::SqlStore::release_on(self, $conn, claim).await
+            }
+        }
+    };
+}
+pub(crate) use transactional_store;

@@ -1,0 +1,318 @@
+//! MySQL and MariaDB: their records statements, clock and migrations, the
+//! errors InnoDB answers with, and entity mode's statements ([`entity`]).
+
+use sqlx::mysql::{MySql, MySqlConnection, MySqlPoolOptions, MySqlQueryResult};
+
+use super::dialect::Dialect;
+use super::migrate::{self, Bookkeeping};
+use super::statements::{Param, Statement, Statements};
+use super::SqlStore;
+use crate::error::Error;
+use crate::record::BeginRequest;
+
+pub(crate) mod entity;
+
+/// Records in a MySQL (8.0 or later) or MariaDB (10.5 or later) database
+/// through a sqlx pool.
+///
+/// The claim is one `INSERT ... ON DUPLICATE KEY UPDATE` statement: the
+/// primary key on `(scope, key)` decides, so any number of connections,
+/// processes and hosts sharing the database claim a key once. Each attempt
+/// writes a fresh random claim token with the record; reading the record
+/// back on the same connection tells whether this attempt holds it (then
+/// with which fence) or why not. Leases and expiry use the database's clock
+/// (`UTC_TIMESTAMP(6)`), never the application's.
+///
+/// Scopes are limited to 1024 bytes ([`Error::Config`] beyond). Duplicates
+/// waiting in this process are woken as soon as the first call completes;
+/// those in other processes notice at their next poll (at most 25 ms
+/// apart). A statement that InnoDB rolls back to break a deadlock is run
+/// again, up to a few times, when it ran on the pool.
+///
+/// The `*_on` methods run the same statements on a connection you hold,
+/// such as an open transaction.
+///
+/// ```no_run
+/// # async fn example() -> Result<(), idem::Error> {
+/// use idem::MySqlStore;
+/// let store = MySqlStore::connect("mysql://root@127.0.0.1:3306/test").await?;
+/// let audit = MySqlStore::new(store.pool().clone())
+///     .with_table_name("audit_idempotency")?;
+/// audit.migrate().await?;
+/// # Ok(())
+/// # }
+/// ```
+pub type MySqlStore = SqlStore<MySql>;
+
+/// The longest scope (operation and principal) the table holds, in bytes.
+const MAX_SCOPE_LEN: usize = 1024;
+
+/// The embedded migrations, in order, one statement each. `{table}` is the
+/// records table.
+///
+/// Scope and key are binary strings, so they compare byte for byte, case
+/// and trailing spaces included, whatever the server's collation. The
+/// primary key (at most 1024 + 255 bytes) fits InnoDB's 3072-byte limit
+/// with the `DYNAMIC` row format.
+const MIGRATIONS: &[&str] = &[r#"
+CREATE TABLE IF NOT EXISTS `{table}` (
+    scope        VARBINARY(1024) NOT NULL,
+    `key`        VARBINARY(255)  NOT NULL,
+    fingerprint  BINARY(32)      NOT NULL,
+    state        VARCHAR(11) CHARACTER SET ascii COLLATE ascii_bin NOT NULL,
+    fence        BIGINT          NOT NULL,
+    lease_until  BIGINT          NULL,
+    outcome_kind SMALLINT        NULL,
+    outcome      LONGBLOB        NULL,
+    claim_token  BINARY(16)      NOT NULL,
+    created_at   BIGINT          NOT NULL,
+    expires_at   BIGINT          NOT NULL,
+    PRIMARY KEY (scope, `key`),
+    KEY expires_at (expires_at),
+    CHECK (state IN ('in_progress', 'completed')),
+    CHECK (outcome_kind IN (0, 1)),
+    CHECK (state = 'in_progress' OR (outcome IS NOT NULL AND outcome_kind IS NOT NULL))
+) ENGINE = InnoDB ROW_FORMAT = DYNAMIC
+"#];
+
+/// The server-wide lock that serializes migrations across processes.
+const MIGRATION_LOCK: &str = "idem_migrations";
+/// How long a migration waits for that lock, in seconds.
+const MIGRATION_LOCK_WAIT: i64 = 60;
+
+const BOOKKEEPING: Bookkeeping = Bookkeeping {
+    create: "CREATE TABLE IF NOT EXISTS idem_migrations (
+            table_name VARCHAR(64) CHARACTER SET ascii COLLATE ascii_bin NOT NULL,
+            version    BIGINT NOT NULL,
+            applied_at BIGINT NOT NULL,
+            PRIMARY KEY (table_name, version)
+        ) ENGINE = InnoDB",
+    exists: "SELECT COUNT(*) FROM information_schema.tables
+        WHERE table_schema = DATABASE() AND table_name = '{table}'",
+    applied: "SELECT COALESCE(MAX(version), 0) FROM idem_migrations WHERE table_name = ?",
+    record: "INSERT INTO idem_migrations (table_name, version, applied_at)
+        VALUES (?, ?, ?) ON DUPLICATE KEY UPDATE version = version",
+};
+
+/// The database's clock in milliseconds since the Unix epoch, whatever the
+/// session's time zone: every lease and expiry is decided with it, never
+/// with the application's clock.
+const NOW: &str = "(TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000)";
+
+/// The claim. MySQL evaluates the assignments of `ON DUPLICATE KEY UPDATE`
+/// from left to right, each seeing the values written before it (MariaDB
+/// with `SIMULTANEOUS_ASSIGNMENT` evaluates them all on the old row). So
+/// the first assignment decides, from the old row, whether the key is
+/// `{free}`, and if so stores this attempt's token; every later column then
+/// asks `{ours}`: the token is ours (left to right) or the old row was free
+/// (all at once). Either way each column sees the same decision.
+const CLAIM: &str = r#"INSERT INTO `{table}`
+        (scope, `key`, fingerprint, state, fence, lease_until, claim_token, created_at, expires_at)
+    SELECT c.scope, c.k, c.fingerprint, 'in_progress', 1, c.now_ms + c.lease_ms, c.token, c.now_ms,
+           c.now_ms + GREATEST(c.lease_ms, c.ttl_ms)
+    FROM (SELECT ? AS scope, ? AS k, ? AS fingerprint, {now} AS now_ms,
+                 ? AS lease_ms, ? AS ttl_ms, ? AS token) AS c
+    ON DUPLICATE KEY UPDATE
+        claim_token  = IF({free}, c.token, `{table}`.claim_token),
+        fence        = IF({ours}, `{table}`.fence + 1, `{table}`.fence),
+        outcome_kind = IF({ours}, NULL, `{table}`.outcome_kind),
+        outcome      = IF({ours}, NULL, `{table}`.outcome),
+        fingerprint  = IF({ours}, c.fingerprint, `{table}`.fingerprint),
+        state        = IF({ours}, 'in_progress', `{table}`.state),
+        lease_until  = IF({ours}, c.now_ms + c.lease_ms, `{table}`.lease_until),
+        created_at   = IF({ours}, c.now_ms, `{table}`.created_at),
+        expires_at   = IF({ours}, c.now_ms + GREATEST(c.lease_ms, c.ttl_ms), `{table}`.expires_at)"#;
+
+/// The key may be claimed: expired, or in progress with a lapsed lease and
+/// the same payload.
+const FREE: &str = "(`{table}`.expires_at <= c.now_ms
+            OR (`{table}`.state = 'in_progress'
+                AND `{table}`.lease_until <= c.now_ms
+                AND `{table}`.fingerprint = c.fingerprint))";
+
+/// This attempt holds the key.
+const OURS: &str = "(`{table}`.claim_token = c.token OR {free})";
+
+const SELECT: &str = "SELECT scope, `key`, fingerprint, state, fence, lease_until, outcome_kind,
+        outcome, claim_token, created_at, expires_at, {now} AS db_now
+    FROM `{table}` WHERE scope = ? AND `key` = ?";
+
+const RENEW: &str = "UPDATE `{table}`
+    SET lease_until = {now} + ?, expires_at = GREATEST(expires_at, {now} + ?)
+    WHERE scope = ? AND `key` = ? AND claim_token = ? AND state = 'in_progress'";
+
+/// The outcome is written before `state`: MySQL assigns left to right, and
+/// the WHERE has already picked the row.
+const COMPLETE: &str = "UPDATE `{table}`
+    SET outcome_kind = ?, outcome = ?, lease_until = NULL, expires_at = {now} + ?,
+        state = 'completed'
+    WHERE scope = ? AND `key` = ? AND claim_token = ?
+      AND (state = 'in_progress'
+           OR (state = 'completed' AND outcome_kind = ? AND outcome = ?))";
+
+const RELEASE: &str = "DELETE FROM `{table}`
+    WHERE scope = ? AND `key` = ? AND claim_token = ? AND state = 'in_progress'";
+
+const PURGE: &str = "DELETE FROM `{table}` WHERE expires_at <= {now} ORDER BY expires_at LIMIT ?";
+
+use Param::*;
+
+impl Dialect for MySql {
+    const TEXT_AS_BYTES: bool = true;
+    type Wake = ();
+
+    const QUOTE: char = '`';
+    fn param(n: usize) -> String {
+        let _ = n;
+        "?".to_owned()
+    }
+
+    fn statements(table: String) -> Statements {
+        let s = |sql: &str, params: &'static [Param]| Statement::new(sql, &table, NOW, params);
+        let claim = CLAIM.replace("{ours}", OURS).replace("{free}", FREE);
+        Statements {
+            claim: s(&claim, &[Scope, Key, Fingerprint, Lease, Ttl, Token]),
+            claim_returns_fence: false,
+            // A locking read: it sees the latest committed row even inside
+            // a REPEATABLE READ transaction.
+            claimed: s(&format!("{SELECT} FOR UPDATE"), &[Scope, Key]),
+            take_over: None,
+            select: s(SELECT, &[Scope, Key]),
+            renew: s(RENEW, &[Lease, Lease, Scope, Key, Token]),
+            complete: s(
+                COMPLETE,
+                &[
+                    OutcomeKind,
+                    Outcome,
+                    Ttl,
+                    Scope,
+                    Key,
+                    Token,
+                    OutcomeKind,
+                    Outcome,
+                ],
+            ),
+            release: s(RELEASE, &[Scope, Key, Token]),
+            purge: s(PURGE, &[Batch]),
+            table,
+        }
+    }
+
+    fn rows_affected(result: &MySqlQueryResult) -> u64 {
+        // sqlx asks for found rows, so a matched row counts even unchanged.
+        result.rows_affected()
+    }
+
+    /// A named lock (`GET_LOCK`) serializes migrators: DDL is not
+    /// transactional in MySQL.
+    async fn migrate(store: &SqlStore<Self>) -> Result<(), Error> {
+        let mut conn = store.pool.acquire().await?;
+        let locked: Option<i64> = sqlx::query_scalar("SELECT GET_LOCK(?, ?)")
+            .bind(MIGRATION_LOCK)
+            .bind(MIGRATION_LOCK_WAIT)
+            .fetch_one(&mut *conn)
+            .await?;
+        if locked != Some(1) {
+            return Err(Error::store(format!(
+                "could not take the migration lock `{MIGRATION_LOCK}` within \
+                 {MIGRATION_LOCK_WAIT} s: another process is migrating"
+            )));
+        }
+        let migrated =
+            migrate::apply::<MySql>(&mut conn, &store.sql.table, &BOOKKEEPING, MIGRATIONS, |s| s)
+                .await;
+        // The lock is what keeps two migrators apart, so give it back even
+        // when a step failed.
+        let unlocked = sqlx::query("SELECT RELEASE_LOCK(?)")
+            .bind(MIGRATION_LOCK)
+            .execute(&mut *conn)
+            .await;
+        migrated?;
+        unlocked?;
+        Ok(())
+    }
+
+    fn check_request(request: &BeginRequest<'_>) -> Result<(), Error> {
+        let scope_len = request.scope.as_str().len();
+        if scope_len > MAX_SCOPE_LEN {
+            return Err(Error::Config(format!(
+                "the scope is {scope_len} bytes long; the MySQL store keeps scopes of at most \
+                 {MAX_SCOPE_LEN} bytes"
+            )));
+        }
+        Ok(())
+    }
+
+    /// InnoDB refused a locking read or write of a row changed since the
+    /// transaction's snapshot (MariaDB's `innodb_snapshot_isolation`:
+    /// error 1020, "Record has changed since last read"). The claim then
+    /// answers from a read beside the transaction instead of failing.
+    fn changed_since_read(err: &Error) -> bool {
+        database_error(err)
+            .and_then(|e| e.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>())
+            .is_some_and(|e| e.number() == 1020)
+    }
+
+    /// InnoDB rolled the statement back to break a deadlock (error 1213,
+    /// SQLSTATE 40001).
+    fn is_deadlock(err: &Error) -> bool {
+        database_error(err)
+            .and_then(|e| e.code())
+            .is_some_and(|code| code == "40001")
+    }
+}
+
+fn database_error(err: &Error) -> Option<&dyn sqlx::error::DatabaseError> {
+    let Error::Store(source) = err else {
+        return None;
+    };
+    source
+        .downcast_ref::<sqlx::Error>()
+        .and_then(|e| e.as_database_error())
+}
+
+impl SqlStore<MySql> {
+    /// Connects a pool to `url` (`mysql://user:password@host:port/db`) and
+    /// applies the migrations to the default table `idem_records`.
+    pub async fn connect(url: &str) -> Result<Self, Error> {
+        let pool = MySqlPoolOptions::new().connect(url).await?;
+        let store = SqlStore::new(pool);
+        store.migrate().await?;
+        Ok(store)
+    }
+}
+
+super::transactional_store!(MySql, MySqlConnection);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn claim_statement_has_no_placeholders_left() {
+        let sql = MySql::statements("t".into()).claim;
+        assert!(!sql.sql.contains('{'), "{}", sql.sql);
+        assert_eq!(sql.sql.matches('?').count(), sql.params.len());
+    }
+
+    #[test]
+    fn every_statement_binds_each_placeholder() {
+        let s = MySql::statements("t".into());
+        for statement in [
+            &s.claim,
+            &s.claimed,
+            &s.select,
+            &s.renew,
+            &s.complete,
+            &s.release,
+            &s.purge,
+        ] {
+            assert_eq!(
+                statement.sql.matches('?').count(),
+                statement.params.len(),
+                "{}",
+                statement.sql
+            );
+        }
+    }
+}

@@ -1,0 +1,279 @@
+//! PostgreSQL: its records statements, clock, migrations and listener
+//! ([`listener`]); entity mode runs its shared `ON CONFLICT` statements.
+
+use sha2::{Digest, Sha256};
+use sqlx::postgres::{PgConnection, PgPoolOptions, PgQueryResult, Postgres};
+
+use super::dialect::Dialect;
+use super::exec::{Exec, Value};
+use super::migrate::{self, Bookkeeping};
+use super::statements::{Numbered, Statements};
+use super::SqlStore;
+use crate::entity::EntityDatabase;
+use crate::error::Error;
+use crate::key::{Key, Scope};
+
+mod listener;
+
+use listener::Listener;
+
+/// Records in a PostgreSQL database through a sqlx pool.
+///
+/// The claim is `INSERT ... ON CONFLICT (scope, key) DO NOTHING`; when the
+/// key is taken, the record is read, and a free one (expired, or a lapsed
+/// lease) is taken over with an `UPDATE ... WHERE <still free>`. The primary
+/// key on `(scope, key)` decides, so any number of connections, processes
+/// and hosts sharing the database claim a key once; none of these
+/// statements locks a row it does not claim, so a duplicate never holds a
+/// lock the owner needs. Leases and expiry use the database's clock
+/// (`clock_timestamp()`), so hosts with skewed clocks agree.
+///
+/// Duplicates waiting on a key are woken as soon as the first call completes
+/// or releases it: in this process directly, in other processes through
+/// `LISTEN`/`NOTIFY` on a channel named after the table. The listening
+/// connection is opened on the first wait, with the pool's connect options
+/// but outside the pool, and closed when the last clone of the store is
+/// dropped. Should it fail, waiters fall back to polling.
+///
+/// The `*_on` methods run the same statements on a connection you hold,
+/// such as an open transaction; notifications sent there are delivered when
+/// it commits.
+///
+/// ```no_run
+/// # async fn example() -> Result<(), idem::Error> {
+/// use idem::PostgresStore;
+/// let store = PostgresStore::connect("postgres://postgres@127.0.0.1:5432/test").await?;
+/// let audit = PostgresStore::new(store.pool().clone())
+///     .with_table_name("audit_idempotency")?;
+/// audit.migrate().await?;
+/// # Ok(())
+/// # }
+/// ```
+pub type PostgresStore = SqlStore<Postgres>;
+
+/// The embedded migrations, in order. `{table}` is the records table,
+/// `{index}` the name of its expiry index.
+///
+/// Scope and key use the `C` collation: they compare and sort byte for
+/// byte, whatever the database's locale, and faster.
+const MIGRATIONS: &[&str] = &[
+    r#"
+CREATE TABLE IF NOT EXISTS "{table}" (
+    scope        TEXT     COLLATE "C" NOT NULL,
+    key          TEXT     COLLATE "C" NOT NULL,
+    fingerprint  BYTEA    NOT NULL CHECK (octet_length(fingerprint) = 32),
+    state        TEXT     NOT NULL CHECK (state IN ('in_progress', 'completed')),
+    fence        BIGINT   NOT NULL,
+    lease_until  BIGINT,
+    outcome_kind SMALLINT CHECK (outcome_kind IN (0, 1)),
+    outcome      BYTEA,
+    created_at   BIGINT   NOT NULL,
+    expires_at   BIGINT   NOT NULL,
+    PRIMARY KEY (scope, key),
+    CHECK (state = 'in_progress' OR (outcome IS NOT NULL AND outcome_kind IS NOT NULL))
+);
+CREATE INDEX IF NOT EXISTS "{index}" ON "{table}" (expires_at);
+"#,
+    // The claim's identity, checked by every fenced write (NULL on rows
+    // written before it existed: they can only lapse and be taken over).
+    r#"ALTER TABLE "{table}" ADD COLUMN IF NOT EXISTS claim_token BYTEA
+    CHECK (octet_length(claim_token) = 16);
+"#,
+];
+
+const BOOKKEEPING: Bookkeeping = Bookkeeping {
+    create: "CREATE TABLE IF NOT EXISTS idem_migrations (
+            table_name TEXT   NOT NULL,
+            version    BIGINT NOT NULL,
+            applied_at BIGINT NOT NULL,
+            PRIMARY KEY (table_name, version)
+        )",
+    exists: r#"SELECT COUNT(*) FROM pg_class WHERE oid = to_regclass('"{table}"')"#,
+    applied: "SELECT COALESCE(MAX(version), 0) FROM idem_migrations WHERE table_name = $1",
+    record: "INSERT INTO idem_migrations (table_name, version, applied_at)
+        VALUES ($1, $2, $3) ON CONFLICT DO NOTHING",
+};
+
+/// The database's clock in milliseconds since the Unix epoch: every lease
+/// and expiry is decided with it, never with the application's clock.
+const NOW: &str = "(EXTRACT(EPOCH FROM clock_timestamp()) * 1000)::BIGINT";
+
+/// The advisory lock that serializes migrations across processes
+/// (`"idemmigr"` in ASCII).
+const MIGRATION_LOCK: i64 = 0x6964_656d_6d69_6772;
+
+/// The longest payload `pg_notify` accepts.
+const MAX_NOTIFY_PAYLOAD: usize = 7999;
+
+/// Inserts a new record; a taken key is read, and taken over if free.
+const CLAIM: &str = r#"INSERT INTO "{table}"
+        (scope, key, fingerprint, state, fence, claim_token, lease_until,
+         created_at, expires_at)
+    SELECT $1, $2, $3, 'in_progress', 1, $4, c.now + $5, c.now,
+           c.now + GREATEST($5, $6)
+    FROM (SELECT {now} AS now) AS c
+    ON CONFLICT (scope, key) DO NOTHING
+    RETURNING fence"#;
+
+const TAKE_OVER: &str = r#"UPDATE "{table}" AS t SET
+        fingerprint = $3,
+        state = 'in_progress',
+        fence = t.fence + 1,
+        claim_token = $4,
+        lease_until = c.now + $5,
+        outcome_kind = NULL,
+        outcome = NULL,
+        created_at = c.now,
+        expires_at = c.now + GREATEST($5, $6)
+    FROM (SELECT {now} AS now) AS c
+    WHERE t.scope = $1 AND t.key = $2
+      AND (t.expires_at <= c.now
+           OR (t.state = 'in_progress'
+               AND t.lease_until <= c.now
+               AND t.fingerprint = $3))
+    RETURNING t.fence"#;
+
+const SELECT: &str = r#"SELECT scope, key, fingerprint, state, fence, claim_token, lease_until,
+        outcome_kind, outcome, created_at, expires_at, {now} AS db_now
+    FROM "{table}" WHERE scope = $1 AND key = $2"#;
+
+const RENEW: &str = r#"UPDATE "{table}" AS t
+    SET lease_until = c.now + $4, expires_at = GREATEST(t.expires_at, c.now + $4)
+    FROM (SELECT {now} AS now) AS c
+    WHERE t.scope = $1 AND t.key = $2 AND t.claim_token = $3
+      AND t.state = 'in_progress'"#;
+
+const COMPLETE: &str = r#"UPDATE "{table}"
+    SET state = 'completed', outcome_kind = $1, outcome = $2,
+        lease_until = NULL, expires_at = {now} + $3
+    WHERE scope = $4 AND key = $5 AND claim_token = $6
+      AND (state = 'in_progress'
+           OR (state = 'completed' AND outcome_kind = $1 AND outcome = $2))"#;
+
+const RELEASE: &str = r#"DELETE FROM "{table}"
+    WHERE scope = $1 AND key = $2 AND claim_token = $3 AND state = 'in_progress'"#;
+
+/// Rows a claim is taking over right now are skipped, not waited for: the
+/// purge never queues behind, nor blocks, new claims.
+const PURGE: &str = r#"DELETE FROM "{table}"
+    WHERE ctid = ANY(ARRAY(
+        SELECT ctid FROM "{table}" WHERE expires_at <= {now}
+        LIMIT $1 FOR UPDATE SKIP LOCKED))
+      AND expires_at <= {now}"#;
+
+impl Dialect for Postgres {
+    const PEEK_IN_CALLER: bool = true;
+    type Wake = Listener;
+
+    fn param(n: usize) -> String {
+        format!("${n}")
+    }
+
+    fn statements(table: String) -> Statements {
+        // None of these statements locks a row it does not claim, so a
+        // duplicate never holds a lock the owner needs.
+        Numbered {
+            claim: CLAIM,
+            take_over: Some(TAKE_OVER),
+            select: SELECT,
+            renew: RENEW,
+            complete: COMPLETE,
+            release: RELEASE,
+            purge: PURGE,
+        }
+        .on(table, NOW)
+    }
+
+    fn rows_affected(result: &PgQueryResult) -> u64 {
+        result.rows_affected()
+    }
+
+    async fn migrate(store: &SqlStore<Self>) -> Result<(), Error> {
+        let mut tx = store.pool.begin().await?;
+        sqlx::query("SELECT pg_advisory_xact_lock($1)")
+            .bind(MIGRATION_LOCK)
+            .execute(&mut *tx)
+            .await?;
+        let table = &store.sql.table;
+        let index = index_name(table);
+        migrate::apply::<Postgres>(&mut tx, table, &BOOKKEEPING, MIGRATIONS, |sql| {
+            sql.replace("{index}", &index)
+        })
+        .await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// `NOTIFY` on the table's channel. The payload is the key, a space,
+    /// then the scope (a key has no spaces). A payload too long for
+    /// `NOTIFY` is not sent: waiters elsewhere then notice at their next
+    /// poll.
+    async fn changed_on<'a>(
+        store: &'a SqlStore<Self>,
+        conn: &'a mut PgConnection,
+        scope: &'a Scope,
+        key: &'a Key,
+    ) -> Result<(), Error> {
+        let payload = format!("{} {}", key.as_str(), scope.as_str());
+        if payload.len() > MAX_NOTIFY_PAYLOAD {
+            return Ok(());
+        }
+        let values = vec![Value::Text(&store.sql.table), Value::Text(&payload)];
+        Postgres::execute(conn, "SELECT pg_notify($1, $2)", values).await?;
+        Ok(())
+    }
+
+    fn listen(store: &SqlStore<Self>) {
+        store
+            .wake
+            .ensure_running(&store.pool, &store.sql.table, &store.waiters);
+    }
+
+    fn wakes_across_processes(store: &SqlStore<Self>) -> bool {
+        store.wake.is_listening()
+    }
+}
+
+/// `{table}_expires_at`, shortened with a digest of the table name when it
+/// would pass PostgreSQL's 63-byte identifier limit (index names share the
+/// schema's namespace, so a silently truncated name could collide).
+fn index_name(table: &str) -> String {
+    let name = format!("{table}_expires_at");
+    if name.len() <= 63 {
+        return name;
+    }
+    let digest = Sha256::digest(table.as_bytes());
+    let hex: String = digest[..4].iter().map(|b| format!("{b:02x}")).collect();
+    format!("{}_{hex}_expires_at", &table[..43])
+}
+
+impl SqlStore<Postgres> {
+    /// Connects a pool to `url` (`postgres://user:password@host:port/db`)
+    /// and applies the migrations to the default table `idem_records`.
+    pub async fn connect(url: &str) -> Result<Self, Error> {
+        let pool = PgPoolOptions::new().connect(url).await?;
+        let store = SqlStore::new(pool);
+        store.migrate().await?;
+        Ok(store)
+    }
+}
+
+/// Entity mode with the shared `INSERT ... ON CONFLICT ... RETURNING *`
+/// statements.
+impl EntityDatabase for Postgres {}
+
+super::transactional_store!(Postgres, PgConnection);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn index_names_fit_postgres_identifiers() {
+        assert_eq!(index_name("idem_records"), "idem_records_expires_at");
+        let long = "t".repeat(63);
+        let index = index_name(&long);
+        assert!(index.len() <= 63, "{index}");
+        assert_ne!(index_name(&format!("{}a", "t".repeat(62))), index);
+    }
+}

@@ -1,0 +1,587 @@
+//! The records flow every SQL backend shares: the claim → read → decide
+//! loop, the fenced renewal, completion and release, reads, purges, and
+//! the [`Store`] and [`TransactionalStore`] implementations. A backend
+//! brings its statements and its true differences through
+//! [`Dialect`](super::Dialect).
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use super::exec::Value;
+use super::statements::{Param, Statement, Statements};
+use super::{Backend, DEFAULT_TABLE};
+use crate::error::Error;
+use crate::fingerprint::Fingerprint;
+use crate::key::{Key, Scope};
+use crate::record::{
+    decide, duration_millis, Begin, BeginRequest, Claim, ClaimToken, Millis, Outcome, OutcomeKind,
+    Record, State,
+};
+use crate::store::{Store, Waiters};
+
+/// How many times a claim is tried against records that change under it
+/// (released, lapsed, purged between two statements) before giving up:
+/// far more than any real interleaving needs, few enough to never spin.
+const CLAIM_ROUNDS: usize = 64;
+
+/// How often a statement on the store's pool runs when the database
+/// rolled it back to break a deadlock (only MySQL says so).
+const DEADLOCK_ATTEMPTS: u32 = 5;
+
+/// Idempotency records in a SQL database through a sqlx pool: the type
+/// behind [`SqliteStore`](crate::SqliteStore),
+/// [`PostgresStore`](crate::PostgresStore) and
+/// [`MySqlStore`](crate::MySqlStore), as sqlx's `Pool<DB>` is behind
+/// `SqlitePool` and `PgPool`.
+///
+/// The `*_on` methods run the store's statements on a connection you hold,
+/// such as an open transaction: transactional mode writes the claim and
+/// the completion there, so that they commit or roll back with your rows.
+pub struct SqlStore<DB: Backend> {
+    pub(crate) pool: sqlx::Pool<DB>,
+    pub(crate) sql: Arc<Statements>,
+    pub(crate) waiters: Arc<Waiters>,
+    /// What the backend keeps to wake waiters in other processes
+    /// (PostgreSQL's listener).
+    pub(crate) wake: Arc<DB::Wake>,
+}
+
+impl<DB: Backend> Clone for SqlStore<DB> {
+    fn clone(&self) -> Self {
+        SqlStore {
+            pool: self.pool.clone(),
+            sql: self.sql.clone(),
+            waiters: self.waiters.clone(),
+            wake: self.wake.clone(),
+        }
+    }
+}
+
+impl<DB: Backend> fmt::Debug for SqlStore<DB> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SqlStore")
+            .field("backend", &<DB as sqlx::Database>::NAME)
+            .field("table", &self.sql.table)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<DB: Backend> SqlStore<DB> {
+    /// A store on an existing pool, using the table `idem_records`. Call
+    /// [`migrate`](Self::migrate) once before use.
+    pub fn new(pool: sqlx::Pool<DB>) -> Self {
+        SqlStore {
+            pool,
+            sql: Arc::new(DB::statements(DEFAULT_TABLE.to_owned())),
+            waiters: Arc::default(),
+            wake: Arc::default(),
+        }
+    }
+
+    /// Uses another table (in the connection's schema or `search_path`).
+    /// The name must be 1 to 63 ASCII letters, digits and underscores, not
+    /// starting with a digit.
+    pub fn with_table_name(mut self, table: &str) -> Result<Self, Error> {
+        self.sql = Arc::new(DB::statements(validate_table_name(table)?));
+        // Another table is another notification channel.
+        self.waiters = Arc::default();
+        self.wake = Arc::default();
+        Ok(self)
+    }
+
+    /// The pool.
+    pub fn pool(&self) -> &sqlx::Pool<DB> {
+        &self.pool
+    }
+
+    /// The records table.
+    pub fn table_name(&self) -> &str {
+        &self.sql.table
+    }
+
+    /// Creates or upgrades the records table. Safe to call at every start,
+    /// from several processes at once: migrators are serialized (SQLite's
+    /// write lock, a PostgreSQL advisory lock, a MySQL named lock), and
+    /// applied versions are recorded in `idem_migrations` and skipped.
+    pub async fn migrate(&self) -> Result<(), Error> {
+        DB::migrate(self).await
+    }
+
+    /// [`Store::begin`] on a given connection (the pool's, or the caller's
+    /// open transaction). Inside a transaction, a claim by another open
+    /// transaction makes the claim wait for it to end.
+    pub async fn begin_on(
+        &self,
+        conn: &mut DB::Connection,
+        req: &BeginRequest<'_>,
+    ) -> Result<Begin, Error> {
+        DB::check_request(req)?;
+        let bound = Bound::request(req);
+        for _ in 0..CLAIM_ROUNDS {
+            match self.claim(conn, &self.sql.claim, &bound).await {
+                Ok(Some(fence)) => return Ok(Begin::Claimed(Claim::granted(req, fence))),
+                Ok(None) => {}
+                Err(err) => return self.answer_refused_claim(err, req).await,
+            }
+            // The key is taken (or, where the claim returns nothing, maybe
+            // ours): read the record to say why. Gone meanwhile: claim again.
+            let Some((record, now)) = self.read_on(conn, &self.sql.claimed, &bound).await? else {
+                continue;
+            };
+            if let Some(answer) = decide(req, &record, now).answer()? {
+                return Ok(answer);
+            }
+            // Free (expired, lapsed): take it over while it still is.
+            if let Some(take_over) = &self.sql.take_over {
+                if let Some(fence) = self.claim(conn, take_over, &bound).await? {
+                    return Ok(Begin::Claimed(Claim::granted(req, fence)));
+                }
+            }
+        }
+        Err(Error::store(format!(
+            "the claim did not settle after {CLAIM_ROUNDS} rounds: the record kept changing"
+        )))
+    }
+
+    /// Runs a claim statement: the fence it returns, or `None` where it
+    /// returns none (lost to a live record, or MySQL's claim, which is
+    /// read back).
+    async fn claim(
+        &self,
+        conn: &mut DB::Connection,
+        statement: &Statement,
+        bound: &Bound<'_>,
+    ) -> Result<Option<i64>, Error> {
+        let values = bound.values(statement)?;
+        if self.sql.claim_returns_fence {
+            Ok(DB::fetch_int(conn, &statement.sql, values).await?)
+        } else {
+            DB::execute(conn, &statement.sql, values).await?;
+            Ok(None)
+        }
+    }
+
+    /// A claim the database refused: when it refused because the caller's
+    /// snapshot is older than the record (MariaDB's snapshot isolation),
+    /// the record is read beside the caller's transaction and a duplicate
+    /// is answered from it.
+    async fn answer_refused_claim(
+        &self,
+        err: Error,
+        req: &BeginRequest<'_>,
+    ) -> Result<Begin, Error> {
+        if DB::changed_since_read(&err) {
+            if let Some(mut own) = self.beside().await {
+                if let Some(answer) = self.peek_on(&mut own, req).await? {
+                    return Ok(answer);
+                }
+            }
+        }
+        Err(err)
+    }
+
+    /// [`Store::peek`] on a given connection.
+    pub async fn peek_on(
+        &self,
+        conn: &mut DB::Connection,
+        req: &BeginRequest<'_>,
+    ) -> Result<Option<Begin>, Error> {
+        match self
+            .read_on(conn, &self.sql.select, &Bound::request(req))
+            .await?
+        {
+            None => Ok(None),
+            Some((record, now)) => decide(req, &record, now).answer(),
+        }
+    }
+
+    /// [`TransactionalStore::peek_in`](crate::store::TransactionalStore::peek_in):
+    /// a plain read that sees the latest committed record. On PostgreSQL
+    /// that is a read on the caller's connection (`READ COMMITTED`, and a
+    /// plain read locks nothing); elsewhere the caller's transaction would
+    /// see its snapshot (or, on SQLite, could not start reading beside a
+    /// writer), so the read runs on another of the pool's connections, or
+    /// not at all (`None`: go on to the claim, which reads the latest row)
+    /// when none comes soon.
+    pub async fn peek_in(
+        &self,
+        conn: &mut DB::Connection,
+        req: &BeginRequest<'_>,
+    ) -> Result<Option<Begin>, Error> {
+        if DB::PEEK_IN_CALLER {
+            return self.peek_on(conn, req).await;
+        }
+        match self.beside().await {
+            Some(mut own) => self.peek_on(&mut own, req).await,
+            None => Ok(None),
+        }
+    }
+
+    /// [`Store::renew`] on a given connection.
+    pub async fn renew_on(&self, conn: &mut DB::Connection, claim: &Claim) -> Result<(), Error> {
+        self.fenced(conn, &self.sql.renew, &Bound::claim(claim, None))
+            .await
+    }
+
+    /// [`Store::complete`] on a given connection. Waiters in other
+    /// processes are told when the connection's transaction commits.
+    pub async fn complete_on(
+        &self,
+        conn: &mut DB::Connection,
+        claim: &Claim,
+        outcome: &Outcome,
+    ) -> Result<(), Error> {
+        self.fenced(
+            conn,
+            &self.sql.complete,
+            &Bound::claim(claim, Some(outcome)),
+        )
+        .await?;
+        DB::changed_on(self, conn, &claim.scope, &claim.key).await
+    }
+
+    /// [`Store::release`] on a given connection. Waiters in other processes
+    /// are told when the connection's transaction commits.
+    pub async fn release_on(&self, conn: &mut DB::Connection, claim: &Claim) -> Result<(), Error> {
+        self.fenced(conn, &self.sql.release, &Bound::claim(claim, None))
+            .await?;
+        DB::changed_on(self, conn, &claim.scope, &claim.key).await
+    }
+
+    /// A write that names the claim's token: [`Error::LeaseLost`] when it
+    /// matched no row (the claim is not the record's any more).
+    async fn fenced(
+        &self,
+        conn: &mut DB::Connection,
+        statement: &Statement,
+        bound: &Bound<'_>,
+    ) -> Result<(), Error> {
+        let done = DB::execute(conn, &statement.sql, bound.values(statement)?).await?;
+        // MySQL counts a matched row even when nothing changed (sqlx asks
+        // for found rows), so a completion sent again still counts.
+        if DB::rows_affected(&done) == 0 {
+            return Err(Error::LeaseLost);
+        }
+        Ok(())
+    }
+
+    /// [`Store::get`] on a given connection.
+    pub async fn get_on(
+        &self,
+        conn: &mut DB::Connection,
+        scope: &Scope,
+        key: &Key,
+    ) -> Result<Option<Record>, Error> {
+        let bound = Bound::key(scope, key);
+        Ok(self
+            .read_on(conn, &self.sql.select, &bound)
+            .await?
+            .map(|(record, _)| record))
+    }
+
+    /// The record and the database's time of the read.
+    async fn read_on(
+        &self,
+        conn: &mut DB::Connection,
+        statement: &Statement,
+        bound: &Bound<'_>,
+    ) -> Result<Option<(Record, Millis)>, Error> {
+        let row = DB::fetch_row(conn, &statement.sql, bound.values(statement)?).await?;
+        row.map(|row| {
+            let now = DB::int(&row, "db_now")?
+                .ok_or_else(|| Error::store("the database's clock read NULL"))?;
+            Ok((record_from_row::<DB>(&row)?, now))
+        })
+        .transpose()
+    }
+
+    /// A connection of the store's own pool for a plain read beside a
+    /// caller's transaction, or `None` when none comes soon (the pool is
+    /// exhausted, or holds a single connection the caller has).
+    async fn beside(&self) -> Option<sqlx::pool::PoolConnection<DB>> {
+        const SOON: Duration = Duration::from_millis(100);
+        if self.pool.options().get_max_connections() <= 1 {
+            return None;
+        }
+        tokio::time::timeout(SOON, self.pool.acquire())
+            .await
+            .ok()?
+            .ok()
+    }
+
+    /// Whether the record of `(scope, key)` is held by a live claim now.
+    async fn held(&self, scope: &Scope, key: &Key) -> Result<bool, Error> {
+        let mut conn = self.pool.acquire().await?;
+        Ok(self
+            .read_on(&mut conn, &self.sql.select, &Bound::key(scope, key))
+            .await?
+            .is_some_and(|(record, now)| record.holds_lease(now)))
+    }
+}
+
+/// Runs `$op` on a connection of the store's pool, again when it lost a
+/// deadlock: on the pool every statement is a transaction of its own, so
+/// nothing of the failed attempt remains.
+macro_rules! on_pool {
+    ($store:expr, |$conn:ident| $op:expr) => {{
+        let mut attempt = 1;
+        loop {
+            let mut $conn = $store.pool.acquire().await?;
+            match $op.await {
+                Err(err) if attempt < DEADLOCK_ATTEMPTS && DB::is_deadlock(&err) => {
+                    tracing::debug!(attempt, "deadlock on the idempotency table; running again");
+                    drop($conn);
+                    tokio::time::sleep(Duration::from_millis(u64::from(attempt) * 2)).await;
+                    attempt += 1;
+                }
+                result => break result,
+            }
+        }
+    }};
+}
+
+#[async_trait]
+impl<DB: Backend> Store for SqlStore<DB> {
+    async fn begin(&self, req: &BeginRequest<'_>) -> Result<Begin, Error> {
+        on_pool!(self, |conn| self.begin_on(&mut conn, req))
+    }
+
+    async fn peek(&self, req: &BeginRequest<'_>) -> Result<Option<Begin>, Error> {
+        let mut conn = self.pool.acquire().await?;
+        self.peek_on(&mut conn, req).await
+    }
+
+    async fn renew(&self, claim: &Claim) -> Result<(), Error> {
+        on_pool!(self, |conn| self.renew_on(&mut conn, claim))
+    }
+
+    async fn complete(&self, claim: &Claim, outcome: &Outcome) -> Result<(), Error> {
+        on_pool!(self, |conn| self.complete_on(&mut conn, claim, outcome))?;
+        self.waiters.wake(&claim.scope, &claim.key);
+        Ok(())
+    }
+
+    async fn release(&self, claim: &Claim) -> Result<(), Error> {
+        on_pool!(self, |conn| self.release_on(&mut conn, claim))?;
+        self.waiters.wake(&claim.scope, &claim.key);
+        Ok(())
+    }
+
+    async fn get(&self, scope: &Scope, key: &Key) -> Result<Option<Record>, Error> {
+        let mut conn = self.pool.acquire().await?;
+        self.get_on(&mut conn, scope, key).await
+    }
+
+    async fn purge_expired(&self, batch: usize) -> Result<u64, Error> {
+        let batch = i64::try_from(batch.max(1)).unwrap_or(i64::MAX);
+        let purge = &self.sql.purge;
+        let mut total = 0;
+        loop {
+            let done = on_pool!(self, |conn| async {
+                let values = Bound::batch(batch).values(purge)?;
+                Ok::<_, Error>(DB::execute(&mut conn, &purge.sql, values).await?)
+            })?;
+            let deleted = DB::rows_affected(&done);
+            total += deleted;
+            if deleted < batch as u64 {
+                return Ok(total);
+            }
+        }
+    }
+
+    async fn wait_for_change(
+        &self,
+        scope: &Scope,
+        key: &Key,
+        timeout: Duration,
+    ) -> Result<(), Error> {
+        DB::listen(self);
+        self.waiters
+            .wait(scope, key, timeout, || self.held(scope, key))
+            .await
+    }
+
+    fn wakes_across_processes(&self) -> bool {
+        DB::wakes_across_processes(self)
+    }
+
+    fn detach(&self) -> Option<Arc<dyn Store>> {
+        Some(Arc::new(self.clone()))
+    }
+}
+
+/// What a statement's placeholders are bound to, by [`Param`].
+#[derive(Default)]
+struct Bound<'a> {
+    scope: Option<&'a str>,
+    key: Option<&'a str>,
+    fingerprint: Option<&'a [u8]>,
+    token: Option<&'a [u8]>,
+    lease: Option<Millis>,
+    ttl: Option<Millis>,
+    outcome: Option<&'a Outcome>,
+    batch: Option<i64>,
+}
+
+impl<'a> Bound<'a> {
+    fn request(req: &'a BeginRequest<'_>) -> Self {
+        Bound {
+            scope: Some(req.scope.as_str()),
+            key: Some(req.key.as_str()),
+            fingerprint: Some(&req.fingerprint.as_bytes()[..]),
+            token: Some(&req.token.as_bytes()[..]),
+            lease: Some(duration_millis(req.lease)),
+            ttl: Some(duration_millis(req.ttl)),
+            ..Bound::default()
+        }
+    }
+
+    fn claim(claim: &'a Claim, outcome: Option<&'a Outcome>) -> Self {
+        Bound {
+            scope: Some(claim.scope.as_str()),
+            key: Some(claim.key.as_str()),
+            token: Some(&claim.token.as_bytes()[..]),
+            lease: Some(duration_millis(claim.lease)),
+            ttl: Some(duration_millis(claim.ttl)),
+            outcome,
+            ..Bound::default()
+        }
+    }
+
+    fn key(scope: &'a Scope, key: &'a Key) -> Self {
+        Bound {
+            scope: Some(scope.as_str()),
+            key: Some(key.as_str()),
+            ..Bound::default()
+        }
+    }
+
+    fn batch(batch: i64) -> Self {
+        Bound {
+            batch: Some(batch),
+            ..Bound::default()
+        }
+    }
+
+    /// The values of `statement`'s placeholders, in order. Every statement
+    /// is paired with the flow that binds it, so a missing value is this
+    /// crate's bug, reported as such rather than bound as something else.
+    fn values(&self, statement: &Statement) -> Result<Vec<Value<'a>>, Error> {
+        statement
+            .params
+            .iter()
+            .map(|param| {
+                let value = match param {
+                    Param::Scope => self.scope.map(Value::Text),
+                    Param::Key => self.key.map(Value::Text),
+                    Param::Fingerprint => self.fingerprint.map(Value::Bytes),
+                    Param::Token => self.token.map(Value::Bytes),
+                    Param::Lease => self.lease.map(Value::Int),
+                    Param::Ttl => self.ttl.map(Value::Int),
+                    Param::OutcomeKind => self.outcome.map(|o| Value::Small(o.kind.code())),
+                    Param::Outcome => self.outcome.map(|o| Value::Bytes(&o.body[..])),
+                    Param::Batch => self.batch.map(Value::Int),
+                };
+                value.ok_or_else(|| {
+                    Error::Config(format!("no value for the statement's {param:?} parameter"))
+                })
+            })
+            .collect()
+    }
+}
+
+/// Decodes a record's row; a row this library could not have written is a
+/// store error naming what is wrong.
+fn record_from_row<DB: Backend>(row: &DB::Row) -> Result<Record, Error> {
+    let corrupt = |what: &str| Error::store(format!("corrupt idempotency record: {what}"));
+    let text = |column: &str| -> Result<String, Error> {
+        if DB::TEXT_AS_BYTES {
+            // Binary columns: text is read as bytes and checked here.
+            let bytes = DB::bytes(row, column)?.unwrap_or_default();
+            String::from_utf8(bytes).map_err(|_| corrupt(&format!("{column} is not UTF-8")))
+        } else {
+            Ok(DB::text(row, column)?)
+        }
+    };
+    let int = |column: &str| -> Result<i64, Error> {
+        DB::int(row, column)?.ok_or_else(|| corrupt(&format!("{column} is NULL")))
+    };
+    let kind = if DB::SMALL_OUTCOME_KIND {
+        DB::small(row, "outcome_kind")?.map(i64::from)
+    } else {
+        DB::int(row, "outcome_kind")?
+    };
+    let fingerprint = DB::bytes(row, "fingerprint")?.unwrap_or_default();
+    let fingerprint = <[u8; 32]>::try_from(fingerprint.as_slice())
+        .map(Fingerprint::from_digest)
+        .map_err(|_| corrupt("fingerprint is not 32 bytes"))?;
+    let state = State::parse(&text("state")?).ok_or_else(|| corrupt("unknown state"))?;
+    let outcome = match (kind, DB::bytes(row, "outcome")?) {
+        (Some(kind), Some(body)) => Some(Outcome {
+            kind: OutcomeKind::from_code(kind).ok_or_else(|| corrupt("unknown outcome kind"))?,
+            body,
+        }),
+        _ => None,
+    };
+    let token = DB::bytes(row, "claim_token")?
+        .map(|t| <[u8; 16]>::try_from(t.as_slice()).map(ClaimToken::from_bytes))
+        .transpose()
+        .map_err(|_| corrupt("claim token is not 16 bytes"))?;
+    Ok(Record {
+        scope: Scope::from_stored(&text("scope")?),
+        key: Key::new(text("key")?).map_err(|_| corrupt("invalid key"))?,
+        fingerprint,
+        state,
+        fence: int("fence")?,
+        token,
+        lease_until: DB::int(row, "lease_until")?,
+        outcome,
+        created_at: int("created_at")?,
+        expires_at: int("expires_at")?,
+    })
+}
+
+/// Checks a table name: 1 to 63 characters of ASCII letters, digits and
+/// underscores, not starting with a digit. Names are formatted into SQL
+/// (a table name cannot be bound), so nothing else is accepted.
+pub(crate) fn validate_table_name(name: &str) -> Result<String, Error> {
+    let mut chars = name.chars();
+    let valid_start = chars
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_');
+    let valid_rest = chars.all(|c| c.is_ascii_alphanumeric() || c == '_');
+    if !valid_start || !valid_rest || name.len() > 63 {
+        return Err(Error::Config(format!(
+            "invalid table name {name:?}: use 1 to 63 ASCII letters, digits and underscores, \
+             not starting with a digit"
+        )));
+    }
+    Ok(name.to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn table_names() {
+        assert!(validate_table_name("idem_records").is_ok());
+        assert!(validate_table_name("_t1").is_ok());
+        assert!(validate_table_name(&"a".repeat(63)).is_ok());
+        for bad in [
+            "",
+            "1abc",
+            "a-b",
+            "a b",
+            "a;drop",
+            "a\"b",
+            "é",
+            &"a".repeat(64),
+        ] {
+            assert!(validate_table_name(bad).is_err(), "{bad:?}");
+        }
+    }
+}

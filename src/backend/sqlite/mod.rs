@@ -1,0 +1,207 @@
+//! SQLite, the embedded default: its records statements, clock and
+//! migrations; entity mode runs its shared `ON CONFLICT` statements.
+
+use std::str::FromStr;
+use std::time::Duration;
+
+use sqlx::sqlite::{
+    Sqlite, SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePoolOptions,
+    SqliteQueryResult,
+};
+use sqlx::Connection;
+
+use super::dialect::Dialect;
+use super::migrate::{self, Bookkeeping};
+use super::statements::{Numbered, Statements};
+use super::SqlStore;
+use crate::entity::EntityDatabase;
+use crate::error::Error;
+
+/// Records in a SQLite database through a sqlx pool.
+///
+/// The claim is one `INSERT ... ON CONFLICT (scope, key) DO UPDATE ... WHERE
+/// <expired or lease lapsed> RETURNING fence` statement: the primary key on
+/// `(scope, key)` decides, so any number of connections or processes sharing
+/// the database file claim a key once. File databases use WAL and a busy
+/// timeout so that concurrent writers queue instead of failing. Leases and
+/// expiry use SQLite's `julianday('now')`: the clock of the host the
+/// database file is on.
+///
+/// Duplicates waiting in this process are woken as soon as the first call
+/// completes; those in other processes notice at their next poll.
+///
+/// ```
+/// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+/// use idem::SqliteStore;
+/// let store = SqliteStore::connect("sqlite::memory:").await?;
+/// let audit = SqliteStore::new(store.pool().clone())
+///     .with_table_name("audit_idempotency")?;
+/// audit.migrate().await?;
+/// # Ok::<_, idem::Error>(())
+/// # }).unwrap();
+/// ```
+pub type SqliteStore = SqlStore<Sqlite>;
+
+/// The embedded migrations, in order. `{table}` is the records table.
+const MIGRATIONS: &[&str] = &[
+    r#"
+CREATE TABLE IF NOT EXISTS "{table}" (
+    scope        TEXT    NOT NULL,
+    key          TEXT    NOT NULL,
+    fingerprint  BLOB    NOT NULL,
+    state        TEXT    NOT NULL CHECK (state IN ('in_progress', 'completed')),
+    fence        INTEGER NOT NULL,
+    lease_until  INTEGER,
+    outcome_kind INTEGER,
+    outcome      BLOB,
+    created_at   INTEGER NOT NULL,
+    expires_at   INTEGER NOT NULL,
+    PRIMARY KEY (scope, key),
+    CHECK (state = 'in_progress' OR outcome IS NOT NULL)
+);
+CREATE INDEX IF NOT EXISTS "{table}_expires_at" ON "{table}" (expires_at);
+"#,
+    // The claim's identity, checked by every fenced write (NULL on rows
+    // written before it existed: they can only lapse and be taken over).
+    r#"ALTER TABLE "{table}" ADD COLUMN claim_token BLOB;
+"#,
+];
+
+const BOOKKEEPING: Bookkeeping = Bookkeeping {
+    create: "CREATE TABLE IF NOT EXISTS idem_migrations (
+            table_name TEXT    NOT NULL,
+            version    INTEGER NOT NULL,
+            applied_at INTEGER NOT NULL,
+            PRIMARY KEY (table_name, version)
+        )",
+    exists: "SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND name = '{table}'",
+    applied: "SELECT COALESCE(MAX(version), 0) FROM idem_migrations WHERE table_name = ?1",
+    record: "INSERT OR IGNORE INTO idem_migrations (table_name, version, applied_at)
+        VALUES (?1, ?2, ?3)",
+};
+
+/// The database's clock in milliseconds since the Unix epoch (SQLite's
+/// `'now'` is the same within one statement): every lease and expiry is
+/// decided with it.
+const NOW: &str = "CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER)";
+
+const CLAIM: &str = r#"INSERT INTO "{table}"
+        (scope, key, fingerprint, state, fence, claim_token, lease_until,
+         created_at, expires_at)
+    SELECT ?1, ?2, ?3, 'in_progress', 1, ?4, c.now + ?5, c.now, c.now + max(?5, ?6)
+    FROM (SELECT {now} AS now) AS c WHERE true
+    ON CONFLICT (scope, key) DO UPDATE SET
+        fingerprint = excluded.fingerprint,
+        state = 'in_progress',
+        fence = "{table}".fence + 1,
+        claim_token = excluded.claim_token,
+        lease_until = excluded.lease_until,
+        outcome_kind = NULL,
+        outcome = NULL,
+        created_at = excluded.created_at,
+        expires_at = excluded.expires_at
+    WHERE "{table}".expires_at <= excluded.created_at
+       OR ("{table}".state = 'in_progress'
+           AND "{table}".lease_until <= excluded.created_at
+           AND "{table}".fingerprint = excluded.fingerprint)
+    RETURNING fence"#;
+
+const SELECT: &str = r#"SELECT scope, key, fingerprint, state, fence, claim_token, lease_until,
+        outcome_kind, outcome, created_at, expires_at, {now} AS db_now
+    FROM "{table}" WHERE scope = ?1 AND key = ?2"#;
+
+const RENEW: &str = r#"UPDATE "{table}"
+    SET lease_until = {now} + ?4, expires_at = max(expires_at, {now} + ?4)
+    WHERE scope = ?1 AND key = ?2 AND claim_token = ?3 AND state = 'in_progress'"#;
+
+const COMPLETE: &str = r#"UPDATE "{table}"
+    SET state = 'completed', outcome_kind = ?1, outcome = ?2,
+        lease_until = NULL, expires_at = {now} + ?3
+    WHERE scope = ?4 AND key = ?5 AND claim_token = ?6
+      AND (state = 'in_progress'
+           OR (state = 'completed' AND outcome_kind = ?1 AND outcome = ?2))"#;
+
+const RELEASE: &str = r#"DELETE FROM "{table}"
+    WHERE scope = ?1 AND key = ?2 AND claim_token = ?3 AND state = 'in_progress'"#;
+
+const PURGE: &str = r#"DELETE FROM "{table}" WHERE rowid IN
+    (SELECT rowid FROM "{table}" WHERE expires_at <= {now} LIMIT ?1)"#;
+
+impl Dialect for Sqlite {
+    const SMALL_OUTCOME_KIND: bool = false;
+    type Wake = ();
+
+    fn param(n: usize) -> String {
+        format!("?{n}")
+    }
+
+    fn statements(table: String) -> Statements {
+        // `WHERE true` in the claim tells SQLite's parser that `ON
+        // CONFLICT` belongs to the upsert, not to the SELECT's join. The
+        // upsert also takes over a free record: no separate take-over.
+        Numbered {
+            claim: CLAIM,
+            take_over: None,
+            select: SELECT,
+            renew: RENEW,
+            complete: COMPLETE,
+            release: RELEASE,
+            purge: PURGE,
+        }
+        .on(table, NOW)
+    }
+
+    fn rows_affected(result: &SqliteQueryResult) -> u64 {
+        result.rows_affected()
+    }
+
+    async fn migrate(store: &SqlStore<Self>) -> Result<(), Error> {
+        let mut conn = store.pool.acquire().await?;
+        // IMMEDIATE: the write lock from the start. A deferred transaction
+        // that read first could not be upgraded while another migrator
+        // writes (SQLITE_BUSY at once, whatever the busy timeout).
+        let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
+        migrate::apply::<Sqlite>(&mut tx, &store.sql.table, &BOOKKEEPING, MIGRATIONS, |s| s)
+            .await?;
+        tx.commit().await?;
+        Ok(())
+    }
+}
+
+impl SqlStore<Sqlite> {
+    /// Opens (creating if missing) the database at `url` (`sqlite://path`,
+    /// `sqlite:path`, or `sqlite::memory:`), and applies the migrations to
+    /// the default table `idem_records`.
+    ///
+    /// An in-memory database lives in one connection that the pool never
+    /// closes, so it lasts as long as the store.
+    pub async fn connect(url: &str) -> Result<Self, Error> {
+        let options = SqliteConnectOptions::from_str(url)?
+            .create_if_missing(true)
+            .busy_timeout(Duration::from_secs(10));
+        let in_memory = url.contains(":memory:") || url.contains("mode=memory");
+        let pool = if in_memory {
+            SqlitePoolOptions::new()
+                .max_connections(1)
+                .min_connections(1)
+                .idle_timeout(None)
+                .max_lifetime(None)
+                .connect_with(options)
+                .await?
+        } else {
+            SqlitePoolOptions::new()
+                .max_connections(8)
+                .connect_with(options.journal_mode(SqliteJournalMode::Wal))
+                .await?
+        };
+        let store = SqlStore::new(pool);
+        store.migrate().await?;
+        Ok(store)
+    }
+}
+
+/// Entity mode with the shared `INSERT ... ON CONFLICT ... RETURNING *`
+/// statements.
+impl EntityDatabase for Sqlite {}
+
+super::transactional_store!(Sqlite, SqliteConnection);
