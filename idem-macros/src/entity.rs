@@ -7,9 +7,11 @@ use quote::{quote, quote_spanned};
 use syn::parse::{Parse, ParseStream};
 use syn::spanned::Spanned;
 use syn::{
-    Data, DeriveInput, Field, Fields, GenericParam, Generics, Ident, LitStr, Token, Type,
-    WherePredicate,
+    Data, DeriveInput, Field, Fields, GenericParam, Generics, Ident, LitStr, Type, WherePredicate,
 };
+
+use crate::diag::{combine, repeated};
+use crate::options::{equals, flag, parse_list, set, string_literal};
 
 mod kw {
     syn::custom_keyword!(table);
@@ -19,8 +21,14 @@ mod kw {
     syn::custom_keyword!(generated);
 }
 
-const STRUCT_OPTIONS: &str = "`table = \"...\"`";
-const FIELD_OPTIONS: &str = "`token`, `request_hash`, `column = \"...\"`, `generated`";
+/// How messages name the attribute, and where it stands.
+const ATTRIBUTE: &str = "`#[idem(...)]`";
+const ON_STRUCT: &str = "`#[idem(...)]` on the struct";
+const ON_FIELD: &str = "`#[idem(...)]` on a field";
+
+const STRUCT_OPTIONS: &str = "the option is `table = \"...\"`";
+const FIELD_OPTIONS: &str =
+    "the options are `token`, `request_hash`, `column = \"...\"`, `generated`";
 
 /// The derive's entry point: the impls, or every problem found.
 pub(crate) fn derive(input: TokenStream) -> syn::Result<TokenStream> {
@@ -62,32 +70,16 @@ struct FieldOptions {
 impl Parse for StructOptions {
     fn parse(input: ParseStream<'_>) -> syn::Result<Self> {
         let mut options = StructOptions { table: None };
-        while !input.is_empty() {
-            let lookahead = input.lookahead1();
+        parse_list(input, ON_STRUCT, STRUCT_OPTIONS, |lookahead| {
             if lookahead.peek(kw::table) {
                 let name = input.parse::<kw::table>()?;
                 let value = string_value(input, "table", "payments")?;
-                if options.table.is_some() {
-                    return Err(repeated(name, "table"));
-                }
-                options.table = Some(value);
-            } else if input.peek(Ident) {
-                let ident: Ident = input.parse()?;
-                return Err(syn::Error::new_spanned(
-                    &ident,
-                    format!(
-                        "unknown option `{ident}` in `#[idem(...)]` on the struct; \
-                         the option is {STRUCT_OPTIONS}"
-                    ),
-                ));
+                set(&mut options.table, name, "table", ATTRIBUTE, value)?;
             } else {
-                return Err(lookahead.error());
+                return Ok(false);
             }
-            if input.is_empty() {
-                break;
-            }
-            input.parse::<Token![,]>()?;
-        }
+            Ok(true)
+        })?;
         Ok(options)
     }
 }
@@ -95,91 +87,41 @@ impl Parse for StructOptions {
 impl Parse for FieldOptions {
     fn parse(input: ParseStream<'_>) -> syn::Result<Self> {
         let mut options = FieldOptions::default();
-        while !input.is_empty() {
-            let lookahead = input.lookahead1();
+        parse_list(input, ON_FIELD, FIELD_OPTIONS, |lookahead| {
             if lookahead.peek(kw::token) {
-                let flag = input.parse::<kw::token>()?;
-                set_flag(&mut options.token, flag, "token", input)?;
+                let name = input.parse::<kw::token>()?;
+                flag(input, &mut options.token, name, "token", ATTRIBUTE)?;
             } else if lookahead.peek(kw::request_hash) {
-                let flag = input.parse::<kw::request_hash>()?;
-                set_flag(&mut options.request_hash, flag, "request_hash", input)?;
+                let name = input.parse::<kw::request_hash>()?;
+                flag(
+                    input,
+                    &mut options.request_hash,
+                    name,
+                    "request_hash",
+                    ATTRIBUTE,
+                )?;
             } else if lookahead.peek(kw::generated) {
-                let flag = input.parse::<kw::generated>()?;
-                set_flag(&mut options.generated, flag, "generated", input)?;
+                let name = input.parse::<kw::generated>()?;
+                flag(input, &mut options.generated, name, "generated", ATTRIBUTE)?;
             } else if lookahead.peek(kw::column) {
                 let name = input.parse::<kw::column>()?;
                 let value = string_value(input, "column", "idempotency_token")?;
-                if options.column.is_some() {
-                    return Err(repeated(name, "column"));
-                }
-                options.column = Some(value);
-            } else if input.peek(Ident) {
-                let ident: Ident = input.parse()?;
-                return Err(syn::Error::new_spanned(
-                    &ident,
-                    format!(
-                        "unknown option `{ident}` in `#[idem(...)]` on a field; \
-                         the options are {FIELD_OPTIONS}"
-                    ),
-                ));
+                set(&mut options.column, name, "column", ATTRIBUTE, value)?;
             } else {
-                return Err(lookahead.error());
+                return Ok(false);
             }
-            if input.is_empty() {
-                break;
-            }
-            input.parse::<Token![,]>()?;
-        }
+            Ok(true)
+        })?;
         Ok(options)
     }
 }
 
-fn set_flag<K: Spanned>(
-    slot: &mut Option<K>,
-    flag: K,
-    label: &str,
-    input: ParseStream<'_>,
-) -> syn::Result<()> {
-    if input.peek(Token![=]) {
-        return Err(syn::Error::new(
-            flag.span(),
-            format!(
-                "`{label}` in `#[idem(...)]` is a flag and takes no value; write `{label}` alone"
-            ),
-        ));
-    }
-    if slot.is_some() {
-        return Err(repeated(flag, label));
-    }
-    *slot = Some(flag);
-    Ok(())
-}
-
-fn repeated(at: impl Spanned, label: &str) -> syn::Error {
-    syn::Error::new(
-        at.span(),
-        format!("`{label}` is given more than once in `#[idem(...)]`; keep only one"),
-    )
-}
-
 /// Parses `= "<name>"` and checks the name.
 fn string_value(input: ParseStream<'_>, name: &str, example: &str) -> syn::Result<LitStr> {
-    if !input.peek(Token![=]) {
-        return Err(input.error(format!(
-            "expected `=` after `{name}` in `#[idem(...)]`: write `{name} = \"{example}\"`"
-        )));
-    }
-    input.parse::<Token![=]>()?;
-    if !input.peek(LitStr) {
-        let expr: syn::Expr = input.parse()?;
-        return Err(syn::Error::new_spanned(
-            expr,
-            format!(
-                "`{name}` in `#[idem(...)]` takes a string literal, as in `{name} = \"{example}\"`"
-            ),
-        ));
-    }
-    let lit: LitStr = input.parse()?;
+    equals(input, name, ATTRIBUTE, &format!("\"{example}\""))?;
+    let lit = string_literal(input, || {
+        format!("`{name}` in `#[idem(...)]` takes a string literal, as in `{name} = \"{example}\"`")
+    })?;
     check_name(&lit.value(), name).map_err(|message| syn::Error::new_spanned(&lit, message))?;
     Ok(lit)
 }
@@ -200,23 +142,6 @@ fn check_name(name: &str, what: &str) -> Result<(), String> {
             "invalid {what} name {name:?}: use 1 to 63 ASCII letters, digits and underscores, \
              not starting with a digit"
         ))
-    }
-}
-
-/// Folds errors into one, so that every problem is reported at once.
-#[derive(Default)]
-struct Errors(Option<syn::Error>);
-
-impl Errors {
-    fn push(&mut self, err: syn::Error) {
-        match &mut self.0 {
-            Some(all) => all.combine(err),
-            None => self.0 = Some(err),
-        }
-    }
-
-    fn finish(self) -> syn::Result<()> {
-        self.0.map_or(Ok(()), Err)
     }
 }
 
@@ -250,12 +175,12 @@ impl<'a> Description<'a> {
             }
         };
 
-        let mut errors = Errors::default();
+        let mut errors = Vec::new();
         let mut table = None;
         for attr in input.attrs.iter().filter(|a| a.path().is_ident("idem")) {
             match attr.parse_args::<StructOptions>() {
                 Ok(StructOptions { table: Some(lit) }) if table.is_some() => {
-                    errors.push(repeated(lit, "table"))
+                    errors.push(repeated(lit, "table", ATTRIBUTE))
                 }
                 Ok(options) => table = table.or(options.table),
                 Err(err) => errors.push(err),
@@ -369,7 +294,7 @@ impl<'a> Description<'a> {
                  mark the token field with `#[idem(token)]`",
             ));
         }
-        errors.finish()?;
+        combine(errors)?;
 
         Ok(Description {
             table: table.expect("checked"),
@@ -506,11 +431,16 @@ impl<'a> Description<'a> {
 }
 
 /// Combines the options of several `#[idem(...)]` attributes on one field.
-fn merge(into: &mut FieldOptions, more: FieldOptions, errors: &mut Errors) {
-    fn one<T: Spanned>(slot: &mut Option<T>, value: Option<T>, label: &str, errors: &mut Errors) {
+fn merge(into: &mut FieldOptions, more: FieldOptions, errors: &mut Vec<syn::Error>) {
+    fn one<T: Spanned>(
+        slot: &mut Option<T>,
+        value: Option<T>,
+        label: &str,
+        errors: &mut Vec<syn::Error>,
+    ) {
         if let Some(value) = value {
             if slot.is_some() {
-                errors.push(repeated(value, label));
+                errors.push(repeated(value, label, ATTRIBUTE));
             } else {
                 *slot = Some(value);
             }
