@@ -4,9 +4,10 @@ use proc_macro2::Span;
 use quote::quote;
 use syn::parse::{Parse, ParseStream};
 use syn::spanned::Spanned;
-use syn::{Expr, Ident, LitStr, Token};
+use syn::{Expr, Ident, LitStr};
 
 use crate::duration;
+use crate::options::{equals, flag, no_value, parse_list, set, string_literal};
 
 mod kw {
     syn::custom_keyword!(key);
@@ -22,9 +23,12 @@ mod kw {
     syn::custom_keyword!(entity);
 }
 
+/// How messages name the attribute.
+const ATTRIBUTE: &str = "`#[idempotent]`";
+
 /// Every option name, in the order the documentation lists them.
-const OPTIONS: &str = "`key`, `store`, `scope`, `ttl`, `lease`, `wait`, `fail_fast`, \
-                       `fingerprint`, `replayable`, `tx`, `entity`";
+const OPTIONS: &str = "the options are `key`, `store`, `scope`, `ttl`, `lease`, `wait`, \
+                       `fail_fast`, `fingerprint`, `replayable`, `tx`, `entity`";
 
 /// The parsed and checked arguments.
 pub(crate) struct Args {
@@ -87,29 +91,30 @@ struct Partial {
 impl Parse for Args {
     fn parse(input: ParseStream<'_>) -> syn::Result<Self> {
         let mut p = Partial::default();
-        while !input.is_empty() {
-            let lookahead = input.lookahead1();
+        parse_list(input, ATTRIBUTE, OPTIONS, |lookahead| {
             if lookahead.peek(kw::key) {
                 let name = input.parse::<kw::key>()?;
-                set(&mut p.key, name, "key", expr_value(input, "key")?)?;
+                let value = expr_value(input, "key")?;
+                set(&mut p.key, name, "key", ATTRIBUTE, value)?;
             } else if lookahead.peek(kw::store) {
                 let name = input.parse::<kw::store>()?;
-                set(&mut p.store, name, "store", expr_value(input, "store")?)?;
+                let value = expr_value(input, "store")?;
+                set(&mut p.store, name, "store", ATTRIBUTE, value)?;
             } else if lookahead.peek(kw::scope) {
                 let name = input.parse::<kw::scope>()?;
                 let value = expr_value(input, "scope")?;
-                set(&mut p.scope, name, "scope", (name, value))?;
+                set(&mut p.scope, name, "scope", ATTRIBUTE, (name, value))?;
             } else if lookahead.peek(kw::fingerprint) {
                 let name = input.parse::<kw::fingerprint>()?;
                 let value = expr_value(input, "fingerprint")?;
-                set(&mut p.fingerprint, name, "fingerprint", value)?;
+                set(&mut p.fingerprint, name, "fingerprint", ATTRIBUTE, value)?;
             } else if lookahead.peek(kw::replayable) {
                 let name = input.parse::<kw::replayable>()?;
                 let value = expr_value(input, "replayable")?;
-                set(&mut p.replayable, name, "replayable", value)?;
+                set(&mut p.replayable, name, "replayable", ATTRIBUTE, value)?;
             } else if lookahead.peek(kw::tx) {
                 let name = input.parse::<kw::tx>()?;
-                equals(input, "tx", "conn")?;
+                equals(input, "tx", ATTRIBUTE, "conn")?;
                 let value: Ident = input.parse().map_err(|e| {
                     syn::Error::new(
                         e.span(),
@@ -117,69 +122,37 @@ impl Parse for Args {
                          transaction or connection, as in `tx = conn`",
                     )
                 })?;
-                set(&mut p.tx, name, "tx", value)?;
+                set(&mut p.tx, name, "tx", ATTRIBUTE, value)?;
             } else if lookahead.peek(kw::entity) {
-                let flag = input.parse::<kw::entity>()?;
-                if input.peek(Token![=]) {
-                    return Err(syn::Error::new_spanned(
-                        flag,
-                        "`entity` in `#[idempotent]` is a flag and takes no value; \
-                         write `entity` alone",
-                    ));
-                }
-                if p.entity.is_some() {
-                    return Err(repeated(flag, "entity"));
-                }
-                p.entity = Some(flag);
+                let name = input.parse::<kw::entity>()?;
+                flag(input, &mut p.entity, name, "entity", ATTRIBUTE)?;
             } else if lookahead.peek(kw::ttl) {
                 let name = input.parse::<kw::ttl>()?;
                 let value = duration_value(input, "ttl", "24h", false)?;
-                set(&mut p.ttl, name, "ttl", value)?;
+                set(&mut p.ttl, name, "ttl", ATTRIBUTE, value)?;
             } else if lookahead.peek(kw::lease) {
                 let name = input.parse::<kw::lease>()?;
                 let value = duration_value(input, "lease", "30s", false)?;
-                set(&mut p.lease, name, "lease", value)?;
+                set(&mut p.lease, name, "lease", ATTRIBUTE, value)?;
             } else if lookahead.peek(kw::wait) {
                 let name = input.parse::<kw::wait>()?;
                 let value = duration_value(input, "wait", "10s", true)?;
                 if p.fail_fast.is_some() {
                     return Err(wait_and_fail_fast(name));
                 }
-                set(&mut p.wait, name, "wait", value)?;
+                set(&mut p.wait, name, "wait", ATTRIBUTE, value)?;
             } else if lookahead.peek(kw::fail_fast) {
-                let flag = input.parse::<kw::fail_fast>()?;
-                if input.peek(Token![=]) {
-                    return Err(syn::Error::new_spanned(
-                        flag,
-                        "`fail_fast` in `#[idempotent]` is a flag and takes no value; \
-                         write `fail_fast` alone",
-                    ));
-                }
+                let name = input.parse::<kw::fail_fast>()?;
+                no_value(input, name, "fail_fast", ATTRIBUTE)?;
                 if p.wait.is_some() {
-                    return Err(wait_and_fail_fast(flag));
+                    return Err(wait_and_fail_fast(name));
                 }
-                if p.fail_fast.is_some() {
-                    return Err(repeated(flag, "fail_fast"));
-                }
-                p.fail_fast = Some(flag);
-            } else if input.peek(Ident) {
-                let ident: Ident = input.parse()?;
-                return Err(syn::Error::new_spanned(
-                    &ident,
-                    format!(
-                        "unknown option `{ident}` in `#[idempotent]`; \
-                         the options are {OPTIONS}"
-                    ),
-                ));
+                set(&mut p.fail_fast, name, "fail_fast", ATTRIBUTE, name)?;
             } else {
-                return Err(lookahead.error());
+                return Ok(false);
             }
-
-            if input.is_empty() {
-                break;
-            }
-            input.parse::<Token![,]>()?;
-        }
+            Ok(true)
+        })?;
         p.finish()
     }
 }
@@ -281,22 +254,6 @@ fn entity_alone(flag: &kw::entity, p: &Partial) -> syn::Result<()> {
     }
 }
 
-/// Stores `value` in `slot`, or reports the option as repeated at `name`.
-fn set<T>(slot: &mut Option<T>, name: impl Spanned, label: &str, value: T) -> syn::Result<()> {
-    if slot.is_some() {
-        return Err(repeated(name, label));
-    }
-    *slot = Some(value);
-    Ok(())
-}
-
-fn repeated(name: impl Spanned, label: &str) -> syn::Error {
-    syn::Error::new(
-        name.span(),
-        format!("`{label}` is given more than once in `#[idempotent]`; keep only one"),
-    )
-}
-
 fn wait_and_fail_fast(at: impl Spanned) -> syn::Error {
     syn::Error::new(
         at.span(),
@@ -308,7 +265,7 @@ fn wait_and_fail_fast(at: impl Spanned) -> syn::Error {
 
 /// Parses `= <expr>`.
 fn expr_value(input: ParseStream<'_>, name: &str) -> syn::Result<Expr> {
-    equals(input, name, "<expression>")?;
+    equals(input, name, ATTRIBUTE, "<expression>")?;
     input.parse()
 }
 
@@ -319,19 +276,14 @@ fn duration_value(
     example: &str,
     allow_zero: bool,
 ) -> syn::Result<DurationArg> {
-    equals(input, name, &format!("\"{example}\""))?;
+    equals(input, name, ATTRIBUTE, &format!("\"{example}\""))?;
     let hint = format!(
         "write a duration string such as `{name} = \"{example}\"` \
          (units `ms`, `s`, `m`, `h`, `d`; parts add up, as in \"1h30m\")"
     );
-    if !input.peek(LitStr) {
-        let expr: Expr = input.parse()?;
-        return Err(syn::Error::new_spanned(
-            expr,
-            format!("`{name}` in `#[idempotent]` takes a string literal; {hint}"),
-        ));
-    }
-    let lit: LitStr = input.parse()?;
+    let lit = string_literal(input, || {
+        format!("`{name}` in `#[idempotent]` takes a string literal; {hint}")
+    })?;
     match duration::parse_millis(&lit.value(), allow_zero) {
         Ok(millis) => Ok(DurationArg { lit, millis }),
         Err(duration::DurationError::Zero) => Err(syn::Error::new_spanned(
@@ -345,18 +297,6 @@ fn duration_value(
             &lit,
             format!("invalid `{name}` duration in `#[idempotent]`: {err}; {hint}"),
         )),
-    }
-}
-
-/// Parses the `=` after an option name, with a helpful error when absent.
-fn equals(input: ParseStream<'_>, name: &str, value: &str) -> syn::Result<()> {
-    if input.peek(Token![=]) {
-        input.parse::<Token![=]>()?;
-        Ok(())
-    } else {
-        Err(input.error(format!(
-            "expected `=` after `{name}` in `#[idempotent]`: write `{name} = {value}`"
-        )))
     }
 }
 

@@ -9,9 +9,11 @@
 use proc_macro::TokenStream;
 
 mod attr;
+mod diag;
 mod duration;
 mod entity;
 mod expand;
+mod options;
 mod valid;
 
 /// Makes an `async fn` idempotent: the first call with a key runs the body

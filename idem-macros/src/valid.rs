@@ -5,6 +5,8 @@ use proc_macro2::{TokenStream, TokenTree};
 use quote::ToTokens;
 use syn::{FnArg, Item, ItemFn, Pat, ReturnType, TraitItemFn, Type};
 
+use crate::diag::combine;
+
 /// Parses `item` and checks that `#[idempotent]` can rewrite it.
 pub(crate) fn item(item: TokenStream, fingerprint_given: bool) -> syn::Result<ItemFn> {
     let function = match syn::parse2::<Item>(item.clone()) {
@@ -81,13 +83,8 @@ pub(crate) fn item(item: TokenStream, fingerprint_given: bool) -> syn::Result<It
         }
     }
 
-    match errors.into_iter().reduce(|mut all, next| {
-        all.combine(next);
-        all
-    }) {
-        Some(err) => Err(err),
-        None => Ok(function),
-    }
+    combine(errors)?;
+    Ok(function)
 }
 
 /// Whether `ty` looks like a `Result`: a path whose last segment is named
