@@ -64,6 +64,21 @@ mod policy;
 pub mod record;
 pub mod store;
 
+#[cfg(feature = "mysql")]
+#[cfg_attr(docsrs, doc(cfg(feature = "mysql")))]
+pub use backend::mysql::MySqlStore;
+#[cfg(feature = "postgres")]
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
+pub use backend::postgres::PostgresStore;
+#[cfg(feature = "sqlite")]
+#[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
+pub use backend::sqlite::SqliteStore;
+#[cfg(feature = "_sql")]
+#[cfg_attr(
+    docsrs,
+    doc(cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql")))
+)]
+pub use backend::{Backend, SqlStore};
 pub use engine::{
     run, run_in_transaction, run_in_transaction_replaying, run_replaying, run_with_codec, Call,
     Codec,
@@ -79,15 +94,6 @@ pub use fingerprint::Fingerprint;
 pub use key::{AsKey, Key, KeyError, Scope, MAX_KEY_LEN, MAX_SCOPE_LEN};
 pub use policy::{InProgressPolicy, Policy};
 pub use record::{Begin, Claim, ClaimToken, Outcome, OutcomeKind, Record, State};
-#[cfg(feature = "mysql")]
-#[cfg_attr(docsrs, doc(cfg(feature = "mysql")))]
-pub use store::MySqlStore;
-#[cfg(feature = "postgres")]
-#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
-pub use store::PostgresStore;
-#[cfg(feature = "sqlite")]
-#[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
-pub use store::SqliteStore;
 pub use store::{BeginRequest, MemoryStore, Store, TransactionalStore};
 
 /// Makes an `async fn` idempotent: *find by key, or execute and save*.

@@ -59,3 +59,22 @@ pub(crate) fn combine(errors: impl IntoIterator<Item = syn::Error>) -> syn::Resu
         None => Ok(()),
     }
 }
+
+/// The rule of `idem`'s table names, applied to every name formatted into
+/// SQL: 1 to 63 ASCII letters, digits and underscores, not starting with a
+/// digit.
+pub(crate) fn check_name(name: &str, what: &str) -> Result<(), String> {
+    let mut chars = name.chars();
+    let valid_start = chars
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_');
+    let valid_rest = chars.all(|c| c.is_ascii_alphanumeric() || c == '_');
+    if valid_start && valid_rest && name.len() <= 63 {
+        Ok(())
+    } else {
+        Err(format!(
+            "invalid {what} name {name:?}: use 1 to 63 ASCII letters, digits and underscores, \
+             not starting with a digit"
+        ))
+    }
+}

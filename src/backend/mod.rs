@@ -32,7 +32,6 @@ pub(crate) mod records;
 pub(crate) mod sqlite;
 mod statements;
 
-pub(crate) use records::validate_table_name;
 pub use records::SqlStore;
 
 /// The default name of the records table.

@@ -107,203 +107,27 @@
 //! starting with a digit; they are quoted, hence case-sensitive. Every value
 //! is bound.
 
-use std::collections::HashSet;
 use std::future::Future;
-use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-use sqlx::error::BoxDynError;
-use sqlx::{Database, FromRow, Pool};
+use sqlx::{FromRow, Pool};
 use tracing::Instrument;
 
-use crate::backend::exec::Value;
-use crate::backend::{entity as statements, validate_table_name, Backend, SqlStore};
+use crate::backend::entity::check_token_names;
+pub use crate::backend::entity::{
+    is_unique_violation, Entity, EntityBind, EntityDatabase, RequestHash, TokenEntity,
+};
 use crate::engine::{self, Call, Codec};
 use crate::error::Error;
 use crate::fingerprint::Fingerprint;
-use crate::key::{Key, KeyError, Scope};
+use crate::key::{Key, Scope};
 use crate::metrics;
 use crate::policy::Policy;
-use crate::record::{Begin, Claim, Outcome, Record};
-use crate::store::{BeginRequest, Store};
 
 /// The sqlx version this crate is built with, for the derive's generated
 /// code.
 #[doc(hidden)]
 pub use sqlx;
-
-/// A business table, as `#[derive(idem::Entity)]` describes it.
-pub trait Entity: Sized {
-    /// The table's name.
-    const TABLE: &'static str;
-    /// The columns an insert writes, in order: every field except those the
-    /// database fills in (`#[idem(generated)]`).
-    const COLUMNS: &'static [&'static str];
-}
-
-/// An [`Entity`] whose table has a UNIQUE idempotency token column: what
-/// entity mode needs.
-#[diagnostic::on_unimplemented(
-    message = "`{Self}` has no idempotency token column",
-    label = "entity mode needs a token column",
-    note = "derive `idem::Entity` and mark the token field with `#[idem(token)]`"
-)]
-pub trait TokenEntity: Entity {
-    /// The column holding the token (UNIQUE in the table).
-    const TOKEN_COLUMN: &'static str;
-    /// The column holding the payload's fingerprint, if the table has one.
-    const REQUEST_HASH_COLUMN: Option<&'static str>;
-
-    /// The token this entity carries.
-    fn token(&self) -> Result<Key, KeyError>;
-
-    /// The payload fingerprint stored with this entity: `Ok(None)` when the
-    /// table has no request-hash column or the value is `NULL`.
-    fn request_hash(&self) -> Result<Option<Fingerprint>, Error>;
-
-    /// Stores `fingerprint` in the request-hash field, if there is one.
-    fn set_request_hash(&mut self, fingerprint: &Fingerprint);
-}
-
-/// How an [`Entity`]'s fields are bound as parameters for database `DB`.
-///
-/// The derive implements it for every `DB` whose driver can encode all the
-/// fields' types.
-pub trait EntityBind<DB: Database>: Entity {
-    /// Adds the value of `column` (one of [`Entity::COLUMNS`]) to
-    /// `arguments`.
-    fn bind_column<'q>(
-        &'q self,
-        column: &str,
-        arguments: &mut <DB as Database>::Arguments<'q>,
-    ) -> Result<(), BoxDynError>;
-}
-
-/// The types a request-hash field may have: `String` (64 lowercase hex
-/// digits), `Vec<u8>` (the 32 digest bytes), or an `Option` of either.
-pub trait RequestHash {
-    /// The value that stores `fingerprint`.
-    fn from_fingerprint(fingerprint: &Fingerprint) -> Self;
-    /// The fingerprint this value holds; `Ok(None)` for `None`.
-    fn to_fingerprint(&self) -> Result<Option<Fingerprint>, Error>;
-}
-
-impl RequestHash for String {
-    fn from_fingerprint(fingerprint: &Fingerprint) -> Self {
-        fingerprint.to_hex()
-    }
-
-    fn to_fingerprint(&self) -> Result<Option<Fingerprint>, Error> {
-        Fingerprint::from_hex(self)
-            .map(Some)
-            .ok_or_else(|| Error::store("the stored request hash is not 64 hex digits"))
-    }
-}
-
-impl RequestHash for Vec<u8> {
-    fn from_fingerprint(fingerprint: &Fingerprint) -> Self {
-        fingerprint.as_bytes().to_vec()
-    }
-
-    fn to_fingerprint(&self) -> Result<Option<Fingerprint>, Error> {
-        <[u8; 32]>::try_from(self.as_slice())
-            .map(|digest| Some(Fingerprint::from_digest(digest)))
-            .map_err(|_| Error::store("the stored request hash is not 32 bytes"))
-    }
-}
-
-impl<T: RequestHash> RequestHash for Option<T> {
-    fn from_fingerprint(fingerprint: &Fingerprint) -> Self {
-        Some(T::from_fingerprint(fingerprint))
-    }
-
-    fn to_fingerprint(&self) -> Result<Option<Fingerprint>, Error> {
-        match self {
-            Some(value) => value.to_fingerprint(),
-            None => Ok(None),
-        }
-    }
-}
-
-/// The databases entity mode and upserts run on: `Sqlite`, `Postgres` and
-/// `MySql`, each with its backend's feature.
-pub trait EntityDatabase: Backend {
-    /// The records store holding entity mode's claims, in the pool's
-    /// database (table `idem_entity_claims`, created on first use).
-    #[doc(hidden)]
-    fn claims(pool: &Pool<Self>) -> impl Future<Output = Result<Arc<dyn Store>, Error>> {
-        async move {
-            let store = SqlStore::<Self>::new(pool.clone()).with_table_name(CLAIMS_TABLE)?;
-            let database = format!("{} {:?}", <Self as Database>::NAME, pool.connect_options());
-            migrate_once(database, store.migrate()).await?;
-            Ok(Arc::new(Claims(store)) as Arc<dyn Store>)
-        }
-    }
-
-    /// The row whose token is `token`, if any.
-    #[doc(hidden)]
-    fn find_entity<T>(
-        pool: &Pool<Self>,
-        token: &Key,
-    ) -> impl Future<Output = Result<Option<T>, Error>>
-    where
-        T: TokenEntity + for<'r> FromRow<'r, Self::Row> + Send + Unpin,
-    {
-        async move {
-            check_token_names::<T>()?;
-            let find = statements::select_where::<Self>(T::TABLE, &[T::TOKEN_COLUMN]);
-            let mut conn = pool.acquire().await?;
-            let row = Self::fetch_row(&mut conn, &find, vec![Value::Text(token.as_str())]).await?;
-            Ok(row.map(|row| T::from_row(&row)).transpose()?)
-        }
-    }
-
-    /// Inserts the entity and answers the row as stored, or `None` when a
-    /// row holds its token already: `INSERT ... ON CONFLICT (<token>) DO
-    /// NOTHING RETURNING *` (SQLite, PostgreSQL).
-    #[doc(hidden)]
-    fn insert_entity<T>(
-        pool: &Pool<Self>,
-        entity: &T,
-    ) -> impl Future<Output = Result<Option<T>, Error>>
-    where
-        T: TokenEntity + EntityBind<Self> + for<'r> FromRow<'r, Self::Row> + Send + Unpin,
-    {
-        async move {
-            let insert = format!(
-                "{} ON CONFLICT ({}) DO NOTHING RETURNING *",
-                statements::insert::<Self>(T::TABLE, T::COLUMNS),
-                statements::quote::<Self>(T::TOKEN_COLUMN)
-            );
-            let mut conn = pool.acquire().await?;
-            let args = arguments::<Self, T>(entity, T::COLUMNS)?;
-            let row = Self::fetch_row_with(&mut conn, &insert, args).await?;
-            Ok(row.map(|row| T::from_row(&row)).transpose()?)
-        }
-    }
-
-    /// Inserts the entity, or updates the row it conflicts with on
-    /// `conflict`, and answers the row as stored: `INSERT ... ON CONFLICT
-    /// (<conflict>) DO UPDATE ... RETURNING *` (SQLite, PostgreSQL).
-    #[doc(hidden)]
-    fn upsert_entity<T>(
-        pool: &Pool<Self>,
-        entity: &T,
-        conflict: &[&str],
-    ) -> impl Future<Output = Result<T, Error>>
-    where
-        T: EntityBind<Self> + for<'r> FromRow<'r, Self::Row> + Send + Unpin,
-    {
-        async move {
-            check_conflict::<T>(conflict)?;
-            let upsert = statements::upsert_returning::<Self>(T::TABLE, T::COLUMNS, conflict);
-            let mut conn = pool.acquire().await?;
-            let args = arguments::<Self, T>(entity, T::COLUMNS)?;
-            let row = Self::fetch_row_with(&mut conn, &upsert, args).await?;
-            Ok(T::from_row(&row.ok_or(sqlx::Error::RowNotFound)?)?)
-        }
-    }
-}
 
 /// Entity mode: returns the row whose token is the call's key, or runs
 /// `body` once per token and saves the entity it produces. See the
@@ -371,9 +195,6 @@ where
     prepared.produced(&mut entity)?;
     Ok(Entry::Saved(save::<DB, T>(pool, &entity, prepared).await?))
 }
-
-/// The name of the table holding entity mode's claims.
-pub(crate) const CLAIMS_TABLE: &str = "idem_entity_claims";
 
 /// What the claimed flow ends with.
 enum Entry<T> {
@@ -469,55 +290,6 @@ fn is_transient(err: &Error) -> bool {
     }
 }
 
-/// A records store that polls instead of listening: entity mode makes one
-/// per call, and a listening connection per call would be too many.
-#[derive(Clone)]
-pub(crate) struct Claims<S>(pub(crate) S);
-
-#[async_trait::async_trait]
-impl<S: Store + Clone + 'static> Store for Claims<S> {
-    async fn begin(&self, request: &BeginRequest<'_>) -> Result<Begin, Error> {
-        self.0.begin(request).await
-    }
-    async fn peek(&self, request: &BeginRequest<'_>) -> Result<Option<Begin>, Error> {
-        self.0.peek(request).await
-    }
-    async fn renew(&self, claim: &Claim) -> Result<(), Error> {
-        self.0.renew(claim).await
-    }
-    async fn complete(&self, claim: &Claim, outcome: &Outcome) -> Result<(), Error> {
-        self.0.complete(claim, outcome).await
-    }
-    async fn release(&self, claim: &Claim) -> Result<(), Error> {
-        self.0.release(claim).await
-    }
-    async fn get(&self, scope: &Scope, key: &Key) -> Result<Option<Record>, Error> {
-        self.0.get(scope, key).await
-    }
-    async fn purge_expired(&self, batch: usize) -> Result<u64, Error> {
-        self.0.purge_expired(batch).await
-    }
-    fn detach(&self) -> Option<Arc<dyn Store>> {
-        Some(Arc::new(self.clone()))
-    }
-}
-
-/// Runs `migrate` once per database in this process, keyed by `database`
-/// (the backend and its connect options). First calls wait for each other
-/// rather than migrate at once.
-pub(crate) async fn migrate_once<F>(database: String, migrate: F) -> Result<(), Error>
-where
-    F: Future<Output = Result<(), Error>>,
-{
-    static MIGRATED: OnceLock<tokio::sync::Mutex<HashSet<String>>> = OnceLock::new();
-    let mut migrated = MIGRATED.get_or_init(Default::default).lock().await;
-    if !migrated.contains(&database) {
-        migrate.await?;
-        migrated.insert(database);
-    }
-    Ok(())
-}
-
 /// The row whose token is `token`, if any.
 pub async fn find<DB, T>(pool: &Pool<DB>, token: &Key) -> Result<Option<T>, Error>
 where
@@ -540,124 +312,6 @@ where
     T: EntityBind<DB> + for<'r> FromRow<'r, DB::Row> + Send + Unpin,
 {
     DB::upsert_entity(pool, entity, conflict).await
-}
-
-/// Whether `err` is a unique-constraint violation: SQLSTATE `23505` on
-/// PostgreSQL, extended result code 2067 (`SQLITE_CONSTRAINT_UNIQUE`) or
-/// 1555 (`SQLITE_CONSTRAINT_PRIMARYKEY`) on SQLite, error 1062
-/// (`ER_DUP_ENTRY`) on MySQL/MariaDB.
-pub fn is_unique_violation(err: &sqlx::Error) -> bool {
-    let Some(db) = err.as_database_error() else {
-        return false;
-    };
-    #[cfg(feature = "mysql")]
-    if let Some(mysql) = db.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>() {
-        return mysql.number() == 1062;
-    }
-    is_unique_code(db.code().as_deref())
-}
-
-/// The codes of [`is_unique_violation`] other than MySQL's, whose
-/// `code()` is the generic SQLSTATE `23000`.
-fn is_unique_code(code: Option<&str>) -> bool {
-    matches!(code, Some("23505" | "2067" | "1555"))
-}
-
-/// Checks the names of `T`'s table and columns (they are formatted into
-/// SQL): valid identifiers, at least one column, none twice.
-pub(crate) fn check_names<T: Entity>() -> Result<(), Error> {
-    validate_table_name(T::TABLE)?;
-    if T::COLUMNS.is_empty() {
-        return Err(Error::Config(format!(
-            "the entity of table {:?} has no column to write",
-            T::TABLE
-        )));
-    }
-    for (i, column) in T::COLUMNS.iter().enumerate() {
-        check_column(column)?;
-        if T::COLUMNS[..i].contains(column) {
-            return Err(Error::Config(format!(
-                "the column {column:?} of table {:?} is listed twice",
-                T::TABLE
-            )));
-        }
-    }
-    Ok(())
-}
-
-/// Checks a column name with the table-name rule.
-fn check_column(column: &str) -> Result<(), Error> {
-    validate_table_name(column).map(drop).map_err(|_| {
-        Error::Config(format!(
-            "invalid column name {column:?}: use 1 to 63 ASCII letters, digits and \
-             underscores, not starting with a digit"
-        ))
-    })
-}
-
-/// Checks a token entity's names, and that its token and request-hash
-/// columns are among those it writes.
-pub(crate) fn check_token_names<T: TokenEntity>() -> Result<(), Error> {
-    check_names::<T>()?;
-    let written = |column: &str, what: &str| {
-        if T::COLUMNS.contains(&column) {
-            Ok(())
-        } else {
-            Err(Error::Config(format!(
-                "the {what} column {column:?} is not among the columns of table {:?}",
-                T::TABLE
-            )))
-        }
-    };
-    written(T::TOKEN_COLUMN, "token")?;
-    if let Some(hash) = T::REQUEST_HASH_COLUMN {
-        written(hash, "request-hash")?;
-    }
-    Ok(())
-}
-
-/// Checks the conflict columns of an upsert: at least one, each among the
-/// entity's columns, none twice.
-pub(crate) fn check_conflict<T: Entity>(conflict: &[&str]) -> Result<(), Error> {
-    check_names::<T>()?;
-    if conflict.is_empty() {
-        return Err(Error::Config(
-            "an upsert needs at least one conflict column".into(),
-        ));
-    }
-    for (i, column) in conflict.iter().enumerate() {
-        if !T::COLUMNS.contains(column) {
-            return Err(Error::Config(format!(
-                "the conflict column {column:?} is not among the columns of table {:?} ({})",
-                T::TABLE,
-                T::COLUMNS.join(", ")
-            )));
-        }
-        if conflict[..i].contains(column) {
-            return Err(Error::Config(format!(
-                "the conflict column {column:?} is given twice"
-            )));
-        }
-    }
-    Ok(())
-}
-
-/// `entity`'s values for `columns`, as one argument list.
-pub(crate) fn arguments<'q, DB, T>(
-    entity: &'q T,
-    columns: &[&str],
-) -> Result<<DB as Database>::Arguments<'q>, Error>
-where
-    DB: Database,
-    T: EntityBind<DB>,
-{
-    let mut arguments = <DB as Database>::Arguments::<'q>::default();
-    for column in columns {
-        entity
-            .bind_column(column, &mut arguments)
-            .map_err(|err| Error::store(sqlx::Error::Encode(err)))?;
-    }
-    Ok(arguments)
 }
 
 /// An entity-mode call whose key and fingerprint are valid.
@@ -789,6 +443,7 @@ impl Prepared {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::backend::entity::{check_conflict, check_names, is_unique_code};
 
     struct Payment;
     impl Entity for Payment {

@@ -24,21 +24,6 @@ use crate::record::{Begin, Claim, Outcome, Record};
 mod memory;
 mod waiters;
 
-#[cfg(feature = "mysql")]
-#[cfg_attr(docsrs, doc(cfg(feature = "mysql")))]
-pub use crate::backend::mysql::MySqlStore;
-#[cfg(feature = "postgres")]
-#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
-pub use crate::backend::postgres::PostgresStore;
-#[cfg(feature = "sqlite")]
-#[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
-pub use crate::backend::sqlite::SqliteStore;
-#[cfg(feature = "_sql")]
-#[cfg_attr(
-    docsrs,
-    doc(cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql")))
-)]
-pub use crate::backend::{Backend, SqlStore};
 pub use memory::MemoryStore;
 pub(crate) use waiters::Waiters;
 

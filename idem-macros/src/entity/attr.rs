@@ -7,8 +7,7 @@ use syn::parse::{Parse, ParseStream};
 use syn::spanned::Spanned;
 use syn::{Attribute, LitStr};
 
-use super::valid::check_name;
-use crate::diag::repeated;
+use crate::diag::{check_name, repeated};
 use crate::options::{equals, flag, parse_list, set, string_literal};
 
 mod kw {

@@ -8,7 +8,7 @@ use proc_macro2::Span;
 use syn::Ident;
 
 use super::ast::{Column, Description, Input};
-use crate::diag::combine;
+use crate::diag::{check_name, combine};
 
 impl<'a> Input<'a> {
     /// Checks the struct and names each field's column.
@@ -129,25 +129,6 @@ fn only_one(
             format!("only one field can be the `{label}`"),
         )),
         None => *first = Some((index, flag)),
-    }
-}
-
-/// The rule of `idem`'s table names, applied to every name formatted into
-/// SQL: 1 to 63 ASCII letters, digits and underscores, not starting with a
-/// digit.
-pub(super) fn check_name(name: &str, what: &str) -> Result<(), String> {
-    let mut chars = name.chars();
-    let valid_start = chars
-        .next()
-        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_');
-    let valid_rest = chars.all(|c| c.is_ascii_alphanumeric() || c == '_');
-    if valid_start && valid_rest && name.len() <= 63 {
-        Ok(())
-    } else {
-        Err(format!(
-            "invalid {what} name {name:?}: use 1 to 63 ASCII letters, digits and underscores, \
-             not starting with a digit"
-        ))
     }
 }
 

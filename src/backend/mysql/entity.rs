@@ -7,9 +7,9 @@ use std::time::Duration;
 use sqlx::mysql::{MySql, MySqlPool};
 use sqlx::FromRow;
 
-use crate::backend::entity as statements;
-use crate::entity::{
-    arguments, check_conflict, is_unique_violation, EntityBind, EntityDatabase, TokenEntity,
+use crate::backend::entity::{
+    self as statements, arguments, check_conflict, is_unique_violation, EntityBind, EntityDatabase,
+    TokenEntity,
 };
 use crate::error::Error;
 

@@ -5,11 +5,11 @@ use sha2::{Digest, Sha256};
 use sqlx::postgres::{PgConnection, PgPoolOptions, PgQueryResult, Postgres};
 
 use super::dialect::Dialect;
+use super::entity::EntityDatabase;
 use super::exec::{Exec, Value};
 use super::migrate::{self, Bookkeeping};
 use super::statements::{Numbered, Statements};
 use super::SqlStore;
-use crate::entity::EntityDatabase;
 use crate::error::Error;
 use crate::key::{Key, Scope};
 

@@ -11,10 +11,10 @@ use sqlx::sqlite::{
 use sqlx::Connection;
 
 use super::dialect::Dialect;
+use super::entity::EntityDatabase;
 use super::migrate::{self, Bookkeeping};
 use super::statements::{Numbered, Statements};
 use super::SqlStore;
-use crate::entity::EntityDatabase;
 use crate::error::Error;
 
 /// Records in a SQLite database through a sqlx pool.
