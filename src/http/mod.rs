@@ -135,16 +135,19 @@
 //! The store can be any [`Store`](crate::Store); it is shared by every
 //! service the layer makes.
 
+mod config;
 mod fingerprint;
 mod future;
 mod key_header;
 mod layer;
+mod principal;
 mod problem;
 mod service;
 mod stored;
 
 pub use future::ResponseFuture;
-pub use layer::{stored_by_default, IdempotencyLayer, MakePrincipal};
+pub use layer::{stored_by_default, IdempotencyLayer};
+pub use principal::MakePrincipal;
 pub use problem::Problem;
 pub use service::Idempotency;
 

@@ -14,12 +14,12 @@ use http_body_util::{BodyExt, LengthLimitError, Limited};
 use tower_service::Service;
 use tracing::Instrument;
 
+use super::config::Config;
 use super::fingerprint;
 use super::future::{CatchUnwind, Panic, ResponseFuture};
 use super::key_header::{key_from_headers, KeyHeaderError};
-use super::layer::Config;
+use super::problem::Problem;
 use super::stored::{ResponseCodec, StoredResponse};
-use super::Problem;
 use crate::engine::{run_with_codec, Call};
 use crate::error::Error;
 use crate::key::{Key, Scope};
