@@ -7,12 +7,9 @@ use std::sync::Arc;
 use ::http::header::HeaderName;
 use ::http::{Method, StatusCode};
 
-use ::http::request::Parts;
-
 use super::principal::MakePrincipal;
+use super::route::MakeRoute;
 use crate::policy::Policy;
-
-type RouteFn = dyn Fn(&Parts) -> Option<String> + Send + Sync;
 
 type StatusFn = dyn Fn(StatusCode) -> bool + Send + Sync;
 
@@ -25,7 +22,7 @@ pub(crate) struct Config {
     pub(crate) body_limit: usize,
     pub(crate) policy: Policy,
     pub(crate) principal: Option<Arc<dyn MakePrincipal>>,
-    pub(crate) route: Option<Arc<RouteFn>>,
+    pub(crate) route: Option<Arc<dyn MakeRoute>>,
     pub(crate) fingerprint_headers: Vec<HeaderName>,
     pub(crate) store_status: Arc<StatusFn>,
 }

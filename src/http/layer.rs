@@ -6,12 +6,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ::http::header::HeaderName;
-use ::http::request::Parts;
 use ::http::{Method, StatusCode};
 use tower_layer::Layer;
 
 use super::config::Config;
 use super::principal::MakePrincipal;
+use super::route::MakeRoute;
 use super::service::Idempotency;
 use crate::policy::Policy;
 use crate::store::Store;
@@ -157,14 +157,12 @@ impl IdempotencyLayer {
         self
     }
 
-    /// Names the route of a request (for example `/orders/{id}`) when the
-    /// router is not axum's. The route, with the method, is the operation
-    /// that keys belong to. When `route` answers `None`, the layer uses
-    /// axum's `MatchedPath`, and without it the request's path.
-    pub fn route<F>(mut self, route: F) -> Self
-    where
-        F: Fn(&Parts) -> Option<String> + Send + Sync + 'static,
-    {
+    /// Names the route of a request (for example `/orders/{id}`): with the
+    /// method, the operation that keys belong to. When `route` answers
+    /// `None`, the layer falls back to its default: axum's `MatchedPath`
+    /// with the `axum` feature, then the request's path. See
+    /// [`MakeRoute`].
+    pub fn route(mut self, route: impl MakeRoute) -> Self {
         self.config.route = Some(Arc::new(route));
         self
     }

@@ -2,6 +2,12 @@
 //! draft-ietf-httpapi-idempotency-key-header): one line in an axum router
 //! makes every POST safe to retry.
 //!
+//! The `http` feature is the layer, on any tower service of `http` 1.x
+//! requests and responses (axum, hyper with tower, tonic's HTTP): it does
+//! not depend on axum. The `axum` feature (which enables `http`, and is a
+//! default) adds axum's route templates as the scope of keys
+//! ([`MatchedPathRoute`]).
+//!
 //! ```
 //! use axum::{routing::post, Router};
 //! use idem::http::IdempotencyLayer;
@@ -51,11 +57,19 @@
 //! [`fingerprint_headers`](IdempotencyLayer::fingerprint_headers) (none by
 //! default), framed so that no two requests hash the same bytes.
 //!
-//! **The scope** of a key is the method plus the route: axum's
-//! `MatchedPath` (`POST /orders/{id}`) when the request went through an
-//! axum 0.8 router, the request's path otherwise, or what
-//! [`route`](IdempotencyLayer::route) answers. A long one (a raw path) is
-//! stored as a prefix and a digest, as every [`Scope`](crate::Scope) is.
+//! **The scope** of a key is the method plus the route
+//! (`POST /orders/{id}`). The route is the first answer of:
+//!
+//! 1. the [`MakeRoute`] given to [`route`](IdempotencyLayer::route), if
+//!    any and if it answers `Some`;
+//! 2. with the `axum` feature, axum's `MatchedPath`, when the request went
+//!    through a route of an axum 0.8 router ([`MatchedPathRoute`]);
+//! 3. the request's path, without its query ([`RequestPath`]).
+//!
+//! So without the `axum` feature, a request routed by axum is scoped to
+//! its path (`POST /orders/17`), unless a [`MakeRoute`] names its route. A
+//! long scope (a raw path) is stored as a prefix and a digest, as every
+//! [`Scope`](crate::Scope) is.
 //!
 //! **The principal.** The scope is narrowed to a principal when the layer
 //! has a [`principal`](IdempotencyLayer::principal) extractor
@@ -135,6 +149,8 @@
 //! The store can be any [`Store`](crate::Store); it is shared by every
 //! service the layer makes.
 
+#[cfg(feature = "axum")]
+mod axum;
 mod config;
 mod fingerprint;
 mod future;
@@ -142,13 +158,17 @@ mod key_header;
 mod layer;
 mod principal;
 mod problem;
+mod route;
 mod service;
 mod stored;
 
+#[cfg(feature = "axum")]
+pub use self::axum::MatchedPathRoute;
 pub use future::ResponseFuture;
 pub use layer::{stored_by_default, IdempotencyLayer};
 pub use principal::MakePrincipal;
 pub use problem::Problem;
+pub use route::{MakeRoute, RequestPath};
 pub use service::Idempotency;
 
 /// Parses one `Idempotency-Key` header value as the layer does: the key, or

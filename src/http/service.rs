@@ -14,11 +14,15 @@ use http_body_util::{BodyExt, LengthLimitError, Limited};
 use tower_service::Service;
 use tracing::Instrument;
 
+#[cfg(feature = "axum")]
+use super::axum::MatchedPathRoute;
 use super::config::Config;
 use super::fingerprint;
 use super::future::{CatchUnwind, Panic, ResponseFuture};
 use super::key_header::{key_from_headers, KeyHeaderError};
 use super::problem::Problem;
+#[cfg(feature = "axum")]
+use super::route::MakeRoute;
 use super::stored::{ResponseCodec, StoredResponse};
 use crate::engine::{run_with_codec, Call};
 use crate::error::Error;
@@ -217,22 +221,24 @@ where
 /// `None` when the layer has a principal extractor and it finds none: the
 /// request is refused rather than given a scope wider than its principal's.
 fn scope(config: &Config, parts: &Parts) -> Option<Scope> {
-    let route = config
-        .route
-        .as_ref()
-        .and_then(|route| route(parts))
-        .or_else(|| {
-            parts
-                .extensions
-                .get::<axum::extract::MatchedPath>()
-                .map(|matched| matched.as_str().to_owned())
-        })
-        .unwrap_or_else(|| parts.uri.path().to_owned());
-    let scope = Scope::new(format!("{} {}", parts.method, route));
+    let scope = Scope::new(format!("{} {}", parts.method, route(config, parts)));
     match &config.principal {
         None => Some(scope),
         Some(make) => Some(scope.with_principal(make.make_principal(parts)?)),
     }
+}
+
+/// The route of a request: the layer's [`MakeRoute`], then (with the
+/// `axum` feature) axum's `MatchedPath`, then the path
+/// ([`RequestPath`](super::route::RequestPath)).
+fn route(config: &Config, parts: &Parts) -> String {
+    let made = config
+        .route
+        .as_ref()
+        .and_then(|route| route.make_route(parts));
+    #[cfg(feature = "axum")]
+    let made = made.or_else(|| MatchedPathRoute.make_route(parts));
+    made.unwrap_or_else(|| parts.uri.path().to_owned())
 }
 
 /// Why the engine's body did not hand back a response to store.
