@@ -6,7 +6,8 @@
 //! requests and responses (axum, hyper with tower, tonic's HTTP): it does
 //! not depend on axum. The `axum` feature (which enables `http`, and is a
 //! default) adds axum's route templates as the scope of keys
-//! ([`MatchedPathRoute`]).
+//! ([`MatchedPathRoute`]) and `IntoResponse` for the layer's answers
+//! ([`ProblemDetails`]).
 //!
 //! ```
 //! use axum::{routing::post, Router};
@@ -115,7 +116,7 @@
 //!
 //! **Answers of the layer's own**, each an RFC 9457
 //! `application/problem+json` document with `type`, `title`, `status` and
-//! `detail` (see [`Problem`]):
+//! `detail` (see [`Problem`] and [`ProblemDetails`]):
 //!
 //! | status | when |
 //! |---|---|
@@ -148,6 +149,16 @@
 //!
 //! The store can be any [`Store`](crate::Store); it is shared by every
 //! service the layer makes.
+//!
+//! # The contract outside the layer
+//!
+//! A handler that calls the engine itself (`#[idempotent]`,
+//! [`run`](crate::engine::run)) on a route without the layer answers its
+//! errors as the layer does with `ProblemDetails::from(&error)`: 422 for a
+//! reused key, 409 with `Retry-After` while the first call runs, 503 with
+//! `Retry-After` when the store fails, 400 for a missing or invalid key,
+//! 500 otherwise. It converts into an `http::Response`, and with the
+//! `axum` feature it is an `IntoResponse`.
 
 #[cfg(feature = "axum")]
 mod axum;
@@ -167,7 +178,7 @@ pub use self::axum::MatchedPathRoute;
 pub use future::ResponseFuture;
 pub use layer::{stored_by_default, IdempotencyLayer};
 pub use principal::MakePrincipal;
-pub use problem::Problem;
+pub use problem::{Problem, ProblemDetails};
 pub use route::{MakeRoute, RequestPath};
 pub use service::Idempotency;
 

@@ -3,7 +3,6 @@
 use std::fmt;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Duration;
 
 use ::http::header::{HeaderName, HeaderValue};
 use ::http::request::Parts;
@@ -20,7 +19,7 @@ use super::config::Config;
 use super::fingerprint;
 use super::future::{CatchUnwind, Panic, ResponseFuture};
 use super::key_header::{key_from_headers, KeyHeaderError};
-use super::problem::Problem;
+use super::problem::{Problem, ProblemDetails};
 #[cfg(feature = "axum")]
 use super::route::MakeRoute;
 use super::stored::{ResponseCodec, StoredResponse};
@@ -31,9 +30,6 @@ use crate::store::Store;
 
 /// The header that marks a replayed response.
 pub(crate) const REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
-
-/// The `Retry-After` sent with 503 when the store cannot be reached.
-const STORE_RETRY_AFTER: Duration = Duration::from_secs(1);
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -120,15 +116,15 @@ where
                     request.method(),
                     self.config.header
                 );
-                return answer(Problem::MissingKey.response(detail, None));
+                return answer(ProblemDetails::new(Problem::MissingKey, detail).into());
             }
-            Err(err) => return answer(Problem::InvalidKey.response(err, None)),
+            Err(err) => return answer(ProblemDetails::new(Problem::InvalidKey, err).into()),
         };
         let (parts, body) = request.into_parts();
         let Some(scope) = scope(&self.config, &parts) else {
             let detail = "this request has no principal to scope its idempotency key to: \
                           it must be authenticated; it was not processed";
-            return answer(Problem::MissingPrincipal.response(detail, None));
+            return answer(ProblemDetails::new(Problem::MissingPrincipal, detail).into());
         };
         let request = Request::from_parts(parts, body);
         // The service polled ready is the one that must be called; leave a
@@ -183,11 +179,11 @@ where
                 "the request body is over the limit of {} bytes; nothing was stored",
                 config.body_limit
             );
-            return Ok(Problem::ContentTooLarge.response(detail, None));
+            return Ok(ProblemDetails::new(Problem::ContentTooLarge, detail).into());
         }
         Err(err) => {
             let detail = format!("the request body could not be read: {err}");
-            return Ok(Problem::UnreadableBody.response(detail, None));
+            return Ok(ProblemDetails::new(Problem::UnreadableBody, detail).into());
         }
     };
     let call = Call::from_parts(
@@ -208,10 +204,11 @@ where
         Ok(ran) => ran,
         Err(join) if join.is_panic() => std::panic::resume_unwind(join.into_panic()),
         Err(_) => {
-            return Ok(Problem::Internal.response(
+            return Ok(ProblemDetails::new(
+                Problem::Internal,
                 "the request's task was cancelled (the runtime is shutting down)",
-                None,
-            ))
+            )
+            .into())
         }
     };
     respond(ran)
@@ -316,44 +313,18 @@ where
 
 /// Turns what the task did into the response (or error) for the client.
 fn respond<B: From<Bytes>, E>(ran: Ran<E>) -> Result<Response<B>, E> {
-    let problem = |problem: Problem, detail: &dyn fmt::Display, retry: Option<Duration>| {
-        Ok(problem.response(detail, retry))
-    };
     match (ran.result, ran.executed) {
         (Ok(_), Some(executed)) => Ok(executed.map(B::from)),
         (Ok(stored), None) => Ok(replay(stored)),
         (Err(Failure::NotStored(response)), _) => Ok(response.map(B::from)),
         (Err(Failure::Inner(err)), _) => Err(err),
         (Err(Failure::Panicked(panic)), _) => std::panic::resume_unwind(panic),
-        (Err(Failure::ResponseBody(err)), _) => problem(
+        (Err(Failure::ResponseBody(err)), _) => Ok(ProblemDetails::new(
             Problem::Internal,
-            &format_args!("the response body failed while it was buffered: {err}"),
-            None,
-        ),
-        (Err(Failure::Idem(err)), None) => match err {
-            Error::KeyReused => problem(
-                Problem::KeyReused,
-                &"this idempotency key was already used with a different request \
-                  (method, path, query, body or fingerprinted headers)",
-                None,
-            ),
-            Error::InProgress { retry_after } => problem(
-                Problem::InProgress,
-                &"a request with this idempotency key is still being processed",
-                Some(retry_after),
-            ),
-            Error::Store(err) => problem(
-                Problem::StoreUnavailable,
-                &format_args!(
-                    "the idempotency store could not be reached, so the request was not \
-                     processed: {err}"
-                ),
-                Some(STORE_RETRY_AFTER),
-            ),
-            Error::MissingKey => problem(Problem::MissingKey, &err, None),
-            Error::InvalidKey(_) => problem(Problem::InvalidKey, &err, None),
-            other => problem(Problem::Internal, &other, None),
-        },
+            format_args!("the response body failed while it was buffered: {err}"),
+        )
+        .into()),
+        (Err(Failure::Idem(err)), None) => Ok(ProblemDetails::from(&err).into()),
         // The request ran, but its response could not be stored (the store
         // failed, or the lease was lost): the client still gets it. A retry
         // runs the request again once the claim's lease has passed.
@@ -378,6 +349,7 @@ fn replay<B: From<Bytes>>(stored: StoredResponse) -> Response<B> {
 #[cfg(test)]
 mod tests {
     use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::time::Duration;
 
     use http_body_util::Full;
     use tower::{service_fn, Layer, ServiceExt};
