@@ -1,10 +1,11 @@
 //! The `axum` feature: axum's route template as the route of a request,
-//! and the layer's answers as responses.
+//! the key header as an extractor, and the layer's answers as responses.
 
-use ::axum::extract::MatchedPath;
+use ::axum::extract::{FromRequestParts, MatchedPath};
 use ::axum::response::{IntoResponse, Response};
 use ::http::request::Parts;
 
+use super::key_header::{refusal, IdempotencyKey, IDEMPOTENCY_KEY};
 use super::problem::ProblemDetails;
 use super::route::MakeRoute;
 
@@ -20,6 +21,22 @@ impl MakeRoute for MatchedPathRoute {
     fn make_route(&self, request: &Parts) -> Option<String> {
         let matched = request.extensions.get::<MatchedPath>()?;
         Some(matched.as_str().to_owned())
+    }
+}
+
+/// Reads the `Idempotency-Key` header; a request without a valid key is
+/// refused with the layer's own 400 ([`Problem::MissingKey`] or
+/// [`Problem::InvalidKey`](super::Problem::InvalidKey)), the same
+/// document word for word.
+///
+/// [`Problem::MissingKey`]: super::Problem::MissingKey
+#[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
+impl<S: Send + Sync> FromRequestParts<S> for IdempotencyKey {
+    type Rejection = ProblemDetails;
+
+    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
+        IdempotencyKey::from_headers(&parts.headers)
+            .map_err(|err| refusal(err, &parts.method, &IDEMPOTENCY_KEY))
     }
 }
 

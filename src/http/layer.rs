@@ -10,6 +10,7 @@ use ::http::{Method, StatusCode};
 use tower_layer::Layer;
 
 use super::config::Config;
+use super::key_header::IDEMPOTENCY_KEY;
 use super::principal::MakePrincipal;
 use super::route::MakeRoute;
 use super::service::Idempotency;
@@ -76,7 +77,7 @@ impl IdempotencyLayer {
         IdempotencyLayer {
             store: Arc::new(store),
             config: Config {
-                header: HeaderName::from_static("idempotency-key"),
+                header: IDEMPOTENCY_KEY,
                 methods: vec![Method::POST, Method::PATCH],
                 require_key: true,
                 body_limit: Self::DEFAULT_BODY_LIMIT,

@@ -6,7 +6,8 @@
 //! requests and responses (axum, hyper with tower, tonic's HTTP): it does
 //! not depend on axum. The `axum` feature (which enables `http`, and is a
 //! default) adds axum's route templates as the scope of keys
-//! ([`MatchedPathRoute`]) and `IntoResponse` for the layer's answers
+//! ([`MatchedPathRoute`]), an extractor for the key header
+//! ([`IdempotencyKey`]) and `IntoResponse` for the layer's answers
 //! ([`ProblemDetails`]).
 //!
 //! ```
@@ -152,13 +153,47 @@
 //!
 //! # The contract outside the layer
 //!
-//! A handler that calls the engine itself (`#[idempotent]`,
-//! [`run`](crate::engine::run)) on a route without the layer answers its
-//! errors as the layer does with `ProblemDetails::from(&error)`: 422 for a
-//! reused key, 409 with `Retry-After` while the first call runs, 503 with
-//! `Retry-After` when the store fails, 400 for a missing or invalid key,
-//! 500 otherwise. It converts into an `http::Response`, and with the
-//! `axum` feature it is an `IntoResponse`.
+//! A handler that reads the key itself, or calls the engine itself
+//! (`#[idempotent]`, [`run`](crate::engine::run)) on a route without the
+//! layer, keeps the layer's contract with two pieces:
+//!
+//! - [`IdempotencyKey`] reads the key header as the layer does
+//!   ([`from_headers`](IdempotencyKey::from_headers)), and as an axum
+//!   extractor refuses a request without a valid key with the layer's
+//!   own 400; a [`KeyHeaderError`] converts into that answer;
+//! - `ProblemDetails::from(&error)` answers an [`Error`](crate::Error) of
+//!   the engine as the layer does: 422 for a reused key, 409 with
+//!   `Retry-After` while the first call runs, 503 with `Retry-After` when
+//!   the store fails, 400 for a missing or invalid key, 500 otherwise.
+//!   It converts into an `http::Response`, and with the `axum` feature it
+//!   is an `IntoResponse`.
+//!
+//! ```
+//! # #[cfg(feature = "axum")]
+//! # mod example {
+//! use axum::extract::State;
+//! use axum::response::{IntoResponse, Response};
+//! use idem::http::{IdempotencyKey, ProblemDetails};
+//! use idem::{idempotent, MemoryStore};
+//!
+//! #[idempotent(key = key, store = store, fingerprint = item)]
+//! async fn place(store: &MemoryStore, key: &IdempotencyKey, item: &str) -> Result<String, idem::Error> {
+//!     Ok(format!("placed {item}"))
+//! }
+//!
+//! /// `POST /orders`, on a router without the layer.
+//! async fn create_order(
+//!     State(store): State<MemoryStore>,
+//!     key: IdempotencyKey,
+//!     item: String,
+//! ) -> Response {
+//!     match place(&store, &key, &item).await {
+//!         Ok(order) => order.into_response(),
+//!         Err(err) => ProblemDetails::from(&err).into_response(),
+//!     }
+//! }
+//! # }
+//! ```
 
 #[cfg(feature = "axum")]
 mod axum;
@@ -176,16 +211,9 @@ mod stored;
 #[cfg(feature = "axum")]
 pub use self::axum::MatchedPathRoute;
 pub use future::ResponseFuture;
+pub use key_header::{IdempotencyKey, KeyHeaderError};
 pub use layer::{stored_by_default, IdempotencyLayer};
 pub use principal::MakePrincipal;
 pub use problem::{Problem, ProblemDetails};
 pub use route::{MakeRoute, RequestPath};
 pub use service::Idempotency;
-
-/// Parses one `Idempotency-Key` header value as the layer does: the key, or
-/// `None` when the layer would answer 400. Exposed for the property tests of
-/// the parser; not a public API.
-#[doc(hidden)]
-pub fn parse_key_header(value: &[u8]) -> Option<crate::key::Key> {
-    key_header::parse_key(value).ok()
-}

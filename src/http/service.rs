@@ -18,7 +18,7 @@ use super::axum::MatchedPathRoute;
 use super::config::Config;
 use super::fingerprint;
 use super::future::{CatchUnwind, Panic, ResponseFuture};
-use super::key_header::{key_from_headers, KeyHeaderError};
+use super::key_header::{refusal, IdempotencyKey, KeyHeaderError};
 use super::problem::{Problem, ProblemDetails};
 #[cfg(feature = "axum")]
 use super::route::MakeRoute;
@@ -105,20 +105,14 @@ where
         if !self.config.methods.contains(request.method()) {
             return ResponseFuture::new(self.inner.call(request));
         }
-        let key = match key_from_headers(request.headers(), &self.config.header) {
-            Ok(key) => key,
+        let key = match IdempotencyKey::from_headers_named(request.headers(), &self.config.header) {
+            Ok(key) => key.into_key(),
             Err(KeyHeaderError::Missing) if !self.config.require_key => {
                 return ResponseFuture::new(self.inner.call(request));
             }
-            Err(KeyHeaderError::Missing) => {
-                let detail = format!(
-                    "{} requests to this resource require an `{}` header",
-                    request.method(),
-                    self.config.header
-                );
-                return answer(ProblemDetails::new(Problem::MissingKey, detail).into());
+            Err(err) => {
+                return answer(refusal(err, request.method(), &self.config.header).into());
             }
-            Err(err) => return answer(ProblemDetails::new(Problem::InvalidKey, err).into()),
         };
         let (parts, body) = request.into_parts();
         let Some(scope) = scope(&self.config, &parts) else {
