@@ -9,22 +9,24 @@
 //! | `GET /subscriptions/{user_id}` | 200, or 404 |
 //! | `GET /gateway/charges` | `{"count": N, "charges": [...]}`: every charge the gateway made |
 //!
-//! Errors are RFC 9457 `application/problem+json` documents, like the
-//! idempotency layer's own (400 for a missing or malformed key, 409 while
-//! the first request with a key runs, 422 for a key reused with another
-//! body). This app's problem types end in: `#invalid-request` (400),
-//! `#invalid-idempotency-key` (400), `#card-declined` (402, with the
-//! declined `payment`), `#not-found` (404), `#in-progress` (409),
-//! `#key-reused` (422), `#gateway-unavailable` (503), `#internal` (500).
-//! With the layer on, it answers 409 and 422 itself, before the handler.
+//! Errors are RFC 9457 `application/problem+json` documents. The
+//! idempotency contract is answered with the library's own
+//! (`idem::http::ProblemDetails`: 400 for a missing or malformed key, 409
+//! while the first request with a key runs, 422 for a key reused with
+//! another body, 503 when the store is down), by the layer before the
+//! handler or, without the layer, by the handler in the same words. This
+//! app's problem types end in: `#invalid-request` (400), `#card-declined`
+//! (402, with the declined `payment`), `#not-found` (404),
+//! `#gateway-unavailable` (503), `#internal` (500).
 
 use std::sync::Arc;
 
 use axum::body::Bytes;
 use axum::extract::{Path, State};
-use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
+use idem::http::{IdempotencyKey, ProblemDetails};
 use serde::Serialize;
 use serde_json::json;
 
@@ -72,10 +74,7 @@ fn problem_with(
         header::CONTENT_TYPE,
         HeaderValue::from_static("application/problem+json"),
     );
-    if matches!(
-        status,
-        StatusCode::CONFLICT | StatusCode::SERVICE_UNAVAILABLE
-    ) {
+    if status == StatusCode::SERVICE_UNAVAILABLE {
         response
             .headers_mut()
             .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
@@ -83,58 +82,13 @@ fn problem_with(
     response
 }
 
-/// The `Idempotency-Key` header's value: the draft's Structured Field
-/// String (`"abc"`, with `\"` and `\\` escapes) or a bare token, as the
-/// idempotency layer reads it. With the layer on, it has already refused
-/// a missing or malformed key; without it, this does.
-pub fn idempotency_key(headers: &HeaderMap) -> Result<String, &'static str> {
-    let mut values = headers.get_all("idempotency-key").iter();
-    let value = values
-        .next()
-        .ok_or("the Idempotency-Key header is required")?;
-    if values.next().is_some() {
-        return Err("the Idempotency-Key header must be sent once");
-    }
-    let value = value
-        .to_str()
-        .map_err(|_| "the Idempotency-Key header must be visible ASCII")?;
-    let Some(quoted) = value.strip_prefix('"') else {
-        return Ok(value.to_owned());
-    };
-    let mut key = String::with_capacity(quoted.len());
-    let mut chars = quoted.chars();
-    while let Some(c) = chars.next() {
-        match c {
-            '"' if chars.as_str().is_empty() => return Ok(key),
-            '\\' => match chars.next() {
-                Some(escaped @ ('"' | '\\')) => key.push(escaped),
-                _ => break,
-            },
-            '"' => break,
-            c => key.push(c),
-        }
-    }
-    Err("the Idempotency-Key header is not a valid structured string")
-}
-
 /// `POST /payments`.
 pub async fn create_payment(
     State(app): State<Arc<App>>,
-    headers: HeaderMap,
+    key: IdempotencyKey,
     body: Bytes,
 ) -> Response {
-    let key = match idempotency_key(&headers) {
-        Ok(key) => key,
-        Err(detail) => {
-            return problem(
-                StatusCode::BAD_REQUEST,
-                "invalid-idempotency-key",
-                "Idempotency key missing or malformed",
-                detail,
-            )
-        }
-    };
-    let command = match NewPayment::parse(key, &body) {
+    let command = match NewPayment::parse(key.as_str().to_owned(), &body) {
         Ok(command) => command,
         Err(detail) => {
             return problem(
@@ -173,27 +127,9 @@ pub fn service_error(err: ServiceError) -> Response {
             "Card gateway unavailable",
             format!("{err}; nothing was charged, retry with the same Idempotency-Key"),
         ),
-        ServiceError::Idempotency(idem::Error::KeyReused) => problem(
-            StatusCode::UNPROCESSABLE_ENTITY,
-            "key-reused",
-            "Idempotency key reused",
-            "this Idempotency-Key was used with another request",
-        ),
-        ServiceError::Idempotency(idem::Error::InProgress { .. }) => problem(
-            StatusCode::CONFLICT,
-            "in-progress",
-            "Request in progress",
-            "a request with this Idempotency-Key is still running; retry later",
-        ),
-        ServiceError::Idempotency(err @ (idem::Error::InvalidKey(_) | idem::Error::MissingKey)) => {
-            problem(
-                StatusCode::BAD_REQUEST,
-                "invalid-idempotency-key",
-                "Idempotency key missing or malformed",
-                err.to_string(),
-            )
-        }
-        err => internal(&err),
+        // 422, 409 with Retry-After, 503...: the layer's own answers.
+        ServiceError::Idempotency(err) => ProblemDetails::from(&err).into_response(),
+        ServiceError::Database(err) => internal(&err),
     }
 }
 
@@ -255,7 +191,7 @@ pub async fn put_subscription(
     let subscription = Subscription { user_id, plan };
     match app.db.backend.put_subscription(&subscription).await {
         Ok(stored) => Json(stored).into_response(),
-        Err(err) => service_error(err),
+        Err(err) => internal(&err),
     }
 }
 

@@ -27,14 +27,14 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Form, Json, Router};
-use idem::http::IdempotencyLayer;
+use idem::http::{IdempotencyKey, IdempotencyLayer, Problem};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use super::api::idempotency_key;
+use super::api::service_error;
 use super::app::App;
 use super::model::{new_id, parse_card, parse_currency, PaymentIntent, STATUS_SUCCEEDED};
-use super::service::{NewIntent, ServiceError};
+use super::service::NewIntent;
 
 /// The `/v1` routes, behind the idempotency layer if one is given.
 pub fn router(layer: Option<IdempotencyLayer>) -> Router<Arc<App>> {
@@ -47,8 +47,8 @@ pub fn router(layer: Option<IdempotencyLayer>) -> Router<Arc<App>> {
         )),
         None => routes,
     };
-    // Outermost first on the way in: authenticate, then turn the layer's
-    // problem documents into Stripe errors.
+    // Outermost first on the way in: authenticate, then turn the problem
+    // documents (the layer's, the operation's) into Stripe errors.
     routes
         .layer(middleware::map_response(stripe_errors))
         .layer(middleware::from_fn(authenticate))
@@ -120,8 +120,11 @@ async fn authenticate(mut request: Request, next: Next) -> Response {
     next.run(request).await
 }
 
-/// The idempotency layer's own answers (problem documents) as Stripe
-/// errors; every other response goes through unchanged.
+/// Every `application/problem+json` answer as a Stripe error, keeping its
+/// status (but 400 for a reused key, as Stripe) and its `Retry-After`: the
+/// idempotency layer's own answers, and those of the operations (which
+/// answer their idempotency errors as the layer does). Every other
+/// response goes through unchanged.
 async fn stripe_errors(response: Response) -> Response {
     let is_problem = response
         .headers()
@@ -135,14 +138,17 @@ async fn stripe_errors(response: Response) -> Response {
         .await
         .unwrap_or_default();
     let document: Value = serde_json::from_slice(&bytes).unwrap_or_default();
-    let variant = document["type"]
-        .as_str()
-        .and_then(|t| t.rsplit_once("#variant."))
-        .map(|(_, variant)| variant)
-        .unwrap_or_default();
+    let kind = document["type"].as_str().unwrap_or_default();
+    let is = |problem: Problem| kind == problem.type_uri();
     let detail = document["detail"].as_str().unwrap_or_default();
-    let mut mapped = match variant {
-        "KeyReused" => error(
+    let client_errors = [
+        Problem::InvalidKey,
+        Problem::MissingKey,
+        Problem::UnreadableBody,
+        Problem::ContentTooLarge,
+    ];
+    let mut mapped = if is(Problem::KeyReused) {
+        error(
             StatusCode::BAD_REQUEST,
             "idempotency_error",
             None,
@@ -150,8 +156,9 @@ async fn stripe_errors(response: Response) -> Response {
             "Keys for idempotent requests can only be used with the same parameters \
              they were first used with. Try using a key other than this one if you \
              meant to execute a different request.",
-        ),
-        "InProgress" => error(
+        )
+    } else if is(Problem::InProgress) {
+        error(
             StatusCode::CONFLICT,
             "idempotency_error",
             None,
@@ -159,11 +166,11 @@ async fn stripe_errors(response: Response) -> Response {
             "There is currently another in-progress request using this Idempotent Key \
              (that probably means you submitted twice, and the other request is still \
              going through). Please try again later.",
-        ),
-        "InvalidKey" | "MissingKey" | "UnreadableBody" | "ContentTooLarge" => {
-            error(parts.status, "invalid_request_error", None, None, detail)
-        }
-        _ => error(parts.status, "api_error", None, None, detail),
+        )
+    } else if client_errors.into_iter().any(is) {
+        error(parts.status, "invalid_request_error", None, None, detail)
+    } else {
+        error(parts.status, "api_error", None, None, detail)
     };
     if let Some(retry_after) = parts.headers.get(header::RETRY_AFTER) {
         mapped
@@ -269,22 +276,20 @@ async fn create_intent(
     }
     // The token scopes the client's key to its API key; without a key,
     // every request is a new intent, as with Stripe.
-    let token = match headers.contains_key("idempotency-key") {
-        true => match idempotency_key(&headers) {
-            Ok(key) => idem::Fingerprint::of(&(&account, &key))
-                .map(|f| f.to_hex())
-                .unwrap_or_default(),
-            Err(message) => {
-                return error(
-                    StatusCode::BAD_REQUEST,
-                    "invalid_request_error",
-                    None,
-                    None,
-                    message,
-                )
-            }
-        },
-        false => new_id("tok"),
+    let token = match IdempotencyKey::from_headers(&headers) {
+        Ok(key) => idem::Fingerprint::of(&(&account, key.as_str()))
+            .map(|f| f.to_hex())
+            .unwrap_or_default(),
+        Err(err) if err.is_missing() => new_id("tok"),
+        Err(err) => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                "invalid_request_error",
+                None,
+                None,
+                &err.to_string(),
+            )
+        }
     };
     let command = NewIntent {
         token,
@@ -305,30 +310,8 @@ async fn create_intent(
             (StatusCode::PAYMENT_REQUIRED, Json(body)).into_response()
         }
         Ok(Ok(intent)) => Json(object(&intent)).into_response(),
-        Ok(Err(ServiceError::Gateway(err))) => error(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "api_error",
-            None,
-            None,
-            &format!("{err}; nothing was charged, retry with the same Idempotency-Key"),
-        ),
-        Ok(Err(ServiceError::Idempotency(idem::Error::KeyReused))) => error(
-            StatusCode::BAD_REQUEST,
-            "idempotency_error",
-            None,
-            None,
-            "Keys for idempotent requests can only be used with the same parameters \
-             they were first used with.",
-        ),
-        Ok(Err(ServiceError::Idempotency(idem::Error::InProgress { .. }))) => error(
-            StatusCode::CONFLICT,
-            "idempotency_error",
-            None,
-            None,
-            "There is currently another in-progress request using this Idempotent Key. \
-             Please try again later.",
-        ),
-        Ok(Err(err)) => api_error(&err),
+        // Problem documents, which `stripe_errors` words as Stripe does.
+        Ok(Err(err)) => service_error(err),
         Err(join) => api_error(&join),
     }
 }
