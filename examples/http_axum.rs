@@ -1,7 +1,7 @@
 //! An axum order service whose POSTs are safe to retry.
 //!
 //! ```sh
-//! cargo run --example http_axum --features http
+//! cargo run --example http_axum
 //! # then, twice: the second answer is the first one, replayed
 //! curl -i -X POST localhost:3000/orders -H 'Idempotency-Key: "order-1"' \
 //!      -H 'Authorization: Bearer token-of-acme' -H 'Content-Type: application/json' \

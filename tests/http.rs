@@ -13,8 +13,8 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::Router;
-use idem::http::{IdempotencyLayer, Problem};
-use idem::Store;
+use idem::http::{IdempotencyKey, IdempotencyLayer, Problem, ProblemDetails};
+use idem::{idempotent, Store};
 use reqwest::header::RETRY_AFTER;
 use serde_json::{json, Value};
 use tokio::sync::Notify;
@@ -44,6 +44,9 @@ macro_rules! http_cases {
                 store_down_is_503,
                 panicking_handler_releases_the_key,
                 disconnected_client_outcome_is_saved,
+                key_extractor_refuses_as_the_layer_does,
+                engine_errors_are_answered_as_the_layer_answers_them,
+                plain_tower_service_scoped_by_make_route,
             );
         }
     };
@@ -299,6 +302,18 @@ impl Server {
             .header("idempotency-key", key)
             .body(body.to_owned())
     }
+
+    /// `POST path` with these key header values, none or several.
+    fn post_with_keys(&self, path: &str, keys: &[HeaderValue]) -> reqwest::RequestBuilder {
+        let mut request = self
+            .client
+            .post(format!("{}{path}", self.base))
+            .body("2 apples");
+        for key in keys {
+            request = request.header("idempotency-key", key);
+        }
+        request
+    }
 }
 
 /// Starts the app behind `layer`.
@@ -433,10 +448,11 @@ async fn missing_key_is_400<S: Backend>(store: S) {
     assert_eq!(seen.runs(), 0);
 }
 
-async fn malformed_keys_are_400<S: Backend>(store: S) {
-    let (server, seen) = serve(IdempotencyLayer::new(store)).await;
+/// Key headers that the layer refuses as malformed (400), each with what
+/// is wrong with it.
+fn malformed_key_headers() -> Vec<(&'static str, Vec<HeaderValue>)> {
     let long = "k".repeat(256);
-    let cases: Vec<(&str, Vec<HeaderValue>)> = vec![
+    vec![
         ("empty string", vec![HeaderValue::from_static("\"\"")]),
         ("empty value", vec![HeaderValue::from_static("")]),
         (
@@ -465,16 +481,14 @@ async fn malformed_keys_are_400<S: Backend>(store: S) {
                 HeaderValue::from_static("\"a\""),
             ],
         ),
-    ];
-    for (what, values) in cases {
-        let mut request = server
-            .client
-            .post(format!("{}/orders", server.base))
-            .body("2 apples");
-        for value in values {
-            request = request.header("idempotency-key", value);
-        }
-        let response = request.send().await.unwrap();
+    ]
+}
+
+async fn malformed_keys_are_400<S: Backend>(store: S) {
+    let (server, seen) = serve(IdempotencyLayer::new(store)).await;
+    for (what, values) in malformed_key_headers() {
+        let response = server.post_with_keys("/orders", &values).send();
+        let response = response.await.unwrap();
         assert_eq!(response.status(), StatusCode::BAD_REQUEST, "{what}");
         let doc = problem(response, Problem::InvalidKey).await;
         eprintln!("{what}: {}", doc["detail"]);
@@ -790,4 +804,191 @@ async fn disconnected_client_outcome_is_saved<S: Backend>(store: S) {
     let doc: Value = retry.json().await.unwrap();
     assert_eq!(doc["run"], 1);
     assert_eq!(seen.runs(), 1);
+}
+
+// ---------------------------------------------------------------------------
+// The contract outside the layer: the key extractor, the engine's errors
+// answered as the layer answers them, and the layer on a plain tower
+// service.
+
+/// The operation behind `POST /direct`: run by the engine itself, not by
+/// the layer, failing fast on a duplicate. The body `gated` holds it until
+/// the test releases it.
+#[idempotent(key = key, store = store, scope = "POST /direct", fingerprint = body, fail_fast)]
+async fn place_directly<S: Store>(
+    store: &S,
+    seen: &Seen,
+    key: &IdempotencyKey,
+    body: &str,
+) -> Result<String, idem::Error> {
+    if body == "gated" {
+        seen.started.notify_one();
+        seen.release.notified().await;
+    }
+    Ok(format!("run {}", seen.next()))
+}
+
+/// The app behind `layer`, and beside it `POST /direct`, a route without
+/// the layer whose handler reads the key with the [`IdempotencyKey`]
+/// extractor, runs [`place_directly`] and answers its errors with
+/// [`ProblemDetails`].
+async fn serve_beside<S: Backend>(layer: IdempotencyLayer, store: S) -> (Server, Arc<Seen>) {
+    let seen = Arc::new(Seen::default());
+    let s = seen.clone();
+    let direct = move |key: IdempotencyKey, body: String| {
+        let (store, s) = (store.clone(), s.clone());
+        async move {
+            match place_directly(&store, &s, &key, &body).await {
+                Ok(done) => (StatusCode::CREATED, done).into_response(),
+                Err(err) => ProblemDetails::from(&err).into_response(),
+            }
+        }
+    };
+    let beside = Router::new().route("/direct", post(direct));
+    let router = app(&seen).layer(layer).merge(beside);
+    (Server::start(router).await, seen)
+}
+
+/// Status, `Content-Type`, whether `Retry-After` is set, and the body.
+async fn answer(response: reqwest::Response) -> (StatusCode, String, bool, Vec<u8>) {
+    let status = response.status();
+    let headers = response.headers();
+    let content_type = headers["content-type"].to_str().unwrap().to_owned();
+    let retry_after = headers.contains_key(RETRY_AFTER);
+    let body = response.bytes().await.unwrap().to_vec();
+    (status, content_type, retry_after, body)
+}
+
+/// A handler that takes an [`IdempotencyKey`] refuses a request without a
+/// valid key with the very answer the layer gives, byte for byte, and
+/// reads a valid key as the layer does (quoted or bare, the same key).
+async fn key_extractor_refuses_as_the_layer_does<S: Backend>(store: S) {
+    let (server, seen) = serve_beside(IdempotencyLayer::new(store.clone()), store).await;
+    let send = |path: &str, values: &[HeaderValue]| server.post_with_keys(path, values).send();
+    let mut cases = malformed_key_headers();
+    cases.push(("missing", Vec::new()));
+    for (what, values) in cases {
+        let layer = answer(send("/orders", &values).await.unwrap()).await;
+        let extractor = answer(send("/direct", &values).await.unwrap()).await;
+        assert_eq!(layer.0, StatusCode::BAD_REQUEST, "{what}");
+        assert_eq!(
+            extractor,
+            layer,
+            "{what}: {}",
+            String::from_utf8_lossy(&extractor.3)
+        );
+    }
+    assert_eq!(seen.runs(), 0);
+    let key = fresh_key();
+    let first = send("/direct", &[HeaderValue::from_str(&key).unwrap()]);
+    let first = first.await.unwrap();
+    assert_eq!(first.status(), StatusCode::CREATED);
+    let bare = HeaderValue::from_str(key.trim_matches('"')).unwrap();
+    let again = send("/direct", &[bare]).await.unwrap();
+    assert_eq!(again.status(), StatusCode::CREATED);
+    assert_eq!(
+        again.text().await.unwrap(),
+        first.text().await.unwrap(),
+        "the bare form names another key"
+    );
+    assert_eq!(seen.runs(), 1);
+}
+
+/// `ProblemDetails::from(&error)` answers the engine's errors as the layer
+/// answers the same situations: a key reused with another payload (422),
+/// a duplicate while the first call runs (409, `Retry-After`), a store
+/// that cannot be reached (503, `Retry-After`).
+async fn engine_errors_are_answered_as_the_layer_answers_them<S: Backend>(store: S) {
+    let layer = IdempotencyLayer::new(store.clone()).fail_fast();
+    let (server, seen) = serve_beside(layer, store.clone()).await;
+    // 422: the same key with another payload, once the first completed.
+    let mut reused = Vec::new();
+    for path in ["/orders", "/direct"] {
+        let key = fresh_key();
+        let first = server.post(path, &key, "2 apples").send().await.unwrap();
+        assert_eq!(first.status(), StatusCode::CREATED, "{path}");
+        let other = server.post(path, &key, "3 pears").send().await.unwrap();
+        reused.push(answer(other).await);
+    }
+    assert_eq!(reused[0].0, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(reused[1], reused[0]);
+    // 409: a duplicate while the first request runs.
+    let mut running = Vec::new();
+    for path in ["/gated", "/direct"] {
+        let key = fresh_key();
+        let first = tokio::spawn(server.post(path, &key, "gated").send());
+        seen.started.notified().await;
+        let duplicate = server.post(path, &key, "gated").send().await.unwrap();
+        running.push(answer(duplicate).await);
+        seen.release.notify_one();
+        assert_eq!(first.await.unwrap().unwrap().status(), StatusCode::CREATED);
+    }
+    assert_eq!(running[0].0, StatusCode::CONFLICT);
+    assert!(running[0].2, "the layer's 409 has a Retry-After");
+    assert_eq!(running[1], running[0]);
+    // 503: the store is down.
+    store.shut_down().await;
+    for path in ["/orders", "/direct"] {
+        let down = server.post(path, &fresh_key(), "x").send().await.unwrap();
+        assert!(down.headers().contains_key(RETRY_AFTER), "{path}");
+        problem(down, Problem::StoreUnavailable).await;
+    }
+    assert_eq!(seen.runs(), 4);
+}
+
+/// The layer on a plain tower service, no axum router in front (so no
+/// `MatchedPath`), served by hyper through `axum::serve`: a `MakeRoute`
+/// closure names the route, so two paths of one route share a key's
+/// scope; without one, each path is a scope of its own.
+async fn plain_tower_service_scoped_by_make_route<S: Backend>(store: S) {
+    use axum::ServiceExt as _;
+    use tower::{service_fn, Layer};
+
+    let runs = Arc::new(AtomicUsize::new(0));
+    let serve_plain = |layer: IdempotencyLayer| {
+        let runs = runs.clone();
+        let service = layer.layer(service_fn(move |request: Request| {
+            let run = runs.fetch_add(1, Ordering::SeqCst) + 1;
+            async move {
+                let path = request.uri().path().to_owned();
+                Ok::<_, std::convert::Infallible>(created(run, &path))
+            }
+        }));
+        async move {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let addr = listener.local_addr().unwrap();
+            let make = service.into_make_service();
+            tokio::spawn(async move { axum::serve(listener, make).await.unwrap() });
+            Server {
+                base: format!("http://{addr}"),
+                client: reqwest::Client::new(),
+            }
+        }
+    };
+    let items = |parts: &axum::http::request::Parts| {
+        let id = parts.uri.path().strip_prefix("/items/")?;
+        (!id.contains('/')).then(|| "/items/{id}".to_owned())
+    };
+    let routed = serve_plain(IdempotencyLayer::new(store.clone()).route(items)).await;
+    let key = fresh_key();
+    let one = routed.post("/items/1", &key, "x").send().await.unwrap();
+    assert_eq!(one.status(), StatusCode::CREATED);
+    let replay = routed.post("/items/1", &key, "x").send().await.unwrap();
+    assert!(replayed(replay.headers()));
+    // `/items/2` is the same route: the key is taken, by another payload.
+    let two = routed.post("/items/2", &key, "x").send().await.unwrap();
+    problem(two, Problem::KeyReused).await;
+    // Outside the route the closure names, the path is the route.
+    let other = routed.post("/other", &key, "x").send().await.unwrap();
+    assert_eq!(other.status(), StatusCode::CREATED);
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+
+    let by_path = serve_plain(IdempotencyLayer::new(store)).await;
+    let key = fresh_key();
+    for path in ["/items/1", "/items/2"] {
+        let response = by_path.post(path, &key, "x").send().await.unwrap();
+        assert_eq!(response.status(), StatusCode::CREATED, "{path}");
+        assert!(!replayed(response.headers()), "{path}");
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 4);
 }

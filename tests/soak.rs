@@ -42,7 +42,7 @@ use std::time::{Duration, Instant};
 use payments::app::{self, App};
 use payments::db::{Backend, Database};
 use payments::gateway::{Gateway, Ledger};
-use payments::model::random_unit;
+use payments::random::random_unit;
 use payments::service::Payments;
 use reqwest::header::CONTENT_TYPE;
 use serde_json::{json, Value};

@@ -1,211 +1,19 @@
-//! The JSON API: payments, subscriptions, the gateway's ledger.
-//!
-//! | route | answer |
-//! |---|---|
-//! | `POST /payments` (`Idempotency-Key` required) | 201 payment; 402 declined (stored and replayed); 400 invalid body (nothing stored, nothing charged); 503 gateway down (the key is released) |
-//! | `GET /payments/{id}` | 200, or 404 |
-//! | `GET /payments` | `{"count": N, "payments": [the latest 100, newest first]}` |
-//! | `PUT /subscriptions/{user_id}` `{"plan": ".."}` | 200: created or updated, the same state however often it is sent |
-//! | `GET /subscriptions/{user_id}` | 200, or 404 |
-//! | `GET /gateway/charges` | `{"count": N, "charges": [...]}`: every charge the gateway made |
-//!
-//! Errors are RFC 9457 `application/problem+json` documents, like the
-//! idempotency layer's own (400 for a missing or malformed key, 409 while
-//! the first request with a key runs, 422 for a key reused with another
-//! body). This app's problem types end in: `#invalid-request` (400),
-//! `#invalid-idempotency-key` (400), `#card-declined` (402, with the
-//! declined `payment`), `#not-found` (404), `#in-progress` (409),
-//! `#key-reused` (422), `#gateway-unavailable` (503), `#internal` (500).
-//! With the layer on, it answers 409 and 422 itself, before the handler.
+//! The JSON API's other routes: the reads, the subscriptions (an upsert,
+//! idempotent by itself), the gateway's ledger and `/metrics`. `POST
+//! /payments` is in [`service`](super::service).
 
 use std::sync::Arc;
 
 use axum::body::Bytes;
 use axum::extract::{Path, State};
-use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use serde::Serialize;
 use serde_json::json;
 
 use super::app::App;
-use super::model::{NewPayment, Payment, Subscription};
-use super::service::ServiceError;
-
-/// The base of this app's problem types: this file, whose documentation
-/// lists them.
-const PROBLEM_BASE: &str = "https://github.com/idem-rs/idem/blob/main/examples/payments/api.rs#";
-
-/// An RFC 9457 problem document, members in the RFC's order.
-#[derive(Serialize)]
-struct Problem<'a> {
-    r#type: String,
-    title: &'a str,
-    status: u16,
-    detail: String,
-    /// The declined payment, with a 402.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    payment: Option<&'a Payment>,
-}
-
-/// A problem response; `slug` names the problem type.
-pub fn problem(status: StatusCode, slug: &str, title: &str, detail: impl Into<String>) -> Response {
-    problem_with(status, slug, title, detail.into(), None)
-}
-
-fn problem_with(
-    status: StatusCode,
-    slug: &str,
-    title: &str,
-    detail: String,
-    payment: Option<&Payment>,
-) -> Response {
-    let document = Problem {
-        r#type: format!("{PROBLEM_BASE}{slug}"),
-        title,
-        status: status.as_u16(),
-        detail,
-        payment,
-    };
-    let mut response = (status, Json(document)).into_response();
-    response.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/problem+json"),
-    );
-    if matches!(
-        status,
-        StatusCode::CONFLICT | StatusCode::SERVICE_UNAVAILABLE
-    ) {
-        response
-            .headers_mut()
-            .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
-    }
-    response
-}
-
-/// The `Idempotency-Key` header's value: the draft's Structured Field
-/// String (`"abc"`, with `\"` and `\\` escapes) or a bare token, as the
-/// idempotency layer reads it. With the layer on, it has already refused
-/// a missing or malformed key; without it, this does.
-pub fn idempotency_key(headers: &HeaderMap) -> Result<String, &'static str> {
-    let mut values = headers.get_all("idempotency-key").iter();
-    let value = values
-        .next()
-        .ok_or("the Idempotency-Key header is required")?;
-    if values.next().is_some() {
-        return Err("the Idempotency-Key header must be sent once");
-    }
-    let value = value
-        .to_str()
-        .map_err(|_| "the Idempotency-Key header must be visible ASCII")?;
-    let Some(quoted) = value.strip_prefix('"') else {
-        return Ok(value.to_owned());
-    };
-    let mut key = String::with_capacity(quoted.len());
-    let mut chars = quoted.chars();
-    while let Some(c) = chars.next() {
-        match c {
-            '"' if chars.as_str().is_empty() => return Ok(key),
-            '\\' => match chars.next() {
-                Some(escaped @ ('"' | '\\')) => key.push(escaped),
-                _ => break,
-            },
-            '"' => break,
-            c => key.push(c),
-        }
-    }
-    Err("the Idempotency-Key header is not a valid structured string")
-}
-
-/// `POST /payments`.
-pub async fn create_payment(
-    State(app): State<Arc<App>>,
-    headers: HeaderMap,
-    body: Bytes,
-) -> Response {
-    let key = match idempotency_key(&headers) {
-        Ok(key) => key,
-        Err(detail) => {
-            return problem(
-                StatusCode::BAD_REQUEST,
-                "invalid-idempotency-key",
-                "Idempotency key missing or malformed",
-                detail,
-            )
-        }
-    };
-    let command = match NewPayment::parse(key, &body) {
-        Ok(command) => command,
-        Err(detail) => {
-            return problem(
-                StatusCode::BAD_REQUEST,
-                "invalid-request",
-                "Invalid payment request",
-                detail,
-            )
-        }
-    };
-    // On a task of its own: a client that hangs up must not cancel a
-    // payment between the charge and the row that records it.
-    let created = tokio::spawn(async move { app.db.backend.create(&command).await }).await;
-    match created {
-        Ok(Ok(payment)) if payment.succeeded() => {
-            (StatusCode::CREATED, Json(payment)).into_response()
-        }
-        Ok(Ok(payment)) => problem_with(
-            StatusCode::PAYMENT_REQUIRED,
-            "card-declined",
-            "Card declined",
-            format!("the card {} was declined", payment.card),
-            Some(&payment),
-        ),
-        Ok(Err(err)) => service_error(err),
-        Err(join) => internal(&join),
-    }
-}
-
-/// The problem answering a failed operation.
-pub fn service_error(err: ServiceError) -> Response {
-    match err {
-        ServiceError::Gateway(err) => problem(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "gateway-unavailable",
-            "Card gateway unavailable",
-            format!("{err}; nothing was charged, retry with the same Idempotency-Key"),
-        ),
-        ServiceError::Idempotency(idem::Error::KeyReused) => problem(
-            StatusCode::UNPROCESSABLE_ENTITY,
-            "key-reused",
-            "Idempotency key reused",
-            "this Idempotency-Key was used with another request",
-        ),
-        ServiceError::Idempotency(idem::Error::InProgress { .. }) => problem(
-            StatusCode::CONFLICT,
-            "in-progress",
-            "Request in progress",
-            "a request with this Idempotency-Key is still running; retry later",
-        ),
-        ServiceError::Idempotency(err @ (idem::Error::InvalidKey(_) | idem::Error::MissingKey)) => {
-            problem(
-                StatusCode::BAD_REQUEST,
-                "invalid-idempotency-key",
-                "Idempotency key missing or malformed",
-                err.to_string(),
-            )
-        }
-        err => internal(&err),
-    }
-}
-
-pub fn internal(err: &dyn std::fmt::Display) -> Response {
-    tracing::error!("{err}");
-    problem(
-        StatusCode::INTERNAL_SERVER_ERROR,
-        "internal",
-        "Internal error",
-        "the service failed; see its log",
-    )
-}
+use super::model::Subscription;
+use super::problem::{internal, not_found, problem};
 
 /// `GET /payments/{id}`.
 pub async fn get_payment(State(app): State<Arc<App>>, Path(id): Path<String>) -> Response {
@@ -255,7 +63,7 @@ pub async fn put_subscription(
     let subscription = Subscription { user_id, plan };
     match app.db.backend.put_subscription(&subscription).await {
         Ok(stored) => Json(stored).into_response(),
-        Err(err) => service_error(err),
+        Err(err) => internal(&err),
     }
 }
 
@@ -289,8 +97,4 @@ pub async fn metrics(State(app): State<Arc<App>>) -> Response {
         app.metrics.render(),
     )
         .into_response()
-}
-
-fn not_found(detail: &str) -> Response {
-    problem(StatusCode::NOT_FOUND, "not-found", "Not found", detail)
 }

@@ -1,20 +1,33 @@
-//! The service's state, its router, and a server that the command line,
+//! The service's state, its routes, and a server that the command line,
 //! the demo and the tests start the same way.
+//!
+//! | route | answer |
+//! |---|---|
+//! | `POST /payments` (`Idempotency-Key` required) | 201 payment; 402 declined (stored and replayed); 400 invalid body (nothing stored, nothing charged); 409 while the first request with the key runs; 422 key reused; 503 gateway down (the key is released) |
+//! | `GET /payments/{id}` | 200, or 404 |
+//! | `GET /payments` | `{"count": N, "payments": [the latest 100, newest first]}` |
+//! | `PUT /subscriptions/{user_id}` `{"plan": ".."}` | 200: created or updated, the same state however often it is sent |
+//! | `GET /subscriptions/{user_id}` | 200, or 404 |
+//! | `GET /gateway/charges` | `{"count": N, "charges": [...]}`: every charge the gateway made |
+//! | `GET /metrics` | the library's counters, Prometheus text format |
+//! | `/v1/payment_intents` | the Stripe-compatible subset: see [`stripe`] |
+//!
+//! Errors are RFC 9457 `application/problem+json` documents: the
+//! idempotency layer's, and the app's own ([`problem`](super::problem)).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::http::StatusCode;
 use axum::routing::get;
 use axum::Router;
-use idem::http::{stored_by_default, IdempotencyLayer};
 use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
 use super::db::{self, ConnectError, Database};
+use super::service::{create_payment, idempotency_layer};
 use super::{api, stripe, telemetry};
 
 /// How to run the service.
@@ -47,22 +60,10 @@ pub struct App {
     pub metrics: PrometheusHandle,
 }
 
-/// The responses the idempotency layer stores and replays: the final
-/// answers (201, 402, ...), but not a refused request (400, 401), which
-/// did not start executing. As with Stripe, a client may then fix its
-/// request and send it again with the same key.
-pub fn final_answer(status: StatusCode) -> bool {
-    stored_by_default(status)
-        && !matches!(status, StatusCode::BAD_REQUEST | StatusCode::UNAUTHORIZED)
-}
-
 /// Every route, with the idempotency layer on the writes when asked.
 pub fn router(app: Arc<App>, http_layer: bool) -> Router {
     let api = Router::new()
-        .route(
-            "/payments",
-            get(api::list_payments).post(api::create_payment),
-        )
+        .route("/payments", get(api::list_payments).post(create_payment))
         .route("/payments/{id}", get(api::get_payment))
         .route(
             "/subscriptions/{user_id}",
@@ -70,10 +71,8 @@ pub fn router(app: Arc<App>, http_layer: bool) -> Router {
         )
         .route("/gateway/charges", get(api::gateway_charges))
         .route("/metrics", get(api::metrics));
-    let layer = http_layer.then(|| {
-        // POST and PATCH only: PUT /subscriptions is idempotent by itself.
-        IdempotencyLayer::new(app.db.store.clone()).store_status(final_answer)
-    });
+    // On POST and PATCH only: PUT /subscriptions is idempotent by itself.
+    let layer = http_layer.then(|| idempotency_layer(app.db.store.clone()));
     let api = match &layer {
         Some(layer) => api.layer(layer.clone()),
         None => api,

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use super::app::{self, Config};
 use super::demo;
-use super::model::new_id;
+use super::random::new_id;
 
 const USAGE: &str = "\
 usage: payments [serve] [OPTIONS]    serve the payments API

@@ -13,7 +13,7 @@ use std::time::Duration;
 use serde_json::{json, Value};
 
 use super::app::{self, Config};
-use super::model::new_id;
+use super::random::new_id;
 
 /// What the client saw.
 #[derive(Default)]

@@ -18,8 +18,9 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use super::model::{mask_card, new_id, now_rfc3339, random_unit};
-use super::model::{STATUS_DECLINED, STATUS_SUCCEEDED};
+use super::clock::now_rfc3339;
+use super::model::{mask_card, STATUS_DECLINED, STATUS_SUCCEEDED};
+use super::random::{new_id, random_unit};
 
 /// One charge the gateway made.
 #[derive(Clone, Debug, PartialEq, Serialize, sqlx::FromRow)]
@@ -105,7 +106,7 @@ impl Ledger {
             #[cfg(feature = "postgres")]
             Ledger::Postgres(pool) => insert!(INSERT, pool),
             #[cfg(feature = "mysql")]
-            Ledger::MySql(pool) => insert!(&super::db::mysql_params(INSERT), pool),
+            Ledger::MySql(pool) => insert!(&super::db::mysql::params(INSERT), pool),
         }
     }
 

@@ -8,30 +8,33 @@
 //!     cargo run --example payments --features postgres
 //! ```
 //!
-//! Two lines of defense:
+//! Read it in this order:
 //!
-//! - the HTTP [`IdempotencyLayer`](idem::http::IdempotencyLayer) answers the
-//!   `Idempotency-Key` contract: replays marked `Idempotent-Replayed: true`,
-//!   409 while the first request runs, 422 for a key reused with another
-//!   body;
-//! - underneath, [`service::Payments::create`] is an `#[idempotent(...,
-//!   entity)]` method: the `payments` table has a UNIQUE
-//!   `idempotency_token`, so even without the layer (`--no-http-layer`) one
-//!   key is one charge and one row.
-//!
-//! The modules: [`cli`] (flags, the banner), [`app`] (state, router,
-//! server), [`api`] (the JSON API), [`stripe`] (the Stripe-compatible
-//! subset), [`service`] (the idempotent operations), [`db`] (pools, schema,
-//! queries), [`model`] (rows and commands), [`gateway`] (the fake card
-//! gateway), [`telemetry`] (`/metrics`), [`demo`] (the scripted run).
+//! 1. [`service`]: the core, `POST /payments`. The one operation that
+//!    must happen once per key, marked `#[idempotent]`; its handler; and
+//!    the HTTP [`IdempotencyLayer`](idem::http::IdempotencyLayer) in front
+//!    of it.
+//! 2. [`app`]: the routes, where the layer goes, and the server.
+//! 3. What they use: [`model`] (the rows and the commands), [`gateway`]
+//!    (the fake card gateway, the side effect), [`api`] (the other
+//!    routes: reads, subscriptions, the gateway's ledger), [`problem`]
+//!    (the app's error documents).
+//! 4. The plumbing: [`db`] (one database chosen by URL: SQLite,
+//!    PostgreSQL or MySQL, a file each), [`stripe`] (a Stripe-compatible
+//!    subset), [`telemetry`] (`GET /metrics`), [`cli`] (the flags, the
+//!    banner), [`demo`] (the scripted run), [`clock`] and [`random`]
+//!    (timestamps and identifiers).
 
 pub mod api;
 pub mod app;
 pub mod cli;
+pub mod clock;
 pub mod db;
 pub mod demo;
 pub mod gateway;
 pub mod model;
+pub mod problem;
+pub mod random;
 pub mod service;
 pub mod stripe;
 pub mod telemetry;

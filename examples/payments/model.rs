@@ -6,11 +6,10 @@
 //! the request's fingerprint next to it so that a token reused with
 //! another request is refused.
 
-use std::hash::{BuildHasher, Hasher};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{SystemTime, UNIX_EPOCH};
-
+use idem::entity::EntityDatabase;
+use idem::EntityBind;
 use serde::Serialize;
+use sqlx::FromRow;
 
 /// A payment, as stored in `payments` and answered by the JSON API.
 #[derive(Clone, Debug, PartialEq, Serialize, sqlx::FromRow, idem::Entity)]
@@ -168,87 +167,29 @@ pub struct PaymentIntent {
     pub created: i64,
 }
 
-/// A random identifier with a prefix: `pay_4fJ2...` (22 characters of
-/// base 62, from the standard library's randomly keyed hasher).
-pub fn new_id(prefix: &str) -> String {
-    const ALPHABET: &[u8] = b"0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz";
-    let mut id = format!("{prefix}_");
-    for _ in 0..2 {
-        let mut bits = random_u64();
-        for _ in 0..11 {
-            id.push(ALPHABET[(bits % 62) as usize] as char);
-            bits /= 62;
-        }
-    }
-    id
+/// What `POST /v1/payment_intents` asks for, once validated: the payload
+/// that is fingerprinted.
+#[derive(Clone, Debug, Serialize)]
+pub struct NewIntent {
+    /// The token: a hash of the account and the `Idempotency-Key`.
+    pub token: String,
+    pub account: String,
+    pub amount: i64,
+    pub currency: String,
+    pub payment_method: Option<String>,
+    /// The card the payment method stands for.
+    pub card: Option<String>,
+    pub confirm: bool,
 }
 
-/// 64 random bits: `RandomState` is keyed randomly per thread and its keys
-/// change with every instance; a counter and the clock make each call
-/// distinct.
-pub fn random_u64() -> u64 {
-    static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let mut hasher = std::hash::RandomState::new().build_hasher();
-    hasher.write_u64(COUNTER.fetch_add(1, Ordering::Relaxed));
-    hasher.write_u128(unix_now().as_nanos());
-    hasher.finish()
-}
+/// A row type of a table in the database `DB`: what entity mode and
+/// `idem::entity::upsert` need to write it and read it back, in one name,
+/// so that an operation generic over the database asks `Payment: Table<DB>`.
+pub trait Table<DB: EntityDatabase>: EntityBind<DB> + for<'r> FromRow<'r, DB::Row> {}
 
-/// A uniform draw in `[0, 1)`.
-pub fn random_unit() -> f64 {
-    (random_u64() >> 11) as f64 / (1u64 << 53) as f64
-}
-
-fn unix_now() -> std::time::Duration {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap_or_default()
-}
-
-/// Now, in Unix seconds.
-pub fn unix_seconds() -> i64 {
-    unix_now().as_secs() as i64
-}
-
-/// Now, as RFC 3339 in UTC with milliseconds: `2025-01-31T09:26:03.123Z`.
-pub fn now_rfc3339() -> String {
-    let now = unix_now();
-    let secs = now.as_secs() as i64;
-    let (year, month, day) = civil_from_days(secs.div_euclid(86_400));
-    let time = secs.rem_euclid(86_400);
-    format!(
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
-        time / 3600,
-        time % 3600 / 60,
-        time % 60,
-        now.subsec_millis()
-    )
-}
-
-/// The proleptic Gregorian date of a day count since 1970-01-01 (Howard
-/// Hinnant's `civil_from_days`).
-fn civil_from_days(days: i64) -> (i64, u32, u32) {
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = (doy - (153 * mp + 2) / 5 + 1) as u32;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    (year, month, day)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn dates() {
-        assert_eq!(civil_from_days(0), (1970, 1, 1));
-        assert_eq!(civil_from_days(19_723), (2024, 1, 1));
-        assert_eq!(civil_from_days(19_782), (2024, 2, 29));
-        assert_eq!(civil_from_days(-1), (1969, 12, 31));
-    }
+impl<DB, T> Table<DB> for T
+where
+    DB: EntityDatabase,
+    T: EntityBind<DB> + for<'r> FromRow<'r, DB::Row>,
+{
 }

@@ -1,54 +1,46 @@
-//! The operations, idempotent by themselves: whatever the HTTP layer above
-//! does or does not do, one idempotency token is one gateway charge and one
-//! row.
+//! Start here: `POST /payments`, where a client that retries never pays
+//! twice. Three pieces make it safe, each enough by itself to keep one key
+//! to one charge:
 //!
-//! `create` and `create_intent` run in entity mode: the business table
-//! holds the token in a UNIQUE column. A call finds the row by its token
-//! and returns it as stored, or takes the token's lock, charges, and saves
-//! the row with an insert that does nothing on a token conflict. A token
-//! reused with another command is refused (`KeyReused`), since the rows
-//! keep the command's fingerprint. A gateway failure stores nothing, so the
-//! retry charges.
+//! 1. [`Payments::create`] is the operation that must happen once per
+//!    idempotency key: it charges the card and returns the payment.
+//!    `#[idempotent(..., entity)]` makes it look for the payment stored
+//!    under the key first, and charge only when there is none; the
+//!    `payments` table holds the key in a UNIQUE column, so the charge and
+//!    its row are one outcome, stored once.
+//! 2. [`create_payment`], its handler, reads the key with the library's
+//!    [`IdempotencyKey`] extractor and answers the operation's idempotency
+//!    errors (a key reused with another body, a duplicate still running)
+//!    exactly as the HTTP layer does, with [`ProblemDetails`].
+//! 3. [`idempotency_layer`] is that HTTP layer, which [`app`](super::app)
+//!    puts in front of the routes: a retry gets the first response back,
+//!    marked `Idempotent-Replayed: true`, without running the handler; a
+//!    duplicate that arrives while the first request runs waits for its
+//!    response; a key reused with another body is refused (422).
+//!
+//! Started with `--no-http-layer`, the app runs without the layer, and the
+//! operation alone still charges once per key.
 
 use std::sync::Arc;
 
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
 use idem::entity::EntityDatabase;
-use idem::{idempotent, EntityBind};
-use serde::Serialize;
-use sqlx::{FromRow, Pool};
+use idem::http::{stored_by_default, IdempotencyKey, IdempotencyLayer, ProblemDetails};
+use idem::{idempotent, Store};
+use sqlx::Pool;
 
+use super::app::App;
+use super::clock::now_rfc3339;
 use super::gateway::{ChargeRequest, Gateway, GatewayError};
-use super::model::{mask_card, Subscription, STATUS_SUCCEEDED};
-use super::model::{new_id, now_rfc3339, unix_seconds, NewPayment, Payment, PaymentIntent};
+use super::model::{mask_card, NewPayment, Payment, Table};
+use super::problem::{declined, internal, problem};
+use super::random::new_id;
 
-/// Why an operation did not give its answer.
-#[derive(Debug, thiserror::Error)]
-pub enum ServiceError {
-    /// Transient: nothing was charged nor stored; retry with the same key.
-    #[error(transparent)]
-    Gateway(#[from] GatewayError),
-    /// The idempotency contract: key reused, in progress, invalid key.
-    #[error(transparent)]
-    Idempotency(#[from] idem::Error),
-    #[error("database error: {0}")]
-    Database(#[from] sqlx::Error),
-}
-
-/// A confirmed Stripe-style payment intent, before it is stored.
-#[derive(Clone, Debug, Serialize)]
-pub struct NewIntent {
-    /// The token: a hash of the API key and the `Idempotency-Key`.
-    pub token: String,
-    pub account: String,
-    pub amount: i64,
-    pub currency: String,
-    pub payment_method: Option<String>,
-    /// The card the payment method stands for.
-    pub card: Option<String>,
-    pub confirm: bool,
-}
-
-/// The payment operations on one database.
+/// The payment operations, on one database: SQLite, PostgreSQL or MySQL.
 pub struct Payments<DB: sqlx::Database> {
     pub pool: Pool<DB>,
     pub gateway: Arc<Gateway>,
@@ -60,15 +52,15 @@ impl<DB: sqlx::Database> Payments<DB> {
     }
 }
 
-impl<DB> Payments<DB>
+impl<DB: EntityDatabase> Payments<DB>
 where
-    DB: EntityDatabase,
-    Payment: EntityBind<DB> + for<'r> FromRow<'r, DB::Row>,
-    PaymentIntent: EntityBind<DB> + for<'r> FromRow<'r, DB::Row>,
-    Subscription: EntityBind<DB> + for<'r> FromRow<'r, DB::Row>,
+    Payment: Table<DB>,
 {
     /// Charges the card once per idempotency key and stores the payment,
-    /// `succeeded` or `declined`; a retry gets the stored payment back.
+    /// `succeeded` or `declined`. A retry gets the stored payment back; the
+    /// same key with another command is refused (`KeyReused`), since the
+    /// row keeps the command's fingerprint; a gateway failure stores
+    /// nothing, so the retry charges.
     #[idempotent(key = cmd.idempotency_key, store = self.pool, entity)]
     pub async fn create(&self, cmd: &NewPayment) -> Result<Payment, ServiceError> {
         let charge = self
@@ -94,52 +86,82 @@ where
             created_at: now_rfc3339(),
         })
     }
+}
 
-    /// Creates a payment intent once per token, charging it if confirmed.
-    #[idempotent(key = cmd.token, store = self.pool, entity)]
-    pub async fn create_intent(&self, cmd: &NewIntent) -> Result<PaymentIntent, ServiceError> {
-        let (status, latest_charge) = match (&cmd.card, cmd.confirm) {
-            (Some(card), true) => {
-                let charge = self
-                    .gateway
-                    .charge(ChargeRequest {
-                        reference: &cmd.token,
-                        amount: cmd.amount,
-                        currency: &cmd.currency,
-                        card,
-                    })
-                    .await?;
-                let status = if charge.succeeded() {
-                    STATUS_SUCCEEDED
-                } else {
-                    "requires_payment_method"
-                };
-                (status, Some(charge.id))
-            }
-            (Some(_), false) => ("requires_confirmation", None),
-            (None, _) => ("requires_payment_method", None),
-        };
-        Ok(PaymentIntent {
-            seq: 0,
-            id: new_id("pi"),
-            idempotency_token: cmd.token.clone(),
-            request_hash: None,
-            account: cmd.account.clone(),
-            amount: cmd.amount,
-            currency: cmd.currency.clone(),
-            payment_method: cmd.payment_method.clone(),
-            status: status.to_owned(),
-            latest_charge,
-            created: unix_seconds(),
-        })
-    }
+/// Why an operation did not give its answer.
+#[derive(Debug, thiserror::Error)]
+pub enum ServiceError {
+    /// Transient: nothing was charged nor stored; retry with the same key.
+    #[error(transparent)]
+    Gateway(#[from] GatewayError),
+    /// The idempotency contract: key reused, in progress, store down.
+    /// `#[idempotent]` needs this `From<idem::Error>`.
+    #[error(transparent)]
+    Idempotency(#[from] idem::Error),
+    #[error("database error: {0}")]
+    Database(#[from] sqlx::Error),
+}
 
-    /// Sets a user's plan: creates the row or updates it, in one statement,
-    /// so that repeating the request leaves the same state.
-    pub async fn put_subscription(
-        &self,
-        subscription: &Subscription,
-    ) -> Result<Subscription, ServiceError> {
-        Ok(idem::entity::upsert(&self.pool, subscription, &["user_id"]).await?)
+impl IntoResponse for ServiceError {
+    fn into_response(self) -> Response {
+        match self {
+            // 422, 409 with Retry-After, 503...: the layer's own answers.
+            ServiceError::Idempotency(err) => ProblemDetails::from(&err).into_response(),
+            ServiceError::Gateway(err) => problem(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "gateway-unavailable",
+                "Card gateway unavailable",
+                format!("{err}; nothing was charged, retry with the same Idempotency-Key"),
+            ),
+            ServiceError::Database(err) => internal(&err),
+        }
     }
+}
+
+/// `POST /payments`: 201 with the payment, 402 when the card is declined.
+/// A request without a valid `Idempotency-Key` is refused by the extractor
+/// with the layer's 400.
+pub async fn create_payment(
+    State(app): State<Arc<App>>,
+    key: IdempotencyKey,
+    body: Bytes,
+) -> Response {
+    let command = match NewPayment::parse(key.as_str().to_owned(), &body) {
+        Ok(command) => command,
+        Err(detail) => {
+            return problem(
+                StatusCode::BAD_REQUEST,
+                "invalid-request",
+                "Invalid payment request",
+                detail,
+            )
+        }
+    };
+    // On a task of its own: a client that hangs up must not cancel a
+    // payment between the charge and the row that records it. `backend`
+    // calls `Payments::create` on the database the URL named (`db`).
+    let created = tokio::spawn(async move { app.db.backend.create(&command).await }).await;
+    match created {
+        Ok(Ok(payment)) if payment.succeeded() => {
+            (StatusCode::CREATED, Json(payment)).into_response()
+        }
+        Ok(Ok(payment)) => declined(&payment),
+        Ok(Err(err)) => err.into_response(),
+        Err(join) => internal(&join),
+    }
+}
+
+/// The idempotency layer on the JSON API: `Idempotency-Key` required on
+/// POST and PATCH, records in `store` (the app's database).
+pub fn idempotency_layer(store: Arc<dyn Store>) -> IdempotencyLayer {
+    IdempotencyLayer::new(store).store_status(final_answer)
+}
+
+/// The responses the layer stores and replays: the final answers (201,
+/// 402, ...), but not a refused request (400, 401), which did not start
+/// executing. As with Stripe, a client may then fix its request and send
+/// it again with the same key.
+pub fn final_answer(status: StatusCode) -> bool {
+    stored_by_default(status)
+        && !matches!(status, StatusCode::BAD_REQUEST | StatusCode::UNAUTHORIZED)
 }

@@ -1,90 +1,21 @@
-//! [`IdempotencyLayer`]: the configuration, and the tower `Layer` that
-//! wraps a service in [`Idempotency`].
+//! [`IdempotencyLayer`]: the builder of the configuration, and the tower
+//! `Layer` that wraps a service in [`Idempotency`].
 
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
 use ::http::header::HeaderName;
-use ::http::request::Parts;
 use ::http::{Method, StatusCode};
 use tower_layer::Layer;
 
-use super::Idempotency;
+use super::config::Config;
+use super::key_header::IDEMPOTENCY_KEY;
+use super::principal::MakePrincipal;
+use super::route::MakeRoute;
+use super::service::Idempotency;
 use crate::policy::Policy;
 use crate::store::Store;
-
-/// Who sends a request: the principal that keys are scoped to (a tenant, an
-/// account, an API key id, an authenticated user).
-///
-/// The same key sent by two principals never shares a response. Take the
-/// principal from what authentication established, never from a value the
-/// client sets freely (an `X-Tenant-Id` header, a query parameter): a
-/// client that names another's principal, and knows or guesses its key and
-/// payload, would be answered that client's stored response.
-///
-/// Any `Fn(&Parts) -> Option<String>` is a `MakePrincipal`. The request
-/// parts hold the extensions that earlier middleware put there: put the
-/// layer behind the authentication middleware and read what it inserted
-/// once it verified the request's credentials.
-///
-/// **A configured extractor that answers `None` refuses the request** with
-/// 401 ([`Problem::MissingPrincipal`](super::Problem::MissingPrincipal)):
-/// it is neither run nor stored, rather than given a scope wider than its
-/// principal's. Without an extractor, keys are global to the route.
-///
-/// ```
-/// use axum::extract::Request;
-/// use axum::middleware::{self, Next};
-/// use axum::response::{IntoResponse, Response};
-/// use axum::{http::StatusCode, routing::post, Router};
-/// use idem::http::IdempotencyLayer;
-/// use idem::MemoryStore;
-///
-/// /// The account whose credentials were verified, put in the request's
-/// /// extensions by `authenticate`.
-/// #[derive(Clone)]
-/// struct Account(String);
-///
-/// async fn authenticate(mut request: Request, next: Next) -> Response {
-///     let token = request
-///         .headers()
-///         .get("authorization")
-///         .and_then(|v| v.to_str().ok())
-///         .and_then(|v| v.strip_prefix("Bearer "));
-///     // Stands for a real check: a signature, a session, a database.
-///     let account = match token {
-///         Some("token-of-acme") => Account("acme".to_owned()),
-///         _ => return StatusCode::UNAUTHORIZED.into_response(),
-///     };
-///     request.extensions_mut().insert(account);
-///     next.run(request).await
-/// }
-///
-/// let idempotency = IdempotencyLayer::new(MemoryStore::new()).principal(
-///     |parts: &http::request::Parts| Some(parts.extensions.get::<Account>()?.0.clone()),
-/// );
-/// let app: Router = Router::new()
-///     .route("/orders", post(|| async { "created" }))
-///     // The last layer added runs first: authentication, then idempotency.
-///     .layer(idempotency)
-///     .layer(middleware::from_fn(authenticate));
-/// ```
-#[cfg_attr(docsrs, doc(cfg(feature = "http")))]
-pub trait MakePrincipal: Send + Sync + 'static {
-    /// The principal of the request, or `None` when it has none (the
-    /// layer then answers 401).
-    fn make_principal(&self, request: &Parts) -> Option<String>;
-}
-
-impl<F> MakePrincipal for F
-where
-    F: Fn(&Parts) -> Option<String> + Send + Sync + 'static,
-{
-    fn make_principal(&self, request: &Parts) -> Option<String> {
-        self(request)
-    }
-}
 
 /// Which responses are stored by default: every status below 500 except
 /// 401 Unauthorized, 407 Proxy Authentication Required, 408 Request
@@ -105,38 +36,6 @@ pub fn stored_by_default(status: StatusCode) -> bool {
     status.as_u16() < 500
         && !status.is_informational()
         && !matches!(status.as_u16(), 401 | 407 | 408 | 409 | 425 | 429)
-}
-
-type RouteFn = dyn Fn(&Parts) -> Option<String> + Send + Sync;
-type StatusFn = dyn Fn(StatusCode) -> bool + Send + Sync;
-
-/// Everything the layer was configured with, shared by its services.
-#[derive(Clone)]
-pub(crate) struct Config {
-    pub(crate) header: HeaderName,
-    pub(crate) methods: Vec<Method>,
-    pub(crate) require_key: bool,
-    pub(crate) body_limit: usize,
-    pub(crate) policy: Policy,
-    pub(crate) principal: Option<Arc<dyn MakePrincipal>>,
-    pub(crate) route: Option<Arc<RouteFn>>,
-    pub(crate) fingerprint_headers: Vec<HeaderName>,
-    pub(crate) store_status: Arc<StatusFn>,
-}
-
-impl fmt::Debug for Config {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Config")
-            .field("header", &self.header)
-            .field("methods", &self.methods)
-            .field("require_key", &self.require_key)
-            .field("body_limit", &self.body_limit)
-            .field("policy", &self.policy)
-            .field("principal", &self.principal.is_some())
-            .field("route", &self.route.is_some())
-            .field("fingerprint_headers", &self.fingerprint_headers)
-            .finish_non_exhaustive()
-    }
 }
 
 /// Makes the requests of a tower service (an axum `Router`, a route)
@@ -178,7 +77,7 @@ impl IdempotencyLayer {
         IdempotencyLayer {
             store: Arc::new(store),
             config: Config {
-                header: HeaderName::from_static("idempotency-key"),
+                header: IDEMPOTENCY_KEY,
                 methods: vec![Method::POST, Method::PATCH],
                 require_key: true,
                 body_limit: Self::DEFAULT_BODY_LIMIT,
@@ -259,14 +158,12 @@ impl IdempotencyLayer {
         self
     }
 
-    /// Names the route of a request (for example `/orders/{id}`) when the
-    /// router is not axum's. The route, with the method, is the operation
-    /// that keys belong to. When `route` answers `None`, the layer uses
-    /// axum's `MatchedPath`, and without it the request's path.
-    pub fn route<F>(mut self, route: F) -> Self
-    where
-        F: Fn(&Parts) -> Option<String> + Send + Sync + 'static,
-    {
+    /// Names the route of a request (for example `/orders/{id}`): with the
+    /// method, the operation that keys belong to. When `route` answers
+    /// `None`, the layer falls back to its default: axum's `MatchedPath`
+    /// with the `axum` feature, then the request's path. See
+    /// [`MakeRoute`].
+    pub fn route(mut self, route: impl MakeRoute) -> Self {
         self.config.route = Some(Arc::new(route));
         self
     }

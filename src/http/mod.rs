@@ -2,6 +2,14 @@
 //! draft-ietf-httpapi-idempotency-key-header): one line in an axum router
 //! makes every POST safe to retry.
 //!
+//! The `http` feature is the layer, on any tower service of `http` 1.x
+//! requests and responses (axum, hyper with tower, tonic's HTTP): it does
+//! not depend on axum. The `axum` feature (which enables `http`, and is a
+//! default) adds axum's route templates as the scope of keys
+//! ([`MatchedPathRoute`]), an extractor for the key header
+//! ([`IdempotencyKey`]) and `IntoResponse` for the layer's answers
+//! ([`ProblemDetails`]).
+//!
 //! ```
 //! use axum::{routing::post, Router};
 //! use idem::http::IdempotencyLayer;
@@ -51,11 +59,19 @@
 //! [`fingerprint_headers`](IdempotencyLayer::fingerprint_headers) (none by
 //! default), framed so that no two requests hash the same bytes.
 //!
-//! **The scope** of a key is the method plus the route: axum's
-//! `MatchedPath` (`POST /orders/{id}`) when the request went through an
-//! axum 0.8 router, the request's path otherwise, or what
-//! [`route`](IdempotencyLayer::route) answers. A long one (a raw path) is
-//! stored as a prefix and a digest, as every [`Scope`](crate::Scope) is.
+//! **The scope** of a key is the method plus the route
+//! (`POST /orders/{id}`). The route is the first answer of:
+//!
+//! 1. the [`MakeRoute`] given to [`route`](IdempotencyLayer::route), if
+//!    any and if it answers `Some`;
+//! 2. with the `axum` feature, axum's `MatchedPath`, when the request went
+//!    through a route of an axum 0.8 router ([`MatchedPathRoute`]);
+//! 3. the request's path, without its query ([`RequestPath`]).
+//!
+//! So without the `axum` feature, a request routed by axum is scoped to
+//! its path (`POST /orders/17`), unless a [`MakeRoute`] names its route. A
+//! long scope (a raw path) is stored as a prefix and a digest, as every
+//! [`Scope`](crate::Scope) is.
 //!
 //! **The principal.** The scope is narrowed to a principal when the layer
 //! has a [`principal`](IdempotencyLayer::principal) extractor
@@ -101,7 +117,7 @@
 //!
 //! **Answers of the layer's own**, each an RFC 9457
 //! `application/problem+json` document with `type`, `title`, `status` and
-//! `detail` (see [`Problem`]):
+//! `detail` (see [`Problem`] and [`ProblemDetails`]):
 //!
 //! | status | when |
 //! |---|---|
@@ -134,24 +150,70 @@
 //!
 //! The store can be any [`Store`](crate::Store); it is shared by every
 //! service the layer makes.
+//!
+//! # The contract outside the layer
+//!
+//! A handler that reads the key itself, or calls the engine itself
+//! (`#[idempotent]`, [`run`](crate::engine::run)) on a route without the
+//! layer, keeps the layer's contract with two pieces:
+//!
+//! - [`IdempotencyKey`] reads the key header as the layer does
+//!   ([`from_headers`](IdempotencyKey::from_headers)), and as an axum
+//!   extractor refuses a request without a valid key with the layer's
+//!   own 400; a [`KeyHeaderError`] converts into that answer;
+//! - `ProblemDetails::from(&error)` answers an [`Error`](crate::Error) of
+//!   the engine as the layer does: 422 for a reused key, 409 with
+//!   `Retry-After` while the first call runs, 503 with `Retry-After` when
+//!   the store fails, 400 for a missing or invalid key, 500 otherwise.
+//!   It converts into an `http::Response`, and with the `axum` feature it
+//!   is an `IntoResponse`.
+//!
+//! ```
+//! # #[cfg(feature = "axum")]
+//! # mod example {
+//! use axum::extract::State;
+//! use axum::response::{IntoResponse, Response};
+//! use idem::http::{IdempotencyKey, ProblemDetails};
+//! use idem::{idempotent, MemoryStore};
+//!
+//! #[idempotent(key = key, store = store, fingerprint = item)]
+//! async fn place(store: &MemoryStore, key: &IdempotencyKey, item: &str) -> Result<String, idem::Error> {
+//!     Ok(format!("placed {item}"))
+//! }
+//!
+//! /// `POST /orders`, on a router without the layer.
+//! async fn create_order(
+//!     State(store): State<MemoryStore>,
+//!     key: IdempotencyKey,
+//!     item: String,
+//! ) -> Response {
+//!     match place(&store, &key, &item).await {
+//!         Ok(order) => order.into_response(),
+//!         Err(err) => ProblemDetails::from(&err).into_response(),
+//!     }
+//! }
+//! # }
+//! ```
 
+#[cfg(feature = "axum")]
+mod axum;
+mod config;
 mod fingerprint;
 mod future;
 mod key_header;
 mod layer;
+mod principal;
 mod problem;
+mod route;
 mod service;
 mod stored;
 
+#[cfg(feature = "axum")]
+pub use self::axum::MatchedPathRoute;
 pub use future::ResponseFuture;
-pub use layer::{stored_by_default, IdempotencyLayer, MakePrincipal};
-pub use problem::Problem;
+pub use key_header::{IdempotencyKey, KeyHeaderError};
+pub use layer::{stored_by_default, IdempotencyLayer};
+pub use principal::MakePrincipal;
+pub use problem::{Problem, ProblemDetails};
+pub use route::{MakeRoute, RequestPath};
 pub use service::Idempotency;
-
-/// Parses one `Idempotency-Key` header value as the layer does: the key, or
-/// `None` when the layer would answer 400. Exposed for the property tests of
-/// the parser; not a public API.
-#[doc(hidden)]
-pub fn parse_key_header(value: &[u8]) -> Option<crate::key::Key> {
-    key_header::parse_key(value).ok()
-}

@@ -3,7 +3,6 @@
 use std::fmt;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Duration;
 
 use ::http::header::{HeaderName, HeaderValue};
 use ::http::request::Parts;
@@ -14,12 +13,16 @@ use http_body_util::{BodyExt, LengthLimitError, Limited};
 use tower_service::Service;
 use tracing::Instrument;
 
+#[cfg(feature = "axum")]
+use super::axum::MatchedPathRoute;
+use super::config::Config;
 use super::fingerprint;
 use super::future::{CatchUnwind, Panic, ResponseFuture};
-use super::key_header::{key_from_headers, KeyHeaderError};
-use super::layer::Config;
+use super::key_header::{refusal, IdempotencyKey, KeyHeaderError};
+use super::problem::{Problem, ProblemDetails};
+#[cfg(feature = "axum")]
+use super::route::MakeRoute;
 use super::stored::{ResponseCodec, StoredResponse};
-use super::Problem;
 use crate::engine::{run_with_codec, Call};
 use crate::error::Error;
 use crate::key::{Key, Scope};
@@ -27,9 +30,6 @@ use crate::store::Store;
 
 /// The header that marks a replayed response.
 pub(crate) const REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
-
-/// The `Retry-After` sent with 503 when the store cannot be reached.
-const STORE_RETRY_AFTER: Duration = Duration::from_secs(1);
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -105,26 +105,20 @@ where
         if !self.config.methods.contains(request.method()) {
             return ResponseFuture::new(self.inner.call(request));
         }
-        let key = match key_from_headers(request.headers(), &self.config.header) {
-            Ok(key) => key,
+        let key = match IdempotencyKey::from_headers_named(request.headers(), &self.config.header) {
+            Ok(key) => key.into_key(),
             Err(KeyHeaderError::Missing) if !self.config.require_key => {
                 return ResponseFuture::new(self.inner.call(request));
             }
-            Err(KeyHeaderError::Missing) => {
-                let detail = format!(
-                    "{} requests to this resource require an `{}` header",
-                    request.method(),
-                    self.config.header
-                );
-                return answer(Problem::MissingKey.response(detail, None));
+            Err(err) => {
+                return answer(refusal(err, request.method(), &self.config.header).into());
             }
-            Err(err) => return answer(Problem::InvalidKey.response(err, None)),
         };
         let (parts, body) = request.into_parts();
         let Some(scope) = scope(&self.config, &parts) else {
             let detail = "this request has no principal to scope its idempotency key to: \
                           it must be authenticated; it was not processed";
-            return answer(Problem::MissingPrincipal.response(detail, None));
+            return answer(ProblemDetails::new(Problem::MissingPrincipal, detail).into());
         };
         let request = Request::from_parts(parts, body);
         // The service polled ready is the one that must be called; leave a
@@ -179,11 +173,11 @@ where
                 "the request body is over the limit of {} bytes; nothing was stored",
                 config.body_limit
             );
-            return Ok(Problem::ContentTooLarge.response(detail, None));
+            return Ok(ProblemDetails::new(Problem::ContentTooLarge, detail).into());
         }
         Err(err) => {
             let detail = format!("the request body could not be read: {err}");
-            return Ok(Problem::UnreadableBody.response(detail, None));
+            return Ok(ProblemDetails::new(Problem::UnreadableBody, detail).into());
         }
     };
     let call = Call::from_parts(
@@ -204,10 +198,11 @@ where
         Ok(ran) => ran,
         Err(join) if join.is_panic() => std::panic::resume_unwind(join.into_panic()),
         Err(_) => {
-            return Ok(Problem::Internal.response(
+            return Ok(ProblemDetails::new(
+                Problem::Internal,
                 "the request's task was cancelled (the runtime is shutting down)",
-                None,
-            ))
+            )
+            .into())
         }
     };
     respond(ran)
@@ -217,22 +212,24 @@ where
 /// `None` when the layer has a principal extractor and it finds none: the
 /// request is refused rather than given a scope wider than its principal's.
 fn scope(config: &Config, parts: &Parts) -> Option<Scope> {
-    let route = config
-        .route
-        .as_ref()
-        .and_then(|route| route(parts))
-        .or_else(|| {
-            parts
-                .extensions
-                .get::<axum::extract::MatchedPath>()
-                .map(|matched| matched.as_str().to_owned())
-        })
-        .unwrap_or_else(|| parts.uri.path().to_owned());
-    let scope = Scope::new(format!("{} {}", parts.method, route));
+    let scope = Scope::new(format!("{} {}", parts.method, route(config, parts)));
     match &config.principal {
         None => Some(scope),
         Some(make) => Some(scope.with_principal(make.make_principal(parts)?)),
     }
+}
+
+/// The route of a request: the layer's [`MakeRoute`], then (with the
+/// `axum` feature) axum's `MatchedPath`, then the path
+/// ([`RequestPath`](super::route::RequestPath)).
+fn route(config: &Config, parts: &Parts) -> String {
+    let made = config
+        .route
+        .as_ref()
+        .and_then(|route| route.make_route(parts));
+    #[cfg(feature = "axum")]
+    let made = made.or_else(|| MatchedPathRoute.make_route(parts));
+    made.unwrap_or_else(|| parts.uri.path().to_owned())
 }
 
 /// Why the engine's body did not hand back a response to store.
@@ -310,44 +307,18 @@ where
 
 /// Turns what the task did into the response (or error) for the client.
 fn respond<B: From<Bytes>, E>(ran: Ran<E>) -> Result<Response<B>, E> {
-    let problem = |problem: Problem, detail: &dyn fmt::Display, retry: Option<Duration>| {
-        Ok(problem.response(detail, retry))
-    };
     match (ran.result, ran.executed) {
         (Ok(_), Some(executed)) => Ok(executed.map(B::from)),
         (Ok(stored), None) => Ok(replay(stored)),
         (Err(Failure::NotStored(response)), _) => Ok(response.map(B::from)),
         (Err(Failure::Inner(err)), _) => Err(err),
         (Err(Failure::Panicked(panic)), _) => std::panic::resume_unwind(panic),
-        (Err(Failure::ResponseBody(err)), _) => problem(
+        (Err(Failure::ResponseBody(err)), _) => Ok(ProblemDetails::new(
             Problem::Internal,
-            &format_args!("the response body failed while it was buffered: {err}"),
-            None,
-        ),
-        (Err(Failure::Idem(err)), None) => match err {
-            Error::KeyReused => problem(
-                Problem::KeyReused,
-                &"this idempotency key was already used with a different request \
-                  (method, path, query, body or fingerprinted headers)",
-                None,
-            ),
-            Error::InProgress { retry_after } => problem(
-                Problem::InProgress,
-                &"a request with this idempotency key is still being processed",
-                Some(retry_after),
-            ),
-            Error::Store(err) => problem(
-                Problem::StoreUnavailable,
-                &format_args!(
-                    "the idempotency store could not be reached, so the request was not \
-                     processed: {err}"
-                ),
-                Some(STORE_RETRY_AFTER),
-            ),
-            Error::MissingKey => problem(Problem::MissingKey, &err, None),
-            Error::InvalidKey(_) => problem(Problem::InvalidKey, &err, None),
-            other => problem(Problem::Internal, &other, None),
-        },
+            format_args!("the response body failed while it was buffered: {err}"),
+        )
+        .into()),
+        (Err(Failure::Idem(err)), None) => Ok(ProblemDetails::from(&err).into()),
         // The request ran, but its response could not be stored (the store
         // failed, or the lease was lost): the client still gets it. A retry
         // runs the request again once the claim's lease has passed.
@@ -372,6 +343,7 @@ fn replay<B: From<Bytes>>(stored: StoredResponse) -> Response<B> {
 #[cfg(test)]
 mod tests {
     use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::time::Duration;
 
     use http_body_util::Full;
     use tower::{service_fn, Layer, ServiceExt};

@@ -1,0 +1,216 @@
+//! The database, chosen by URL at start: SQLite (the default), PostgreSQL
+//! or MySQL/MariaDB, each opened in a file of its own ([`sqlite`],
+//! [`postgres`], [`mysql`]) with its tables. One pool serves the business
+//! tables and entity mode; the HTTP layer's records go to the same
+//! database.
+//!
+//! The operations are generic over the database
+//! ([`Payments<DB>`](super::service::Payments)); [`Backend`] holds the
+//! one the URL names and answers the few reads the API needs, in that
+//! database's SQL.
+
+#[cfg(feature = "mysql")]
+pub mod mysql;
+#[cfg(feature = "postgres")]
+pub mod postgres;
+pub mod sqlite;
+
+use std::borrow::Cow;
+use std::sync::Arc;
+use std::time::Duration;
+
+use idem::Store;
+
+use super::gateway::Gateway;
+use super::model::{NewIntent, NewPayment, Payment, PaymentIntent, Subscription};
+use super::service::{Payments, ServiceError};
+
+/// The service on the database the URL names.
+pub enum Backend {
+    Sqlite(Payments<sqlx::Sqlite>),
+    #[cfg(feature = "postgres")]
+    Postgres(Payments<sqlx::Postgres>),
+    #[cfg(feature = "mysql")]
+    MySql(Payments<sqlx::MySql>),
+}
+
+/// Runs `$body` with `$service` bound to the [`Payments`] of whichever
+/// database this is, and `$sql` to a function that turns the PostgreSQL
+/// placeholders of a statement (`$1`) into this database's.
+macro_rules! on_backend {
+    ($backend:expr, |$service:ident, $sql:ident| $body:expr) => {
+        match $backend {
+            Backend::Sqlite($service) => {
+                // SQLite reads `$1` as PostgreSQL does.
+                let $sql = |sql: &'static str| Cow::Borrowed(sql);
+                $body
+            }
+            #[cfg(feature = "postgres")]
+            Backend::Postgres($service) => {
+                let $sql = |sql: &'static str| Cow::Borrowed(sql);
+                $body
+            }
+            #[cfg(feature = "mysql")]
+            Backend::MySql($service) => {
+                let $sql = mysql::params;
+                $body
+            }
+        }
+    };
+}
+
+/// What a database looks like to the rest of the app.
+pub struct Database {
+    pub backend: Backend,
+    /// The HTTP layer's records (`idem_records`), on the same database.
+    pub store: Arc<dyn Store>,
+    /// `SQLite payments.db`, for the banner.
+    pub description: String,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConnectError {
+    #[error("cannot open {url}: {source}")]
+    Sqlx { url: String, source: sqlx::Error },
+    #[error("cannot set up the idempotency store on {url}: {source}")]
+    Store { url: String, source: idem::Error },
+    #[cfg(not(all(feature = "postgres", feature = "mysql")))]
+    #[error(
+        "{url} is a {name} URL, but this build has no {name} support: \
+         run it with `--features {feature}`"
+    )]
+    NotBuilt {
+        url: String,
+        name: &'static str,
+        feature: &'static str,
+    },
+    #[error("unsupported database URL {0}: use sqlite://<file>, postgres://... or mysql://...")]
+    Unsupported(String),
+}
+
+impl ConnectError {
+    /// Wraps a failure to open or set up the database at `url`.
+    fn sqlx(url: &str) -> impl FnOnce(sqlx::Error) -> ConnectError + '_ {
+        move |source| ConnectError::Sqlx {
+            url: url.to_owned(),
+            source,
+        }
+    }
+
+    /// Wraps a failure to set up the idempotency store at `url`.
+    fn store(url: &str) -> impl FnOnce(idem::Error) -> ConnectError + '_ {
+        move |source| ConnectError::Store {
+            url: url.to_owned(),
+            source,
+        }
+    }
+}
+
+/// Opens the database at `url`, creating the tables if missing, with a
+/// card gateway of this `latency` and `failure_rate`.
+pub async fn connect(
+    url: &str,
+    latency: Duration,
+    failure_rate: f64,
+) -> Result<Database, ConnectError> {
+    let gateway = |ledger| {
+        Arc::new(Gateway {
+            latency,
+            failure_rate,
+            ledger,
+        })
+    };
+    if url.starts_with("sqlite:") {
+        return sqlite::open(url, gateway).await;
+    }
+    if url.starts_with("postgres:") || url.starts_with("postgresql:") {
+        #[cfg(feature = "postgres")]
+        return postgres::open(url, gateway).await;
+        #[cfg(not(feature = "postgres"))]
+        return Err(ConnectError::NotBuilt {
+            url: url.to_owned(),
+            name: "PostgreSQL",
+            feature: "postgres",
+        });
+    }
+    if url.starts_with("mysql:") || url.starts_with("mariadb:") {
+        #[cfg(feature = "mysql")]
+        return mysql::open(url, gateway).await;
+        #[cfg(not(feature = "mysql"))]
+        return Err(ConnectError::NotBuilt {
+            url: url.to_owned(),
+            name: "MySQL/MariaDB",
+            feature: "mysql",
+        });
+    }
+    Err(ConnectError::Unsupported(url.to_owned()))
+}
+
+impl Backend {
+    pub fn gateway(&self) -> &Gateway {
+        on_backend!(self, |service, _sql| &service.gateway)
+    }
+
+    pub async fn create(&self, command: &NewPayment) -> Result<Payment, ServiceError> {
+        on_backend!(self, |service, _sql| service.create(command).await)
+    }
+
+    pub async fn create_intent(&self, command: &NewIntent) -> Result<PaymentIntent, ServiceError> {
+        on_backend!(self, |service, _sql| service.create_intent(command).await)
+    }
+
+    pub async fn put_subscription(
+        &self,
+        subscription: &Subscription,
+    ) -> Result<Subscription, ServiceError> {
+        Ok(on_backend!(self, |service, _sql| idem::entity::upsert(
+            &service.pool,
+            subscription,
+            &["user_id"]
+        )
+        .await?))
+    }
+
+    pub async fn payment(&self, id: &str) -> Result<Option<Payment>, ServiceError> {
+        const SQL: &str = "SELECT * FROM payments WHERE id = $1";
+        Ok(on_backend!(self, |service, sql| sqlx::query_as(&sql(SQL))
+            .bind(id)
+            .fetch_optional(&service.pool)
+            .await?))
+    }
+
+    /// The number of payments, and the latest `limit`, newest first.
+    pub async fn payments(&self, limit: i64) -> Result<(i64, Vec<Payment>), ServiceError> {
+        const COUNT: &str = "SELECT COUNT(*) FROM payments";
+        const LATEST: &str = "SELECT * FROM payments ORDER BY seq DESC LIMIT $1";
+        Ok(on_backend!(self, |service, sql| {
+            let count: i64 = sqlx::query_scalar(COUNT).fetch_one(&service.pool).await?;
+            let latest = sqlx::query_as(&sql(LATEST))
+                .bind(limit)
+                .fetch_all(&service.pool)
+                .await?;
+            (count, latest)
+        }))
+    }
+
+    pub async fn subscription(&self, user_id: &str) -> Result<Option<Subscription>, ServiceError> {
+        const SQL: &str = "SELECT * FROM subscriptions WHERE user_id = $1";
+        Ok(on_backend!(self, |service, sql| sqlx::query_as(&sql(SQL))
+            .bind(user_id)
+            .fetch_optional(&service.pool)
+            .await?))
+    }
+
+    pub async fn payment_intent(
+        &self,
+        account: &str,
+        id: &str,
+    ) -> Result<Option<PaymentIntent>, ServiceError> {
+        const SQL: &str = "SELECT * FROM payment_intents WHERE id = $1 AND account = $2";
+        Ok(on_backend!(self, |service, sql| sqlx::query_as(&sql(SQL))
+            .bind(id)
+            .bind(account)
+            .fetch_optional(&service.pool)
+            .await?))
+    }
+}

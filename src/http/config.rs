@@ -1,0 +1,43 @@
+//! [`Config`]: what an [`IdempotencyLayer`](super::IdempotencyLayer) was
+//! configured with, shared by the services it makes.
+
+use std::fmt;
+use std::sync::Arc;
+
+use ::http::header::HeaderName;
+use ::http::{Method, StatusCode};
+
+use super::principal::MakePrincipal;
+use super::route::MakeRoute;
+use crate::policy::Policy;
+
+type StatusFn = dyn Fn(StatusCode) -> bool + Send + Sync;
+
+/// Everything the layer was configured with, shared by its services.
+#[derive(Clone)]
+pub(crate) struct Config {
+    pub(crate) header: HeaderName,
+    pub(crate) methods: Vec<Method>,
+    pub(crate) require_key: bool,
+    pub(crate) body_limit: usize,
+    pub(crate) policy: Policy,
+    pub(crate) principal: Option<Arc<dyn MakePrincipal>>,
+    pub(crate) route: Option<Arc<dyn MakeRoute>>,
+    pub(crate) fingerprint_headers: Vec<HeaderName>,
+    pub(crate) store_status: Arc<StatusFn>,
+}
+
+impl fmt::Debug for Config {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Config")
+            .field("header", &self.header)
+            .field("methods", &self.methods)
+            .field("require_key", &self.require_key)
+            .field("body_limit", &self.body_limit)
+            .field("policy", &self.policy)
+            .field("principal", &self.principal.is_some())
+            .field("route", &self.route.is_some())
+            .field("fingerprint_headers", &self.fingerprint_headers)
+            .finish_non_exhaustive()
+    }
+}
