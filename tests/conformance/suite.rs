@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use idem::{
     run, run_replaying, Begin, BeginRequest, Call, ClaimToken, Error, Key, Outcome, OutcomeKind,
@@ -53,7 +53,10 @@ pub fn fresh_key(tag: &str) -> String {
     format!(
         "{tag}-{}-{}-{}",
         std::process::id(),
-        idem::record::now_millis(),
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap()
+            .as_millis(),
         N.fetch_add(1, Ordering::Relaxed)
     )
 }

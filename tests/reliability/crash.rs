@@ -11,9 +11,8 @@
 use std::process::Stdio;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use idem::record::now_millis;
 use idem::{run, Call, Claim, Error, Outcome, OutcomeKind, Policy, Scope, State, Store};
 use tokio::io::{AsyncBufReadExt, BufReader};
 
@@ -28,6 +27,14 @@ const SCOPE: &str = "reliability.crash";
 const LEASE: Duration = Duration::from_millis(1_500);
 const TTL: Duration = Duration::from_secs(3_600);
 const PAYLOAD: &str = "charge 500 EUR";
+
+/// This process's clock in the stores' unit (milliseconds since the epoch).
+fn now_millis() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64
+}
 
 fn policy() -> Policy {
     Policy::new().lease(LEASE).ttl(TTL).fail_fast()

@@ -20,7 +20,7 @@ use std::net::SocketAddr;
 use std::str::FromStr;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use idem::{run, Call, Error, Policy, State, Store};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
@@ -152,7 +152,10 @@ async fn cut_connections_are_retryable_and_complete_once() {
             format!(
                 "net-{}-{}-{k}",
                 std::process::id(),
-                idem::record::now_millis()
+                SystemTime::now()
+                    .duration_since(UNIX_EPOCH)
+                    .unwrap()
+                    .as_millis()
             )
         })
         .collect();
@@ -295,7 +298,10 @@ async fn cut_transactions_roll_back_whole_and_commit_once() {
             format!(
                 "nettx-{}-{}-{k}",
                 std::process::id(),
-                idem::record::now_millis()
+                SystemTime::now()
+                    .duration_since(UNIX_EPOCH)
+                    .unwrap()
+                    .as_millis()
             )
         })
         .collect();
