@@ -193,7 +193,7 @@ async fn killed_owner(test: &str, backend: &str, location: &str, store: Arc<dyn 
     let runs = Arc::new(AtomicUsize::new(0));
     let retry = || {
         let runs = runs.clone();
-        run::<_, u64, Error, _>(
+        run::<_, u64, Error, _, _>(
             &*store,
             Call::new(SCOPE, &key, PAYLOAD).with_policy(policy()),
             async move {
@@ -355,7 +355,7 @@ async fn stopped_owner(test: &str, backend: &str, location: &str, store: Arc<dyn
     signal(&child, "STOP");
 
     let retry = || {
-        run::<_, u64, Error, _>(
+        run::<_, u64, Error, _, _>(
             &*store,
             Call::new(SCOPE, &key, PAYLOAD).with_policy(policy()),
             async { Ok(42) },
@@ -412,7 +412,7 @@ async fn skewed_clock(test: &str, backend: &str, location: &str, store: Arc<dyn 
     let owner = {
         let (store, key) = (store.clone(), key.clone());
         tokio::spawn(async move {
-            run::<_, u64, Error, _>(
+            run::<_, u64, Error, _, _>(
                 &*store,
                 Call::new(SCOPE, &key, PAYLOAD)
                     .with_policy(Policy::new().lease(Duration::from_secs(30)).ttl(TTL)),
