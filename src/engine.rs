@@ -460,41 +460,6 @@ where
     .await
 }
 
-/// [`run`] with the `Ok` value stored by `codec`: the same as
-/// `run(store, call.with_codec(codec), body)`.
-pub async fn run_with_codec<S, T, E, Fut, C>(
-    store: &S,
-    call: Call,
-    body: Fut,
-    codec: C,
-) -> Result<T, E>
-where
-    S: Store + ?Sized,
-    E: From<Error>,
-    Fut: Future<Output = Result<T, E>>,
-    C: Codec<T>,
-{
-    run(store, call.with_codec(codec), body).await
-}
-
-/// [`run`] with the errors `replayable` picks stored and replayed: the
-/// same as `run(store, call.replaying(replayable), body)`.
-pub async fn run_replaying<S, T, E, Fut, P>(
-    store: &S,
-    call: Call,
-    body: Fut,
-    replayable: P,
-) -> Result<T, E>
-where
-    S: Store + ?Sized,
-    T: Serialize + DeserializeOwned,
-    E: From<Error> + Serialize + DeserializeOwned,
-    Fut: Future<Output = Result<T, E>>,
-    P: Fn(&E) -> bool,
-{
-    run(store, call.replaying(replayable), body).await
-}
-
 /// Transactional mode: like [`run`], but the claim and the completion are
 /// written on `conn`, the caller's open transaction (or connection). The
 /// body borrows the connection to write its own rows, and hands it back
@@ -567,28 +532,6 @@ where
     }
     .instrument(span)
     .await
-}
-
-/// [`run_in_transaction`] with the errors `replayable` picks stored and
-/// replayed: the same as
-/// `run_in_transaction(store, conn, call.replaying(replayable), body)`.
-pub async fn run_in_transaction_replaying<'c, S, C, T, E, F, Fut, P>(
-    store: &S,
-    conn: &'c mut C,
-    call: Call,
-    body: F,
-    replayable: P,
-) -> Result<T, E>
-where
-    S: TransactionalStore<C> + ?Sized,
-    C: Send + ?Sized,
-    T: Serialize + DeserializeOwned,
-    E: From<Error> + Serialize + DeserializeOwned,
-    F: FnOnce(&'c mut C) -> Fut,
-    Fut: Future<Output = (Result<T, E>, &'c mut C)>,
-    P: Fn(&E) -> bool,
-{
-    run_in_transaction(store, conn, call.replaying(replayable), body).await
 }
 
 /// A [`Call`] whose key and fingerprint are valid and whose policy is sane.

@@ -62,10 +62,7 @@ mod policy;
 pub mod record;
 pub mod store;
 
-pub use engine::{
-    run, run_in_transaction, run_in_transaction_replaying, run_replaying, run_with_codec, Call,
-    Codec,
-};
+pub use engine::{run, run_in_transaction, Call, Codec};
 #[cfg(feature = "_sql")]
 #[cfg_attr(
     docsrs,

@@ -20,7 +20,7 @@ use super::key_header::{key_from_headers, KeyHeaderError};
 use super::layer::Config;
 use super::stored::{ResponseCodec, StoredResponse};
 use super::Problem;
-use crate::engine::{run_with_codec, Call};
+use crate::engine::{run, Call};
 use crate::error::Error;
 use crate::key::{Key, Scope};
 use crate::store::Store;
@@ -304,7 +304,7 @@ where
         executed = Some(response);
         Ok(stored)
     };
-    let result = run_with_codec(&*store, call, body, ResponseCodec).await;
+    let result = run(&*store, call.with_codec(ResponseCodec), body).await;
     Ran { result, executed }
 }
 

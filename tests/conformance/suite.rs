@@ -7,8 +7,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use idem::{
-    run, run_replaying, Begin, BeginRequest, Call, ClaimToken, Error, Key, Outcome, OutcomeKind,
-    Policy, Scope, State, Store,
+    run, Begin, BeginRequest, Call, ClaimToken, Error, Key, Outcome, OutcomeKind, Policy, Scope,
+    State, Store,
 };
 use serde::{Deserialize, Serialize};
 use tokio::sync::{oneshot, Barrier};
@@ -333,14 +333,14 @@ pub async fn replayable_error_replayed<S: Store>(store: S) {
     let payload = charge(10);
     let attempt = || {
         let runs = runs.clone();
-        run_replaying(
+        run(
             &store,
-            call("op.declined", &key, &payload, Policy::new()),
+            call("op.declined", &key, &payload, Policy::new())
+                .replaying(|e: &TestError| matches!(e, TestError::Declined(_))),
             async move {
                 runs.next();
                 Err::<Receipt, _>(TestError::Declined("card declined".into()))
             },
-            |e: &TestError| matches!(e, TestError::Declined(_)),
         )
     };
     for _ in 0..3 {
