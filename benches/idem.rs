@@ -17,7 +17,7 @@ use std::fmt::Write as _;
 use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use idem::{idempotent, Fingerprint, Store};
 use tokio::sync::Barrier;
@@ -50,7 +50,10 @@ fn unique(tag: &str) -> String {
     format!(
         "{tag}-{}-{}-{}",
         std::process::id(),
-        idem::record::now_millis(),
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap()
+            .as_millis(),
         N.fetch_add(1, Ordering::Relaxed)
     )
 }

@@ -1,14 +1,17 @@
 //! The flow behind `#[idempotent]`: find by key, or execute and save.
 //!
-//! [`run`] takes a store, a [`Call`] (scope, key, fingerprint, policy) and
-//! the operation's body as a future, and:
+//! Two entry points share the flow: [`run`] on the store's own connections,
+//! and [`run_in_transaction`] on the caller's transaction. Each takes a
+//! store, a [`Call`] (scope, key, fingerprint, policy, and which outcomes
+//! are stored) and the operation's body, and:
 //!
 //! 1. asks the store to [`begin`](Store::begin) (one atomic claim);
 //! 2. on a replay, decodes the stored outcome and returns it: the body is
 //!    dropped without ever being polled;
 //! 3. on a claim, runs the body; an `Ok` value is serialized and stored
 //!    (fenced [`complete`](Store::complete)), an error is released so that a
-//!    retry runs again, unless [`run_replaying`] was told it is replayable;
+//!    retry runs again, unless the call was built with
+//!    [`replaying`](Call::replaying) and the error is replayable;
 //! 4. on a key reused with another payload: [`Error::KeyReused`];
 //! 5. on a call in progress: waits for it (woken by the store when it can,
 //!    polling with a capped backoff otherwise) up to the policy's bound,
@@ -77,17 +80,21 @@
 //! progress. When storing the outcome fails, the error is returned: the
 //! transaction is to be rolled back, and the business rows with it.
 //!
-//! ## Codecs
+//! ## Outcome policies
 //!
-//! [`run`] and [`run_replaying`] store `Ok` values as JSON ([`Json`]).
-//! [`run_with_codec`] takes any [`Codec`], for values that are not serde
+//! What is stored is the call's to say, in either mode. By default
+//! ([`OkOnly`]) the `Ok` value is stored as JSON ([`Json`]) and errors are
+//! released. [`Call::replaying`] stores the errors a predicate picks too,
+//! and replays them like results ([`Replaying`]). [`Call::with_codec`]
+//! stores the `Ok` value with any [`Codec`], for values that are not serde
 //! types or whose JSON form would be wasteful (an HTTP response is stored as
-//! framed raw bytes).
+//! framed raw bytes); it composes with `replaying`.
 //!
 //! Every call runs in a `tracing` span named `idem` and emits one event per
 //! decision; counters go through the `metrics` facade (see [`crate::metrics`]).
 
 use std::convert::Infallible;
+use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -124,20 +131,59 @@ const MAX_SAVE_PAUSE: Duration = Duration::from_secs(1);
 /// The `Retry-After` hint given with [`Error::InProgress`].
 const RETRY_AFTER: Duration = Duration::from_secs(1);
 
-/// One idempotent invocation: which operation, which key, which payload, and
-/// the policy. Key and fingerprint errors are kept and returned by [`run`],
-/// so building a `Call` never fails.
-#[derive(Debug)]
-pub struct Call {
+/// One idempotent invocation: which operation, which key, which payload,
+/// the [`Policy`], and which outcomes are stored (the outcome policy `O`).
+/// Key and fingerprint errors are kept and returned by [`run`], so building
+/// a `Call` never fails.
+///
+/// The outcome policy is part of the call:
+///
+/// - by default ([`OkOnly<Json>`](OkOnly)) the `Ok` value is stored as
+///   JSON, and an error releases the key, so a retry runs the body again;
+/// - [`replaying`](Call::replaying) also stores the errors a predicate
+///   picks (permanent failures such as a declined card) and replays them
+///   like results;
+/// - [`with_codec`](Call::with_codec) stores the `Ok` value with another
+///   [`Codec`] than JSON.
+///
+/// The two compose, in either order:
+///
+/// ```
+/// use idem::{run, Call, MemoryStore};
+/// use serde::{Deserialize, Serialize};
+///
+/// #[derive(Debug, PartialEq, Serialize, Deserialize)]
+/// enum ChargeError { Declined, Unavailable, Idem(String) }
+///
+/// impl From<idem::Error> for ChargeError {
+///     fn from(err: idem::Error) -> Self { ChargeError::Idem(err.to_string()) }
+/// }
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// let store = MemoryStore::new();
+/// let charge = || {
+///     Call::new("payments.charge", "k1", &500)
+///         .replaying(|err: &ChargeError| *err == ChargeError::Declined)
+/// };
+/// let first: Result<u64, _> = run(&store, charge(), async { Err(ChargeError::Declined) }).await;
+/// // The declined charge is replayed: the body does not run again.
+/// let retry = run(&store, charge(), async { Ok(500) }).await;
+/// assert_eq!(first, retry);
+/// # }
+/// ```
+pub struct Call<O = OkOnly<Json>> {
     scope: Scope,
     key: Result<Key, Error>,
     fingerprint: Result<Fingerprint, Error>,
     policy: Policy,
+    outcomes: O,
 }
 
 impl Call {
     /// A call of `scope` with the client's `key`, fingerprinted by the
-    /// canonical JSON of `payload`, under the default [`Policy`].
+    /// canonical JSON of `payload`, under the default [`Policy`] and the
+    /// default outcome policy.
     pub fn new<K, P>(scope: impl Into<Scope>, key: &K, payload: &P) -> Self
     where
         K: AsKey + ?Sized,
@@ -151,7 +197,8 @@ impl Call {
         )
     }
 
-    /// A call from already computed parts (what `#[idempotent]` expands to).
+    /// A call from already computed parts (what `#[idempotent]` expands
+    /// to), under the default outcome policy.
     pub fn from_parts(
         scope: Scope,
         key: Result<Key, Error>,
@@ -163,9 +210,12 @@ impl Call {
             key,
             fingerprint,
             policy,
+            outcomes: OkOnly(Json),
         }
     }
+}
 
+impl<O> Call<O> {
     /// Replaces the policy.
     pub fn with_policy(mut self, policy: Policy) -> Self {
         self.policy = policy;
@@ -212,6 +262,71 @@ impl Call {
     pub(crate) fn policy(&self) -> Policy {
         self.policy
     }
+
+    /// The same call under the outcome policy `change` makes of its own.
+    fn map_outcomes<P>(self, change: impl FnOnce(O) -> P) -> Call<P> {
+        Call {
+            scope: self.scope,
+            key: self.key,
+            fingerprint: self.fingerprint,
+            policy: self.policy,
+            outcomes: change(self.outcomes),
+        }
+    }
+}
+
+impl<C> Call<OkOnly<C>> {
+    /// Stores the `Ok` value with `codec` instead of JSON: for values that
+    /// are not serde types, or whose JSON form would be wasteful (the HTTP
+    /// layer stores a response as framed raw bytes).
+    pub fn with_codec<D>(self, codec: D) -> Call<OkOnly<D>> {
+        self.map_outcomes(|_| OkOnly(codec))
+    }
+
+    /// Stores and replays the errors for which `replayable` answers `true`,
+    /// as JSON, like results (permanent failures such as a declined card);
+    /// other errors still release the key. The `Ok` value keeps its codec.
+    ///
+    /// A closure needs its argument's type (`|err: &MyError| ...`) unless
+    /// its body names it, as `matches!(err, MyError::Declined)` does.
+    pub fn replaying<E, P>(self, replayable: P) -> Call<Replaying<C, P, E>>
+    where
+        E: Serialize + DeserializeOwned,
+        P: Fn(&E) -> bool,
+    {
+        self.map_outcomes(|OkOnly(codec)| Replaying {
+            codec,
+            replayable,
+            errors: JsonErrors::new(),
+        })
+    }
+}
+
+impl<C, P, E> Call<Replaying<C, P, E>> {
+    /// Stores the `Ok` value with `codec` instead of JSON; replayable
+    /// errors are still stored as JSON. See [`Call::with_codec`].
+    pub fn with_codec<D>(self, codec: D) -> Call<Replaying<D, P, E>> {
+        self.map_outcomes(
+            |Replaying {
+                 replayable, errors, ..
+             }| Replaying {
+                codec,
+                replayable,
+                errors,
+            },
+        )
+    }
+}
+
+impl<O> fmt::Debug for Call<O> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Call")
+            .field("scope", &self.scope)
+            .field("key", &self.key)
+            .field("fingerprint", &self.fingerprint)
+            .field("policy", &self.policy)
+            .finish_non_exhaustive()
+    }
 }
 
 /// How an operation's `Ok` value becomes the stored outcome bytes, and back.
@@ -236,106 +351,76 @@ impl<T: Serialize + DeserializeOwned> Codec<T> for Json {
     }
 }
 
-/// Runs `body` at most once per `(scope, key)` and replays its `Ok` value to
-/// every later call; errors are released (a retry runs again). See the
-/// [module documentation](self).
-pub async fn run<S, T, E, Fut>(store: &S, call: Call, body: Fut) -> Result<T, E>
-where
-    S: Store + ?Sized,
-    T: Serialize + DeserializeOwned,
-    E: From<Error>,
-    Fut: Future<Output = Result<T, E>>,
-{
-    run_with_codec(store, call, body, Json).await
-}
+/// Which of a call's results are stored and replayed: the outcome policy
+/// of a [`Call`], which [`run`] and [`run_in_transaction`] require for the
+/// body's `Result<T, E>`.
+///
+/// It is implemented by [`OkOnly`] and [`Replaying`], chosen with the
+/// call's builder methods, and cannot be implemented outside this crate.
+pub trait OutcomePolicy<T, E>: sealed::Outcomes<T, E> {}
 
-/// Like [`run`], but the `Ok` value is stored and read back with `codec`
-/// instead of JSON.
-pub async fn run_with_codec<S, T, E, Fut, C>(
-    store: &S,
-    call: Call,
-    body: Fut,
+/// The default outcome policy: the `Ok` value is stored with the codec `C`
+/// ([`Json`] unless [`Call::with_codec`] says otherwise); errors are never
+/// stored.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct OkOnly<C = Json>(C);
+
+impl<T, E, C: Codec<T>> OutcomePolicy<T, E> for OkOnly<C> {}
+
+/// The outcome policy of [`Call::replaying`]: the `Ok` value is stored
+/// with the codec `C`, and the errors `E` for which the predicate `P`
+/// answers `true` are stored as JSON; other errors are not stored.
+pub struct Replaying<C, P, E> {
     codec: C,
-) -> Result<T, E>
+    replayable: P,
+    errors: JsonErrors<E>,
+}
+
+impl<T, E, C, P> OutcomePolicy<T, E> for Replaying<C, P, E>
 where
-    S: Store + ?Sized,
-    E: From<Error>,
-    Fut: Future<Output = Result<T, E>>,
     C: Codec<T>,
-{
-    on_pool(store, call, body, OkOnly(codec)).await
-}
-
-/// Like [`run`], but errors for which `replayable` answers `true` are stored
-/// and replayed like results (permanent failures such as a declined card);
-/// other errors are released.
-pub async fn run_replaying<S, T, E, Fut, P>(
-    store: &S,
-    call: Call,
-    body: Fut,
-    replayable: P,
-) -> Result<T, E>
-where
-    S: Store + ?Sized,
-    T: Serialize + DeserializeOwned,
-    E: From<Error> + Serialize + DeserializeOwned,
-    Fut: Future<Output = Result<T, E>>,
     P: Fn(&E) -> bool,
 {
-    on_pool(store, call, body, Replaying(replayable)).await
 }
 
-/// Transactional mode: like [`run`], but the claim and the completion are
-/// written on `conn`, the caller's open transaction (or connection). The
-/// body borrows the connection to write its own rows, and hands it back
-/// with its result: `|conn| async move { let r = ...; (r, conn) }`. The
-/// caller commits; see the [module documentation](self#transactional-mode).
-pub async fn run_in_transaction<'c, S, C, T, E, F, Fut>(
-    store: &S,
-    conn: &'c mut C,
-    call: Call,
-    body: F,
-) -> Result<T, E>
-where
-    S: TransactionalStore<C> + ?Sized,
-    C: Send + ?Sized,
-    T: Serialize + DeserializeOwned,
-    E: From<Error>,
-    F: FnOnce(&'c mut C) -> Fut,
-    Fut: Future<Output = (Result<T, E>, &'c mut C)>,
-{
-    on_connection(store, conn, call, body, OkOnly(Json)).await
+/// [`Json`] for a replayable error type, taken where the error type is
+/// known to be a serde type ([`Call::replaying`]): the one place that
+/// requires it, so that a missing `Serialize` is reported once, there.
+struct JsonErrors<E> {
+    encode: fn(&E) -> Result<Vec<u8>, Error>,
+    decode: fn(&[u8]) -> Result<E, Error>,
 }
 
-/// [`run_in_transaction`] with errors stored and replayed when `replayable`
-/// says so, as in [`run_replaying`].
-pub async fn run_in_transaction_replaying<'c, S, C, T, E, F, Fut, P>(
-    store: &S,
-    conn: &'c mut C,
-    call: Call,
-    body: F,
-    replayable: P,
-) -> Result<T, E>
-where
-    S: TransactionalStore<C> + ?Sized,
-    C: Send + ?Sized,
-    T: Serialize + DeserializeOwned,
-    E: From<Error> + Serialize + DeserializeOwned,
-    F: FnOnce(&'c mut C) -> Fut,
-    Fut: Future<Output = (Result<T, E>, &'c mut C)>,
-    P: Fn(&E) -> bool,
-{
-    on_connection(store, conn, call, body, Replaying(replayable)).await
+impl<E: Serialize + DeserializeOwned> JsonErrors<E> {
+    fn new() -> Self {
+        JsonErrors {
+            encode: |err| Json.encode(err),
+            decode: |bytes| Json.decode(bytes),
+        }
+    }
 }
 
-async fn on_pool<S, T, E, Fut, O>(store: &S, call: Call, body: Fut, outcomes: O) -> Result<T, E>
+impl<C: fmt::Debug, P, E> fmt::Debug for Replaying<C, P, E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Replaying")
+            .field("codec", &self.codec)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Runs `body` at most once per `(scope, key)` and replays its outcome to
+/// every later call: by default its `Ok` value, while an error is released
+/// (a retry runs again); the call's outcome policy may store replayable
+/// errors too, or store the value with another codec ([`Call`]). See the
+/// [module documentation](self).
+pub async fn run<S, T, E, Fut, O>(store: &S, call: Call<O>, body: Fut) -> Result<T, E>
 where
     S: Store + ?Sized,
     E: From<Error>,
     Fut: Future<Output = Result<T, E>>,
-    O: Outcomes<T, E>,
+    O: OutcomePolicy<T, E>,
 {
-    let call = call.check()?;
+    let (call, outcomes) = call.check()?;
     let span = call.span();
     async move {
         let request = call.request();
@@ -375,12 +460,17 @@ where
     .await
 }
 
-async fn on_connection<'c, S, C, T, E, F, Fut, O>(
+/// Transactional mode: like [`run`], but the claim and the completion are
+/// written on `conn`, the caller's open transaction (or connection). The
+/// body borrows the connection to write its own rows, and hands it back
+/// with its result: `|conn| async move { let r = ...; (r, conn) }`. The
+/// call's outcome policy applies as in [`run`]. The caller commits; see
+/// the [module documentation](self#transactional-mode).
+pub async fn run_in_transaction<'c, S, C, T, E, F, Fut, O>(
     store: &S,
     conn: &'c mut C,
-    call: Call,
+    call: Call<O>,
     body: F,
-    outcomes: O,
 ) -> Result<T, E>
 where
     S: TransactionalStore<C> + ?Sized,
@@ -388,9 +478,9 @@ where
     E: From<Error>,
     F: FnOnce(&'c mut C) -> Fut,
     Fut: Future<Output = (Result<T, E>, &'c mut C)>,
-    O: Outcomes<T, E>,
+    O: OutcomePolicy<T, E>,
 {
-    let call = call.check()?;
+    let (call, outcomes) = call.check()?;
     let span = call.span();
     async move {
         let request = call.request();
@@ -454,14 +544,16 @@ struct Checked {
     started: Instant,
 }
 
-impl Call {
-    fn check(self) -> Result<Checked, Error> {
+impl<O> Call<O> {
+    /// The checked call, and its outcome policy.
+    fn check(self) -> Result<(Checked, O), Error> {
         let started = Instant::now();
         let Call {
             scope,
             key,
             fingerprint,
             policy,
+            outcomes,
         } = self;
         let (key, fingerprint) = (key?, fingerprint?);
         if policy.ttl.is_zero() {
@@ -472,14 +564,15 @@ impl Call {
                 "the lease must be at least {MIN_LEASE:?}: it is renewed every third of it"
             )));
         }
-        Ok(Checked {
+        let checked = Checked {
             scope,
             key,
             fingerprint,
             policy,
             token: ClaimToken::new(),
             started,
-        })
+        };
+        Ok((checked, outcomes))
     }
 }
 
@@ -500,18 +593,22 @@ impl Checked {
     }
 }
 
-/// How a result becomes a stored outcome, and back.
-trait Outcomes<T, E> {
-    /// The outcome to store for `result`, or `None` to release the key.
-    fn encode(&self, result: &Result<T, E>) -> Option<Result<Outcome, Error>>;
-    /// The result a stored outcome stands for.
-    fn decode(&self, outcome: &Outcome) -> Result<Result<T, E>, Error>;
+mod sealed {
+    use crate::error::Error;
+    use crate::record::Outcome;
+
+    /// How a result becomes a stored outcome, and back: the methods of
+    /// [`OutcomePolicy`](super::OutcomePolicy), out of reach of other
+    /// crates.
+    pub trait Outcomes<T, E> {
+        /// The outcome to store for `result`, or `None` to release the key.
+        fn encode(&self, result: &Result<T, E>) -> Option<Result<Outcome, Error>>;
+        /// The result a stored outcome stands for.
+        fn decode(&self, outcome: &Outcome) -> Result<Result<T, E>, Error>;
+    }
 }
 
-/// `Ok` values through a codec; errors are never stored.
-struct OkOnly<C>(C);
-
-impl<T, E, C: Codec<T>> Outcomes<T, E> for OkOnly<C> {
+impl<T, E, C: Codec<T>> sealed::Outcomes<T, E> for OkOnly<C> {
     fn encode(&self, result: &Result<T, E>) -> Option<Result<Outcome, Error>> {
         let value = result.as_ref().ok()?;
         Some(self.0.encode(value).map(|body| Outcome {
@@ -532,19 +629,15 @@ impl<T, E, C: Codec<T>> Outcomes<T, E> for OkOnly<C> {
     }
 }
 
-/// `Ok` values and the errors the predicate accepts, as JSON.
-struct Replaying<P>(P);
-
-impl<T, E, P> Outcomes<T, E> for Replaying<P>
+impl<T, E, C, P> sealed::Outcomes<T, E> for Replaying<C, P, E>
 where
-    T: Serialize + DeserializeOwned,
-    E: Serialize + DeserializeOwned,
+    C: Codec<T>,
     P: Fn(&E) -> bool,
 {
     fn encode(&self, result: &Result<T, E>) -> Option<Result<Outcome, Error>> {
         let (kind, body) = match result {
-            Ok(value) => (OutcomeKind::Ok, Json.encode(value)),
-            Err(err) if (self.0)(err) => (OutcomeKind::Err, Json.encode(err)),
+            Ok(value) => (OutcomeKind::Ok, self.codec.encode(value)),
+            Err(err) if (self.replayable)(err) => (OutcomeKind::Err, (self.errors.encode)(err)),
             Err(_) => return None,
         };
         Some(body.map(|body| Outcome { kind, body }))
@@ -552,8 +645,8 @@ where
 
     fn decode(&self, outcome: &Outcome) -> Result<Result<T, E>, Error> {
         Ok(match outcome.kind {
-            OutcomeKind::Ok => Ok(Json.decode(&outcome.body)?),
-            OutcomeKind::Err => Err(Json.decode(&outcome.body)?),
+            OutcomeKind::Ok => Ok(self.codec.decode(&outcome.body)?),
+            OutcomeKind::Err => Err((self.errors.decode)(&outcome.body)?),
         })
     }
 }
@@ -697,7 +790,7 @@ where
     S: Store + ?Sized,
     R: Records,
     E: From<Error>,
-    O: Outcomes<T, E>,
+    O: OutcomePolicy<T, E>,
 {
     match claim_or_replay(records, call, request, outcomes).await {
         Ok(Ok(claim)) => Ok(claim),
@@ -726,7 +819,7 @@ async fn claim_or_replay<R, T, E, O>(
 ) -> Result<Result<Claim, Result<T, E>>, Error>
 where
     R: Records,
-    O: Outcomes<T, E>,
+    O: OutcomePolicy<T, E>,
 {
     // `None`: a bound too far to be represented, so no bound.
     let deadline = Instant::now().checked_add(call.policy.wait_bound());

@@ -79,10 +79,7 @@ pub use backend::sqlite::SqliteStore;
     doc(cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql")))
 )]
 pub use backend::{Backend, SqlStore};
-pub use engine::{
-    run, run_in_transaction, run_in_transaction_replaying, run_replaying, run_with_codec, Call,
-    Codec,
-};
+pub use engine::{run, run_in_transaction, Call, Codec};
 #[cfg(feature = "_sql")]
 #[cfg_attr(
     docsrs,
@@ -133,7 +130,7 @@ pub use idem_macros::Entity;
 /// release.
 #[doc(hidden)]
 pub mod __private {
-    pub use crate::engine::{run, run_in_transaction, run_in_transaction_replaying, run_replaying};
+    pub use crate::engine::{run, run_in_transaction};
     pub use crate::{AsKey, Call, Error, Fingerprint, Key, KeyError, Policy, Scope};
     pub use ::core::time::Duration;
 
@@ -155,6 +152,23 @@ pub mod __private {
     /// Converts the scope expression's value.
     pub fn scope(scope: impl Into<Scope>) -> Scope {
         scope.into()
+    }
+
+    /// The error type of the annotated function's return type.
+    pub trait Returns {
+        /// `E` of `Result<T, E>`.
+        type Error;
+    }
+
+    impl<T, E> Returns for Result<T, E> {
+        type Error = E;
+    }
+
+    /// The `replayable` predicate, its argument typed as the error of `R`
+    /// (the function's return type), so that a closure such as
+    /// `|e| e.is_final()` needs no annotation.
+    pub fn replayable<R: Returns, P: Fn(&R::Error) -> bool>(predicate: P) -> P {
+        predicate
     }
 }
 

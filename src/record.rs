@@ -15,6 +15,15 @@
 //! lapsed lease) as one atomic conditional write. When the write does not
 //! claim, the store hands the record it found to [`decide`], so every backend
 //! answers a duplicate in exactly the same way.
+//!
+//! The types and functions here are public on purpose, for implementations
+//! of [`Store`](crate::Store) outside this crate: a store grants claims with
+//! [`Claim::granted`], answers duplicates with [`decide`] (and
+//! [`Record::holds_lease`] while it waits), and may keep [`State`],
+//! [`OutcomeKind`] and [`ClaimToken`] in the same stored forms as the
+//! built-in stores ([`State::as_str`], [`OutcomeKind::code`],
+//! [`ClaimToken::as_bytes`]). Time is the store's: [`Millis`] read from its
+//! database's clock.
 
 use std::collections::hash_map::RandomState;
 use std::hash::{BuildHasher, Hasher};
@@ -32,7 +41,7 @@ pub type Millis = i64;
 /// This process's clock in [`Millis`]: the time of the in-memory store (the
 /// process is its database). The SQL stores never use it for a lease or an
 /// expiry.
-pub fn now_millis() -> Millis {
+pub(crate) fn now_millis() -> Millis {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_millis() as Millis)
@@ -40,7 +49,7 @@ pub fn now_millis() -> Millis {
 }
 
 /// A duration in [`Millis`], saturating.
-pub fn duration_millis(d: Duration) -> Millis {
+pub(crate) fn duration_millis(d: Duration) -> Millis {
     Millis::try_from(d.as_millis()).unwrap_or(Millis::MAX)
 }
 

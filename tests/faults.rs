@@ -21,7 +21,7 @@ mod servers;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
 use idem::{
@@ -235,7 +235,10 @@ async fn one_point<S: Store + Clone + 'static>(store: S, point: Point, kind: Kin
     let key = format!(
         "fault-{tag}-{point:?}-{kind:?}-{}-{}",
         std::process::id(),
-        idem::record::now_millis()
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap()
+            .as_millis()
     );
     let runs = Arc::new(AtomicUsize::new(0));
     let seen = Arc::new(Mutex::new(Seen::default()));
@@ -323,7 +326,10 @@ fn fresh(tag: &str, what: &str) -> String {
     format!(
         "{what}-{tag}-{}-{}",
         std::process::id(),
-        idem::record::now_millis()
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap()
+            .as_millis()
     )
 }
 

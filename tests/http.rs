@@ -5,7 +5,7 @@
 use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use axum::extract::{MatchedPath, Path, Request};
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
@@ -337,7 +337,10 @@ fn fresh_key() -> String {
     format!(
         "\"{}-{}-{}\"",
         std::process::id(),
-        idem::record::now_millis(),
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap()
+            .as_millis(),
         N.fetch_add(1, Ordering::Relaxed)
     )
 }

@@ -4,12 +4,19 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use idem::record::now_millis;
 use idem::{idempotent, Error, Key, MemoryStore, Scope, Store};
 use serde::Serialize;
 use tokio::sync::Notify;
+
+/// The memory store's clock: this process's, in milliseconds since the epoch.
+fn now_millis() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64
+}
 
 static RUNS: AtomicUsize = AtomicUsize::new(0);
 

@@ -8,7 +8,7 @@ mod servers;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use idem::{run, Call, Error, Key, Policy, Scope, State, Store};
 use servers::{Db, DropTables, Server};
@@ -476,7 +476,10 @@ async fn takeover_rewrites_the_whole_record(store: Arc<dyn Store>) {
     // Held for 200 ms, kept for 60 s.
     claimed(store.begin(&request(&a, 200, 60_000)).await.unwrap());
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let since = idem::record::now_millis();
+    let since = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64;
     // The lease lapsed: taken over with the same payload, new lease and ttl.
     let claim = claimed(store.begin(&request(&a, 5_000, 600)).await.unwrap());
     assert_eq!(claim.fence, 2);
@@ -489,7 +492,10 @@ async fn takeover_rewrites_the_whole_record(store: Arc<dyn Store>) {
     };
     store.complete(&claim, &outcome).await.unwrap();
     tokio::time::sleep(Duration::from_millis(700)).await;
-    let since = idem::record::now_millis();
+    let since = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64;
     // Expired: taken over with another payload; the outcome is gone.
     let claim = claimed(store.begin(&request(&b, 3_000, 60_000)).await.unwrap());
     assert_eq!(claim.fence, 3);

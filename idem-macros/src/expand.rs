@@ -1,5 +1,6 @@
 //! Code generation: the annotated `async fn` keeps its signature and its body
-//! becomes a call to `::idem::__private::run`.
+//! becomes a call to `::idem::__private::run` (or `run_in_transaction`),
+//! with the outcome policy on the call.
 
 use proc_macro2::{Delimiter, Group, Ident, Span, TokenStream, TokenTree};
 use quote::{format_ident, quote, quote_spanned, ToTokens};
@@ -113,11 +114,7 @@ pub(crate) fn expand(args: &Args, function: ItemFn) -> TokenStream {
     let policy = policy(args);
 
     let (return_type, return_span) = match &sig.output {
-        ReturnType::Type(_, ty) => {
-            let mut erased = (**ty).clone();
-            EraseImplTrait.visit_type_mut(&mut erased);
-            (erased.into_token_stream(), ty.span())
-        }
+        ReturnType::Type(_, ty) => (erase_impl_trait(ty, Erase::Infer), ty.span()),
         // Rejected by `valid`; kept total for unit tests.
         ReturnType::Default => (quote!(()), sig.ident.span()),
     };
@@ -144,7 +141,6 @@ pub(crate) fn expand(args: &Args, function: ItemFn) -> TokenStream {
     // The body's statements, spliced with their spans: a nested `{ .. }`
     // block as the tail would trip `unused_braces` on one-line bodies.
     let stmts = &block.stmts;
-    let call = Ident::new("__idem_call", Span::mixed_site());
     // Each generated call spans the user's tokens it depends on, so that an
     // unmet bound is reported there rather than at the attribute: the key's
     // type at the key, the arguments' at the argument list, the output and
@@ -162,17 +158,26 @@ pub(crate) fn expand(args: &Args, function: ItemFn) -> TokenStream {
         }
     };
     let store_ref = quote_spanned!(store.span()=> &(#store));
-    let run = match (&args.tx, &args.replayable) {
+    let run = match &args.tx {
         // Entity mode excludes `tx` and `replayable` (see `attr`).
         _ if args.entity.is_some() => quote_spanned!(return_span=> ::idem::__private::run_entity),
-        (None, None) => quote_spanned!(return_span=> ::idem::__private::run),
-        (None, Some(_)) => quote_spanned!(return_span=> ::idem::__private::run_replaying),
-        (Some(_), None) => quote_spanned!(return_span=> ::idem::__private::run_in_transaction),
-        (Some(_), Some(_)) => {
-            quote_spanned!(return_span=> ::idem::__private::run_in_transaction_replaying)
-        }
+        None => quote_spanned!(return_span=> ::idem::__private::run),
+        Some(_) => quote_spanned!(return_span=> ::idem::__private::run_in_transaction),
     };
-    let replayable = args.replayable.as_ref().map(|pred| quote!(, #pred));
+    // The outcome policy is part of the call. The predicate's argument is
+    // typed from the return type (`impl Trait` there is not needed for the
+    // error type, and a turbofish cannot infer it), so a closure needs no
+    // annotation. Spanned at the return type, where a missing `Serialize`
+    // on the error type is reported.
+    let replaying = args.replayable.as_ref().map(|pred| {
+        let returns = match &sig.output {
+            ReturnType::Type(_, ty) => erase_impl_trait(ty, Erase::Unit),
+            ReturnType::Default => quote!(()),
+        };
+        quote_spanned! {return_span=>
+            .replaying(::idem::__private::replayable::<#returns, _>(#pred))
+        }
+    });
     let block = quote! {
         async {
             #(#rebinds)*
@@ -196,22 +201,29 @@ pub(crate) fn expand(args: &Args, function: ItemFn) -> TokenStream {
         }
         None => (block, quote!()),
     };
+    // The call is built in the argument list, before the body moves the
+    // arguments into its future. Its outer tokens are spanned at the return
+    // type, where an unmet bound of its outcome policy is reported: a
+    // generated local would be blamed at the attribute instead, and would
+    // repeat what `replaying` reports.
+    let from_parts = quote_spanned! {return_span=>
+        ::idem::__private::Call::from_parts(
+            ::idem::__private::scope(#scope),
+            #key_call,
+            #fingerprint_call,
+            #policy,
+        )
+    };
     // Spanned at the return type's first token only: the `.await` repeats
     // some of the call's bounds, and one span for both reports each once.
     let run_call = quote_spanned! {return_span=>
-        #run(#store_ref, #conn_arg #call, #body #replayable).await
+        #run(#store_ref, #conn_arg #from_parts #replaying, #body).await
     };
 
     quote! {
         #(#outer_attrs)*
         #vis #sig {
             #(#inner_attrs)*
-            let #call = ::idem::__private::Call::from_parts(
-                ::idem::__private::scope(#scope),
-                #key_call,
-                #fingerprint_call,
-                #policy,
-            );
             #run_call
         }
     }
@@ -323,15 +335,38 @@ fn last_span(tokens: &impl ToTokens) -> Span {
         .map_or_else(Span::call_site, |tree| tree.span())
 }
 
-/// Replaces `impl Trait` by `_`, which a `let` type annotation accepts.
-struct EraseImplTrait;
+/// What `impl Trait` becomes in a type written in the body.
+#[derive(Clone, Copy)]
+enum Erase {
+    /// `_`, which a `let` type annotation accepts and infers.
+    Infer,
+    /// `()`, where nothing would infer `_` (a turbofish whose type only
+    /// serves to name another).
+    Unit,
+}
+
+/// `ty` with every `impl Trait` replaced as `erase` says.
+fn erase_impl_trait(ty: &Type, erase: Erase) -> TokenStream {
+    let mut erased = ty.clone();
+    EraseImplTrait(erase).visit_type_mut(&mut erased);
+    erased.into_token_stream()
+}
+
+struct EraseImplTrait(Erase);
 
 impl VisitMut for EraseImplTrait {
     fn visit_type_mut(&mut self, ty: &mut Type) {
         if let Type::ImplTrait(impl_trait) = ty {
-            *ty = Type::Infer(syn::TypeInfer {
-                underscore_token: syn::Token![_](impl_trait.impl_token.span),
-            });
+            let span = impl_trait.impl_token.span;
+            *ty = match self.0 {
+                Erase::Infer => Type::Infer(syn::TypeInfer {
+                    underscore_token: syn::Token![_](span),
+                }),
+                Erase::Unit => Type::Tuple(syn::TypeTuple {
+                    paren_token: syn::token::Paren(span),
+                    elems: syn::punctuated::Punctuated::new(),
+                }),
+            };
         } else {
             syn::visit_mut::visit_type_mut(self, ty);
         }
@@ -367,32 +402,35 @@ mod tests {
         let expected = squash(quote! {
             #[doc = r" Docs stay."]
             pub async fn charge(&self, cmd: Charge) -> Result<Receipt, PaymentError> {
-                let __idem_call = ::idem::__private::Call::from_parts(
-                    ::idem::__private::scope(::core::concat!(::core::module_path!(), "::", "charge")),
-                    ::idem::__private::key(&(cmd.token)),
-                    ::idem::__private::fingerprint(&((&cmd,))),
-                    ::idem::__private::Policy::new(),
-                );
-                ::idem::__private::run(&(self.store), __idem_call, async {
-                    #[allow(unused_variables)]
-                    let cmd = cmd;
-                    #[allow(
-                        unknown_lints,
-                        unreachable_code,
-                        clippy::diverging_sub_expression,
-                        clippy::empty_loop,
-                        clippy::let_unit_value,
-                        clippy::let_with_type_underscore,
-                        clippy::needless_return,
-                        clippy::unreachable
-                    )]
-                    if false {
-                        let __idem_fake_return: Result<Receipt, PaymentError> = loop {};
-                        return __idem_fake_return;
+                ::idem::__private::run(
+                    &(self.store),
+                    ::idem::__private::Call::from_parts(
+                        ::idem::__private::scope(::core::concat!(::core::module_path!(), "::", "charge")),
+                        ::idem::__private::key(&(cmd.token)),
+                        ::idem::__private::fingerprint(&((&cmd,))),
+                        ::idem::__private::Policy::new(),
+                    ),
+                    async {
+                        #[allow(unused_variables)]
+                        let cmd = cmd;
+                        #[allow(
+                            unknown_lints,
+                            unreachable_code,
+                            clippy::diverging_sub_expression,
+                            clippy::empty_loop,
+                            clippy::let_unit_value,
+                            clippy::let_with_type_underscore,
+                            clippy::needless_return,
+                            clippy::unreachable
+                        )]
+                        if false {
+                            let __idem_fake_return: Result<Receipt, PaymentError> = loop {};
+                            return __idem_fake_return;
+                        }
+                        let receipt = self.gateway.charge(cmd.amount).await?;
+                        Ok(receipt)
                     }
-                    let receipt = self.gateway.charge(cmd.amount).await?;
-                    Ok(receipt)
-                })
+                )
                 .await
             }
         });
@@ -413,8 +451,9 @@ mod tests {
             out.contains(&squash(quote!(fingerprint(&((&key, &amount,)))))),
             "{out}"
         );
+        assert!(out.contains("run (& (store) , :: idem"), "{out}");
         assert!(
-            out.contains("run (& (store) , __idem_call , async"),
+            out.contains(", :: idem :: __private :: Policy :: new () ,) , async"),
             "{out}"
         );
 
@@ -457,11 +496,40 @@ mod tests {
         );
         assert!(
             out.contains(
-                ":: idem :: __private :: run_replaying (& (self . store) , __idem_call , async"
+                ":: idem :: __private :: Policy :: new () ,) . replaying \
+                 (:: idem :: __private :: replayable :: < Result < () , E > , _ > \
+                 (| e | e . is_final ())) , async"
             ),
             "{out}"
         );
-        assert!(out.contains(", | e | e . is_final ()) . await }"), "{out}");
+        assert!(
+            out.contains(":: idem :: __private :: run (& (self . store) , :: idem"),
+            "{out}"
+        );
+    }
+
+    #[test]
+    fn transactional_and_replayable_call_one_function() {
+        let out = expand_str(
+            quote!(key = key, store = store, tx = conn, replayable = |_| true),
+            quote!(
+                async fn f(store: &S, conn: &mut C, key: &str) -> Result<impl Sized, E> {
+                    Ok(1)
+                }
+            ),
+        );
+        // `impl Trait` names no error type: `()` stands for it.
+        assert!(
+            out.contains(&squash(quote!(
+                .replaying(::idem::__private::replayable::<Result<(), E>, _>(|_| true)),
+            ))),
+            "{out}"
+        );
+        assert!(
+            out.contains(":: idem :: __private :: run_in_transaction (& (store) , conn , :: idem"),
+            "{out}"
+        );
+        assert!(!out.contains("run_in_transaction_replaying"), "{out}");
     }
 
     #[test]
@@ -475,9 +543,7 @@ mod tests {
             ),
         );
         assert!(
-            out.contains(
-                ":: idem :: __private :: run_entity (& (self . pool) , __idem_call , async"
-            ),
+            out.contains(":: idem :: __private :: run_entity (& (self . pool) , :: idem"),
             "{out}"
         );
         assert!(!out.contains("__private :: run ("), "{out}");
@@ -564,7 +630,7 @@ mod tests {
         );
         assert!(
             out.contains(
-                "-> Result < impl Sized , E > { # ! [allow (clippy :: all)] let __idem_call"
+                "-> Result < impl Sized , E > { # ! [allow (clippy :: all)] :: idem :: __private :: run"
             ),
             "{out}"
         );

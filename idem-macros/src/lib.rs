@@ -114,8 +114,9 @@ mod valid;
 /// and `self` receivers all work with `store = self.store`, as long as the
 /// body does not mutate or move the store's own field.
 ///
-/// The `replayable` predicate is evaluated after the body's future is
-/// built: it may not capture an argument that the body moves.
+/// The `replayable` predicate is built with the call, before the body's
+/// future, and lives as long as the call: it may not capture an argument
+/// that the body moves.
 #[proc_macro_attribute]
 pub fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
     match expand::idempotent(args.into(), item.clone().into()) {

@@ -147,11 +147,10 @@ where
             return Ok(prepared.replay(found)?);
         }
         let claims = DB::claims(pool).await?;
-        let entry = engine::run_with_codec(
+        let entry = engine::run(
             &*claims,
-            prepared.claim::<T>(call.policy()),
+            prepared.claim::<T>(call.policy()).with_codec(Marker),
             claimed::<DB, T, E, Fut>(pool, &prepared, body),
-            Marker,
         )
         .await?;
         match entry {

@@ -23,7 +23,7 @@ use super::problem::{Problem, ProblemDetails};
 #[cfg(feature = "axum")]
 use super::route::MakeRoute;
 use super::stored::{ResponseCodec, StoredResponse};
-use crate::engine::{run_with_codec, Call};
+use crate::engine::{run, Call};
 use crate::error::Error;
 use crate::key::{Key, Scope};
 use crate::store::Store;
@@ -301,7 +301,7 @@ where
         executed = Some(response);
         Ok(stored)
     };
-    let result = run_with_codec(&*store, call, body, ResponseCodec).await;
+    let result = run(&*store, call.with_codec(ResponseCodec), body).await;
     Ran { result, executed }
 }
 

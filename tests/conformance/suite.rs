@@ -4,11 +4,11 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use idem::{
-    run, run_replaying, Begin, BeginRequest, Call, ClaimToken, Error, Key, Outcome, OutcomeKind,
-    Policy, Scope, State, Store,
+    run, Begin, BeginRequest, Call, ClaimToken, Error, Key, Outcome, OutcomeKind, Policy, Scope,
+    State, Store,
 };
 use serde::{Deserialize, Serialize};
 use tokio::sync::{oneshot, Barrier};
@@ -53,7 +53,10 @@ pub fn fresh_key(tag: &str) -> String {
     format!(
         "{tag}-{}-{}-{}",
         std::process::id(),
-        idem::record::now_millis(),
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap()
+            .as_millis(),
         N.fetch_add(1, Ordering::Relaxed)
     )
 }
@@ -330,14 +333,14 @@ pub async fn replayable_error_replayed<S: Store>(store: S) {
     let payload = charge(10);
     let attempt = || {
         let runs = runs.clone();
-        run_replaying(
+        run(
             &store,
-            call("op.declined", &key, &payload, Policy::new()),
+            call("op.declined", &key, &payload, Policy::new())
+                .replaying(|e: &TestError| matches!(e, TestError::Declined(_))),
             async move {
                 runs.next();
                 Err::<Receipt, _>(TestError::Declined("card declined".into()))
             },
-            |e: &TestError| matches!(e, TestError::Declined(_)),
         )
     };
     for _ in 0..3 {

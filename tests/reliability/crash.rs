@@ -11,9 +11,8 @@
 use std::process::Stdio;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use idem::record::now_millis;
 use idem::{run, Call, Claim, Error, Outcome, OutcomeKind, Policy, Scope, State, Store};
 use tokio::io::{AsyncBufReadExt, BufReader};
 
@@ -28,6 +27,14 @@ const SCOPE: &str = "reliability.crash";
 const LEASE: Duration = Duration::from_millis(1_500);
 const TTL: Duration = Duration::from_secs(3_600);
 const PAYLOAD: &str = "charge 500 EUR";
+
+/// This process's clock in the stores' unit (milliseconds since the epoch).
+fn now_millis() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64
+}
 
 fn policy() -> Policy {
     Policy::new().lease(LEASE).ttl(TTL).fail_fast()
@@ -186,7 +193,7 @@ async fn killed_owner(test: &str, backend: &str, location: &str, store: Arc<dyn 
     let runs = Arc::new(AtomicUsize::new(0));
     let retry = || {
         let runs = runs.clone();
-        run::<_, u64, Error, _>(
+        run::<_, u64, Error, _, _>(
             &*store,
             Call::new(SCOPE, &key, PAYLOAD).with_policy(policy()),
             async move {
@@ -348,7 +355,7 @@ async fn stopped_owner(test: &str, backend: &str, location: &str, store: Arc<dyn
     signal(&child, "STOP");
 
     let retry = || {
-        run::<_, u64, Error, _>(
+        run::<_, u64, Error, _, _>(
             &*store,
             Call::new(SCOPE, &key, PAYLOAD).with_policy(policy()),
             async { Ok(42) },
@@ -405,7 +412,7 @@ async fn skewed_clock(test: &str, backend: &str, location: &str, store: Arc<dyn 
     let owner = {
         let (store, key) = (store.clone(), key.clone());
         tokio::spawn(async move {
-            run::<_, u64, Error, _>(
+            run::<_, u64, Error, _, _>(
                 &*store,
                 Call::new(SCOPE, &key, PAYLOAD)
                     .with_policy(Policy::new().lease(Duration::from_secs(30)).ttl(TTL)),

@@ -20,7 +20,7 @@ use std::net::SocketAddr;
 use std::str::FromStr;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use idem::{run, Call, Error, Policy, State, Store};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
@@ -129,7 +129,7 @@ async fn cut_connections_are_retryable_and_complete_once() {
         let (store, runs, total_runs) = (store.clone(), runs.clone(), total_runs.clone());
         tokio::spawn(async move {
             let policy = Policy::new().lease(LEASE).wait(Duration::from_secs(10));
-            run::<_, usize, Error, _>(
+            run::<_, usize, Error, _, _>(
                 &*store,
                 Call::new(SCOPE, key.as_str(), &"payload").with_policy(policy),
                 async {
@@ -152,7 +152,10 @@ async fn cut_connections_are_retryable_and_complete_once() {
             format!(
                 "net-{}-{}-{k}",
                 std::process::id(),
-                idem::record::now_millis()
+                SystemTime::now()
+                    .duration_since(UNIX_EPOCH)
+                    .unwrap()
+                    .as_millis()
             )
         })
         .collect();
@@ -267,7 +270,7 @@ async fn cut_transactions_roll_back_whole_and_commit_once() {
         tokio::spawn(async move {
             let mut tx = pool.begin().await.map_err(Error::store)?;
             let insert = format!("INSERT INTO \"{rows}\" (run_key) VALUES ($1) RETURNING id");
-            let result = idem::run_in_transaction::<_, _, i64, Error, _, _>(
+            let result = idem::run_in_transaction::<_, _, i64, Error, _, _, _>(
                 &*store,
                 &mut *tx,
                 Call::new(SCOPE, key.as_str(), &"payload"),
@@ -295,7 +298,10 @@ async fn cut_transactions_roll_back_whole_and_commit_once() {
             format!(
                 "nettx-{}-{}-{k}",
                 std::process::id(),
-                idem::record::now_millis()
+                SystemTime::now()
+                    .duration_since(UNIX_EPOCH)
+                    .unwrap()
+                    .as_millis()
             )
         })
         .collect();
