@@ -91,7 +91,7 @@ pub use fingerprint::Fingerprint;
 pub use key::{AsKey, Key, KeyError, Scope, MAX_KEY_LEN, MAX_SCOPE_LEN};
 pub use policy::{InProgressPolicy, Policy};
 pub use record::{Begin, Claim, ClaimToken, Outcome, OutcomeKind, Record, State};
-pub use store::{BeginRequest, MemoryStore, Store, TransactionalStore};
+pub use store::{BeginRequest, MemoryStore, PassThroughStore, Store, TransactionalStore};
 
 /// Makes an `async fn` idempotent: *find by key, or execute and save*.
 ///

@@ -153,6 +153,9 @@ impl<S: Store + Clone + 'static> Store for Faulty<S> {
     async fn get(&self, scope: &Scope, key: &Key) -> Result<Option<Record>, Error> {
         self.inner.get(scope, key).await
     }
+    async fn forget(&self, scope: &Scope, key: &Key) -> Result<bool, Error> {
+        self.inner.forget(scope, key).await
+    }
     async fn purge_expired(&self, batch: usize) -> Result<u64, Error> {
         self.inner.purge_expired(batch).await
     }

@@ -291,6 +291,9 @@ impl<S: Store + Clone + 'static> Store for Claims<S> {
     async fn get(&self, scope: &Scope, key: &Key) -> Result<Option<Record>, Error> {
         self.0.get(scope, key).await
     }
+    async fn forget(&self, scope: &Scope, key: &Key) -> Result<bool, Error> {
+        self.0.forget(scope, key).await
+    }
     async fn purge_expired(&self, batch: usize) -> Result<u64, Error> {
         self.0.purge_expired(batch).await
     }

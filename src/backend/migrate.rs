@@ -1,6 +1,7 @@
-//! The migrations' bookkeeping every backend shares: `idem_migrations`
-//! records which versions of which table are applied, so that `migrate()`
-//! is safe to call at every start. Keeping migrators apart (a lock) is the
+//! The migrations' bookkeeping every backend shares: a table
+//! (`idem_migrations` unless the store names another) records which
+//! versions of which records table are applied, so that `migrate()` is
+//! safe to call at every start. Keeping migrators apart (a lock) is the
 //! backend's.
 
 use super::exec::Value;
@@ -11,7 +12,7 @@ use crate::record::now_millis;
 /// A backend's statements on `idem_migrations`.
 #[derive(Debug)]
 pub(crate) struct Bookkeeping {
-    /// Creates `idem_migrations` if missing.
+    /// Creates the bookkeeping table `{migrations}` if missing.
     pub(crate) create: &'static str,
     /// Counts tables named `{table}` (a table dropped by hand is created
     /// again).
@@ -30,15 +31,17 @@ pub(crate) struct Bookkeeping {
 pub(crate) async fn apply<DB: Backend>(
     conn: &mut DB::Connection,
     table: &str,
+    migrations_table: &str,
     bookkeeping: &Bookkeeping,
     migrations: &[&str],
     rename: impl Fn(String) -> String,
 ) -> Result<(), Error> {
-    DB::execute_script(conn, bookkeeping.create).await?;
+    let named = |sql: &str| sql.replace("{migrations}", migrations_table);
+    DB::execute_script(conn, &named(bookkeeping.create)).await?;
     let exists = bookkeeping.exists.replace("{table}", table);
     let exists = DB::fetch_int(conn, &exists, Vec::new()).await?.unwrap_or(0) > 0;
     let applied = if exists {
-        DB::fetch_int(conn, bookkeeping.applied, vec![Value::Text(table)])
+        DB::fetch_int(conn, &named(bookkeeping.applied), vec![Value::Text(table)])
             .await?
             .unwrap_or(0)
     } else {
@@ -56,7 +59,7 @@ pub(crate) async fn apply<DB: Backend>(
             Value::Int(version),
             Value::Int(now_millis()),
         ];
-        DB::execute(conn, bookkeeping.record, values).await?;
+        DB::execute(conn, &named(bookkeeping.record), values).await?;
     }
     Ok(())
 }

@@ -5,7 +5,7 @@
 //!   decoding, purges, and the [`Store`](crate::store::Store) and
 //!   [`TransactionalStore`](crate::store::TransactionalStore)
 //!   implementations of [`SqlStore`];
-//! - [`migrate`]: the migrations' bookkeeping (`idem_migrations`);
+//! - [`migrate`]: the migrations' bookkeeping (`idem_migrations` by default);
 //! - `sqlite/`, `postgres/`, `mysql/`: each backend's SQL and its true
 //!   differences (its clock, its claim statement, how migrators are kept
 //!   apart, PostgreSQL's listener, MariaDB's snapshot errors), and its
@@ -36,6 +36,9 @@ pub use records::SqlStore;
 
 /// The default name of the records table.
 pub(crate) const DEFAULT_TABLE: &str = "idem_records";
+
+/// The default name of the table recording applied migrations.
+pub(crate) const DEFAULT_MIGRATIONS_TABLE: &str = "idem_migrations";
 
 /// A sqlx database that [`SqlStore`] keeps records in: SQLite, PostgreSQL
 /// or MySQL/MariaDB, each behind its cargo feature. Sealed: its items are

@@ -12,7 +12,7 @@ use async_trait::async_trait;
 
 use super::exec::Value;
 use super::statements::{Param, Statement, Statements};
-use super::{Backend, DEFAULT_TABLE};
+use super::{Backend, DEFAULT_MIGRATIONS_TABLE, DEFAULT_TABLE};
 use crate::error::Error;
 use crate::fingerprint::Fingerprint;
 use crate::key::{Key, Scope};
@@ -47,6 +47,8 @@ pub struct SqlStore<DB: Backend> {
     /// What the backend keeps to wake waiters in other processes
     /// (PostgreSQL's listener).
     pub(crate) wake: Arc<DB::Wake>,
+    /// The table recording applied migrations.
+    pub(crate) migrations: Arc<str>,
 }
 
 impl<DB: Backend> Clone for SqlStore<DB> {
@@ -56,6 +58,7 @@ impl<DB: Backend> Clone for SqlStore<DB> {
             sql: self.sql.clone(),
             waiters: self.waiters.clone(),
             wake: self.wake.clone(),
+            migrations: self.migrations.clone(),
         }
     }
 }
@@ -78,6 +81,7 @@ impl<DB: Backend> SqlStore<DB> {
             sql: Arc::new(DB::statements(DEFAULT_TABLE.to_owned())),
             waiters: Arc::default(),
             wake: Arc::default(),
+            migrations: Arc::from(DEFAULT_MIGRATIONS_TABLE),
         }
     }
 
@@ -90,6 +94,22 @@ impl<DB: Backend> SqlStore<DB> {
         self.waiters = Arc::default();
         self.wake = Arc::default();
         Ok(self)
+    }
+
+    /// Records applied migrations in another table than `idem_migrations`
+    /// (for example where that name is taken, or each service keeps its own
+    /// bookkeeping). The table holds one row per records table and version,
+    /// so records tables may share one; a records table must always be
+    /// migrated with the same bookkeeping table. The name follows the rule
+    /// of [`with_table_name`](Self::with_table_name).
+    pub fn with_migrations_table(mut self, table: &str) -> Result<Self, Error> {
+        self.migrations = Arc::from(validate_table_name(table)?);
+        Ok(self)
+    }
+
+    /// The table recording applied migrations.
+    pub fn migrations_table(&self) -> &str {
+        &self.migrations
     }
 
     /// The pool.
@@ -105,7 +125,9 @@ impl<DB: Backend> SqlStore<DB> {
     /// Creates or upgrades the records table. Safe to call at every start,
     /// from several processes at once: migrators are serialized (SQLite's
     /// write lock, a PostgreSQL advisory lock, a MySQL named lock), and
-    /// applied versions are recorded in `idem_migrations` and skipped.
+    /// applied versions are recorded in the bookkeeping table
+    /// (`idem_migrations`, or [`with_migrations_table`](Self::with_migrations_table))
+    /// and skipped.
     pub async fn migrate(&self) -> Result<(), Error> {
         DB::migrate(self).await
     }
@@ -373,6 +395,16 @@ impl<DB: Backend> Store for SqlStore<DB> {
     async fn get(&self, scope: &Scope, key: &Key) -> Result<Option<Record>, Error> {
         let mut conn = self.pool.acquire().await?;
         self.get_on(&mut conn, scope, key).await
+    }
+
+    async fn forget(&self, scope: &Scope, key: &Key) -> Result<bool, Error> {
+        let bound = Bound::key(scope, key);
+        let forget = &self.sql.forget;
+        let mut conn = self.pool.acquire().await?;
+        let done = DB::execute(&mut conn, &forget.sql, bound.values(forget)?).await?;
+        DB::changed_on(self, &mut conn, scope, key).await?;
+        self.waiters.wake(scope, key);
+        Ok(DB::rows_affected(&done) > 0)
     }
 
     async fn purge_expired(&self, batch: usize) -> Result<u64, Error> {

@@ -61,6 +61,8 @@ pub struct Statements {
     pub renew: Statement,
     pub complete: Statement,
     pub release: Statement,
+    /// Deletes the record whatever its state (an operator's forget).
+    pub forget: Statement,
     pub purge: Statement,
 }
 
@@ -72,6 +74,7 @@ pub struct Statements {
 /// - renew: scope, key, token, lease;
 /// - complete: outcome kind, outcome, ttl, scope, key, token;
 /// - release: scope, key, token;
+/// - forget: scope, key;
 /// - purge: batch.
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub struct Numbered {
@@ -81,6 +84,7 @@ pub struct Numbered {
     pub renew: &'static str,
     pub complete: &'static str,
     pub release: &'static str,
+    pub forget: &'static str,
     pub purge: &'static str,
 }
 
@@ -104,6 +108,7 @@ impl Numbered {
                 &[OutcomeKind, Outcome, Ttl, Scope, Key, Token],
             ),
             release: s(self.release, &[Scope, Key, Token]),
+            forget: s(self.forget, &[Scope, Key]),
             purge: s(self.purge, &[Batch]),
             table,
         }

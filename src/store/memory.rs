@@ -168,6 +168,12 @@ impl Store for MemoryStore {
         Ok(self.records().get(&Self::slot(scope, key)).cloned())
     }
 
+    async fn forget(&self, scope: &Scope, key: &Key) -> Result<bool, Error> {
+        let removed = self.records().remove(&Self::slot(scope, key)).is_some();
+        self.inner.waiters.wake(scope, key);
+        Ok(removed)
+    }
+
     async fn purge_expired(&self, batch: usize) -> Result<u64, Error> {
         let batch = batch.max(1);
         let mut total = 0u64;

@@ -22,9 +22,11 @@ pub use crate::record::BeginRequest;
 use crate::record::{Begin, Claim, Outcome, Record};
 
 mod memory;
+mod pass_through;
 mod waiters;
 
 pub use memory::MemoryStore;
+pub use pass_through::PassThroughStore;
 pub(crate) use waiters::Waiters;
 
 /// A place to keep idempotency records.
@@ -77,6 +79,17 @@ pub trait Store: Send + Sync {
 
     /// Reads the record of `(scope, key)`, live or not.
     async fn get(&self, scope: &Scope, key: &Key) -> Result<Option<Record>, Error>;
+
+    /// Deletes the record of `(scope, key)` whatever its state, so that the
+    /// next call with that key runs again: the operator's way out of a
+    /// stored mistake or a stuck record. Returns whether there was one.
+    ///
+    /// Forgetting a key in progress does not stop its body: the owner's
+    /// completion then fails with [`Error::LeaseLost`] (the record is not
+    /// its claim's any more), and a retry meanwhile may run the body a
+    /// second time. Forget a key in progress only when its owner is known
+    /// to be gone.
+    async fn forget(&self, scope: &Scope, key: &Key) -> Result<bool, Error>;
 
     /// Deletes expired records, at most `batch` per statement so that no
     /// statement holds locks for long, until none is left. Returns how many
@@ -205,6 +218,9 @@ macro_rules! forward_store {
             }
             async fn get(&self, scope: &Scope, key: &Key) -> Result<Option<Record>, Error> {
                 (**self).get(scope, key).await
+            }
+            async fn forget(&self, scope: &Scope, key: &Key) -> Result<bool, Error> {
+                (**self).forget(scope, key).await
             }
             async fn purge_expired(&self, batch: usize) -> Result<u64, Error> {
                 (**self).purge_expired(batch).await

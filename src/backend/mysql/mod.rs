@@ -81,7 +81,7 @@ const MIGRATION_LOCK: &str = "idem_migrations";
 const MIGRATION_LOCK_WAIT: i64 = 60;
 
 const BOOKKEEPING: Bookkeeping = Bookkeeping {
-    create: "CREATE TABLE IF NOT EXISTS idem_migrations (
+    create: "CREATE TABLE IF NOT EXISTS `{migrations}` (
             table_name VARCHAR(64) CHARACTER SET ascii COLLATE ascii_bin NOT NULL,
             version    BIGINT NOT NULL,
             applied_at BIGINT NOT NULL,
@@ -89,8 +89,8 @@ const BOOKKEEPING: Bookkeeping = Bookkeeping {
         ) ENGINE = InnoDB",
     exists: "SELECT COUNT(*) FROM information_schema.tables
         WHERE table_schema = DATABASE() AND table_name = '{table}'",
-    applied: "SELECT COALESCE(MAX(version), 0) FROM idem_migrations WHERE table_name = ?",
-    record: "INSERT INTO idem_migrations (table_name, version, applied_at)
+    applied: "SELECT COALESCE(MAX(version), 0) FROM `{migrations}` WHERE table_name = ?",
+    record: "INSERT INTO `{migrations}` (table_name, version, applied_at)
         VALUES (?, ?, ?) ON DUPLICATE KEY UPDATE version = version",
 };
 
@@ -153,6 +153,8 @@ const COMPLETE: &str = "UPDATE `{table}`
 const RELEASE: &str = "DELETE FROM `{table}`
     WHERE scope = ? AND `key` = ? AND claim_token = ? AND state = 'in_progress'";
 
+const FORGET: &str = "DELETE FROM `{table}` WHERE scope = ? AND `key` = ?";
+
 const PURGE: &str = "DELETE FROM `{table}` WHERE expires_at <= {now} ORDER BY expires_at LIMIT ?";
 
 use Param::*;
@@ -193,6 +195,7 @@ impl Dialect for MySql {
                 ],
             ),
             release: s(RELEASE, &[Scope, Key, Token]),
+            forget: s(FORGET, &[Scope, Key]),
             purge: s(PURGE, &[Batch]),
             table,
         }
@@ -218,9 +221,15 @@ impl Dialect for MySql {
                  {MIGRATION_LOCK_WAIT} s: another process is migrating"
             )));
         }
-        let migrated =
-            migrate::apply::<MySql>(&mut conn, &store.sql.table, &BOOKKEEPING, MIGRATIONS, |s| s)
-                .await;
+        let migrated = migrate::apply::<MySql>(
+            &mut conn,
+            &store.sql.table,
+            &store.migrations,
+            &BOOKKEEPING,
+            MIGRATIONS,
+            |s| s,
+        )
+        .await;
         // The lock is what keeps two migrators apart, so give it back even
         // when a step failed.
         let unlocked = sqlx::query("SELECT RELEASE_LOCK(?)")
@@ -305,6 +314,7 @@ mod tests {
             &s.renew,
             &s.complete,
             &s.release,
+            &s.forget,
             &s.purge,
         ] {
             assert_eq!(

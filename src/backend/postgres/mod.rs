@@ -82,15 +82,15 @@ CREATE INDEX IF NOT EXISTS "{index}" ON "{table}" (expires_at);
 ];
 
 const BOOKKEEPING: Bookkeeping = Bookkeeping {
-    create: "CREATE TABLE IF NOT EXISTS idem_migrations (
+    create: "CREATE TABLE IF NOT EXISTS \"{migrations}\" (
             table_name TEXT   NOT NULL,
             version    BIGINT NOT NULL,
             applied_at BIGINT NOT NULL,
             PRIMARY KEY (table_name, version)
         )",
     exists: r#"SELECT COUNT(*) FROM pg_class WHERE oid = to_regclass('"{table}"')"#,
-    applied: "SELECT COALESCE(MAX(version), 0) FROM idem_migrations WHERE table_name = $1",
-    record: "INSERT INTO idem_migrations (table_name, version, applied_at)
+    applied: "SELECT COALESCE(MAX(version), 0) FROM \"{migrations}\" WHERE table_name = $1",
+    record: "INSERT INTO \"{migrations}\" (table_name, version, applied_at)
         VALUES ($1, $2, $3) ON CONFLICT DO NOTHING",
 };
 
@@ -153,6 +153,8 @@ const COMPLETE: &str = r#"UPDATE "{table}"
 const RELEASE: &str = r#"DELETE FROM "{table}"
     WHERE scope = $1 AND key = $2 AND claim_token = $3 AND state = 'in_progress'"#;
 
+const FORGET: &str = r#"DELETE FROM "{table}" WHERE scope = $1 AND key = $2"#;
+
 /// Rows a claim is taking over right now are skipped, not waited for: the
 /// purge never queues behind, nor blocks, new claims.
 const PURGE: &str = r#"DELETE FROM "{table}"
@@ -179,6 +181,7 @@ impl Dialect for Postgres {
             renew: RENEW,
             complete: COMPLETE,
             release: RELEASE,
+            forget: FORGET,
             purge: PURGE,
         }
         .on(table, NOW)
@@ -196,9 +199,14 @@ impl Dialect for Postgres {
             .await?;
         let table = &store.sql.table;
         let index = index_name(table);
-        migrate::apply::<Postgres>(&mut tx, table, &BOOKKEEPING, MIGRATIONS, |sql| {
-            sql.replace("{index}", &index)
-        })
+        migrate::apply::<Postgres>(
+            &mut tx,
+            table,
+            &store.migrations,
+            &BOOKKEEPING,
+            MIGRATIONS,
+            |sql| sql.replace("{index}", &index),
+        )
         .await?;
         tx.commit().await?;
         Ok(())

@@ -68,15 +68,15 @@ CREATE INDEX IF NOT EXISTS "{table}_expires_at" ON "{table}" (expires_at);
 ];
 
 const BOOKKEEPING: Bookkeeping = Bookkeeping {
-    create: "CREATE TABLE IF NOT EXISTS idem_migrations (
+    create: "CREATE TABLE IF NOT EXISTS \"{migrations}\" (
             table_name TEXT    NOT NULL,
             version    INTEGER NOT NULL,
             applied_at INTEGER NOT NULL,
             PRIMARY KEY (table_name, version)
         )",
     exists: "SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND name = '{table}'",
-    applied: "SELECT COALESCE(MAX(version), 0) FROM idem_migrations WHERE table_name = ?1",
-    record: "INSERT OR IGNORE INTO idem_migrations (table_name, version, applied_at)
+    applied: "SELECT COALESCE(MAX(version), 0) FROM \"{migrations}\" WHERE table_name = ?1",
+    record: "INSERT OR IGNORE INTO \"{migrations}\" (table_name, version, applied_at)
         VALUES (?1, ?2, ?3)",
 };
 
@@ -124,6 +124,8 @@ const COMPLETE: &str = r#"UPDATE "{table}"
 const RELEASE: &str = r#"DELETE FROM "{table}"
     WHERE scope = ?1 AND key = ?2 AND claim_token = ?3 AND state = 'in_progress'"#;
 
+const FORGET: &str = r#"DELETE FROM "{table}" WHERE scope = ?1 AND key = ?2"#;
+
 const PURGE: &str = r#"DELETE FROM "{table}" WHERE rowid IN
     (SELECT rowid FROM "{table}" WHERE expires_at <= {now} LIMIT ?1)"#;
 
@@ -146,6 +148,7 @@ impl Dialect for Sqlite {
             renew: RENEW,
             complete: COMPLETE,
             release: RELEASE,
+            forget: FORGET,
             purge: PURGE,
         }
         .on(table, NOW)
@@ -161,8 +164,15 @@ impl Dialect for Sqlite {
         // that read first could not be upgraded while another migrator
         // writes (SQLITE_BUSY at once, whatever the busy timeout).
         let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
-        migrate::apply::<Sqlite>(&mut tx, &store.sql.table, &BOOKKEEPING, MIGRATIONS, |s| s)
-            .await?;
+        migrate::apply::<Sqlite>(
+            &mut tx,
+            &store.sql.table,
+            &store.migrations,
+            &BOOKKEEPING,
+            MIGRATIONS,
+            |s| s,
+        )
+        .await?;
         tx.commit().await?;
         Ok(())
     }

@@ -1,0 +1,205 @@
+//! What an operator (or a test suite) does beside the flow:
+//!
+//! - `Store::forget` frees a key whatever its state, on every store, and a
+//!   forgotten claim's owner cannot write over what comes next;
+//! - `with_migrations_table` keeps the migration bookkeeping where it is
+//!   told to;
+//! - `PassThroughStore` records nothing, so every call runs.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use idem::engine::{run, Call};
+use idem::{Begin, BeginRequest, ClaimToken, Error, Fingerprint, Key, Outcome, OutcomeKind};
+use idem::{MemoryStore, PassThroughStore, Scope, SqliteStore, Store};
+
+#[path = "conformance/servers.rs"]
+mod servers;
+
+use servers::{unique_table, DropTables, Server};
+
+/// Runs `key` once through the engine, counting body runs in `runs`.
+async fn charge<S: Store + ?Sized>(store: &S, key: &str, runs: &AtomicU32) -> u32 {
+    let call = Call::new("operator::charge", key, &500u32);
+    run(store, call, async {
+        Ok::<_, Error>(runs.fetch_add(1, Ordering::SeqCst) + 1)
+    })
+    .await
+    .expect("the call succeeds")
+}
+
+/// Forgetting a completed key makes the next call run again; forgetting
+/// a key nobody used says so.
+async fn forget_frees_a_completed_key<S: Store + ?Sized>(store: &S) {
+    let runs = AtomicU32::new(0);
+    let key = format!("forget-{}", std::process::id());
+    assert_eq!(charge(store, &key, &runs).await, 1);
+    assert_eq!(charge(store, &key, &runs).await, 1, "replayed, not run");
+    let scope = Scope::new("operator::charge");
+    let parsed = Key::new(key.as_str()).unwrap();
+    assert!(store.get(&scope, &parsed).await.unwrap().is_some());
+    assert!(
+        store.forget(&scope, &parsed).await.unwrap(),
+        "there was a record"
+    );
+    assert!(store.get(&scope, &parsed).await.unwrap().is_none());
+    assert_eq!(
+        charge(store, &key, &runs).await,
+        2,
+        "runs again after forget"
+    );
+    let unused = Key::new("never-used").unwrap();
+    assert!(!store.forget(&scope, &unused).await.unwrap());
+}
+
+/// A claim forgotten while its body runs cannot complete, renew or release
+/// over the claim that follows it.
+async fn forgotten_owner_cannot_write<S: Store + ?Sized>(store: &S) {
+    let scope = Scope::new("operator::stuck");
+    let key = Key::new(format!("stuck-{}", std::process::id())).unwrap();
+    let fingerprint = Fingerprint::of(&1u8).unwrap();
+    let request = |token| BeginRequest {
+        scope: &scope,
+        key: &key,
+        fingerprint: &fingerprint,
+        token,
+        lease: Duration::from_secs(30),
+        ttl: Duration::from_secs(60),
+    };
+    let Begin::Claimed(stuck) = store.begin(&request(ClaimToken::new())).await.unwrap() else {
+        panic!("the first claim is granted");
+    };
+    assert!(store.forget(&scope, &key).await.unwrap());
+    let Begin::Claimed(next) = store.begin(&request(ClaimToken::new())).await.unwrap() else {
+        panic!("a forgotten key is claimed at once, lease or not");
+    };
+    let outcome = Outcome {
+        kind: OutcomeKind::Ok,
+        body: b"1".to_vec(),
+    };
+    assert!(matches!(
+        store.complete(&stuck, &outcome).await,
+        Err(Error::LeaseLost)
+    ));
+    assert!(matches!(store.renew(&stuck).await, Err(Error::LeaseLost)));
+    assert!(matches!(store.release(&stuck).await, Err(Error::LeaseLost)));
+    store.complete(&next, &outcome).await.unwrap();
+}
+
+async fn forget_cases<S: Store + ?Sized>(store: &S) {
+    forget_frees_a_completed_key(store).await;
+    forgotten_owner_cannot_write(store).await;
+}
+
+#[tokio::test]
+async fn memory_forget() {
+    forget_cases(&MemoryStore::new()).await;
+}
+
+#[tokio::test]
+async fn sqlite_forget() {
+    forget_cases(&SqliteStore::connect("sqlite::memory:").await.unwrap()).await;
+}
+
+#[tokio::test]
+async fn postgres_forget() {
+    let (store, _db, _guard) = servers::postgres_store(4).await;
+    forget_cases(&store).await;
+}
+
+#[tokio::test]
+async fn mysql_forget() {
+    let (store, _db, _guard) = servers::mysql_store(4).await;
+    forget_cases(&store).await;
+}
+
+#[tokio::test]
+async fn sqlite_migrations_table_is_the_one_named() {
+    let store = SqliteStore::new(
+        sqlx::sqlite::SqlitePoolOptions::new()
+            .max_connections(1)
+            .connect("sqlite::memory:")
+            .await
+            .unwrap(),
+    )
+    .with_migrations_table("billing_migrations")
+    .unwrap();
+    store.migrate().await.unwrap();
+    store.migrate().await.unwrap();
+    let tables: Vec<String> =
+        sqlx::query_scalar("SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name")
+            .fetch_all(store.pool())
+            .await
+            .unwrap();
+    assert_eq!(tables, ["billing_migrations", "idem_records"]);
+    let versions: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM billing_migrations")
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
+    assert_eq!(versions, 2, "both versions recorded once");
+    assert!(SqliteStore::new(store.pool().clone())
+        .with_migrations_table("bad name")
+        .is_err());
+}
+
+#[tokio::test]
+async fn postgres_migrations_table_is_the_one_named() {
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(2)
+        .connect(&Server::Postgres.url())
+        .await
+        .expect("PostgreSQL (IDEM_POSTGRES_URL) answers");
+    let mut guard = DropTables::new(Server::Postgres);
+    let records = guard.add(unique_table("mig"));
+    let bookkeeping = guard.add(unique_table("book"));
+    let store = idem::PostgresStore::new(pool.clone())
+        .with_table_name(&records)
+        .unwrap()
+        .with_migrations_table(&bookkeeping)
+        .unwrap();
+    store.migrate().await.unwrap();
+    let recorded: i64 = sqlx::query_scalar(&format!(
+        "SELECT COUNT(*) FROM \"{bookkeeping}\" WHERE table_name = $1"
+    ))
+    .bind(&records)
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(recorded, 2);
+    let in_default: i64 = sqlx::query_scalar(
+        "SELECT COUNT(*) FROM pg_class WHERE oid = to_regclass('idem_migrations')",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    if in_default > 0 {
+        let shared: i64 =
+            sqlx::query_scalar("SELECT COUNT(*) FROM idem_migrations WHERE table_name = $1")
+                .bind(&records)
+                .fetch_one(&pool)
+                .await
+                .unwrap();
+        assert_eq!(shared, 0, "nothing recorded in the default table");
+    }
+}
+
+#[tokio::test]
+async fn pass_through_runs_every_call() {
+    let runs = AtomicU32::new(0);
+    let store = Arc::new(PassThroughStore);
+    assert_eq!(charge(&*store, "k", &runs).await, 1);
+    assert_eq!(charge(&*store, "k", &runs).await, 2);
+    let scope = Scope::new("operator::charge");
+    assert!(store
+        .get(&scope, &Key::new("k").unwrap())
+        .await
+        .unwrap()
+        .is_none());
+    // Keys are still checked: a bad key is refused before the body.
+    let refused = run(&*store, Call::new("operator::charge", "", &1u8), async {
+        Ok::<_, Error>(0u32)
+    })
+    .await;
+    assert!(matches!(refused, Err(Error::InvalidKey(_))));
+}
