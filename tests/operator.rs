@@ -4,7 +4,8 @@
 //!   forgotten claim's owner cannot write over what comes next;
 //! - `with_migrations_table` keeps the migration bookkeeping where it is
 //!   told to;
-//! - `PassThroughStore` records nothing, so every call runs.
+//! - `PassThroughStore` records nothing, so every call runs;
+//! - `examples/idem_admin.rs` inspects, forgets and purges from a URL.
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
@@ -16,6 +17,10 @@ use idem::{MemoryStore, PassThroughStore, Scope, SqliteStore, Store};
 
 #[path = "conformance/servers.rs"]
 mod servers;
+
+#[path = "../examples/idem_admin.rs"]
+#[allow(dead_code)] // its `main` is the example's, not this test's
+mod idem_admin;
 
 use servers::{unique_table, DropTables, Server};
 
@@ -202,4 +207,49 @@ async fn pass_through_runs_every_call() {
     })
     .await;
     assert!(matches!(refused, Err(Error::InvalidKey(_))));
+}
+
+#[tokio::test]
+async fn admin_inspects_forgets_and_purges_by_url() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("admin.db").display());
+    let store = SqliteStore::connect(&url).await.unwrap();
+    let runs = AtomicU32::new(0);
+    charge(&store, "order-42", &runs).await;
+    let admin = |words: &[&str]| {
+        let mut args = vec![url.clone()];
+        args.extend(words.iter().map(|w| w.to_string()));
+        async move { idem_admin::admin(&args).await }
+    };
+    let report = admin(&["inspect", "operator::charge", "order-42"])
+        .await
+        .unwrap();
+    assert!(report.contains("state        completed"), "{report}");
+    assert!(report.contains("outcome      Ok: 1"), "{report}");
+    let report = admin(&["forget", "operator::charge", "order-42"])
+        .await
+        .unwrap();
+    assert!(report.starts_with("forgot key order-42"), "{report}");
+    let report = admin(&["inspect", "operator::charge", "order-42"])
+        .await
+        .unwrap();
+    assert!(report.starts_with("no record"), "{report}");
+    assert_eq!(
+        charge(&store, "order-42", &runs).await,
+        2,
+        "the key runs again"
+    );
+    let report = admin(&["purge"]).await.unwrap();
+    assert_eq!(report, "purged 0 expired records");
+    // Mistakes are explained, never panics.
+    assert!(admin(&["inspect", "scope"])
+        .await
+        .unwrap_err()
+        .starts_with("usage"));
+    assert!(admin(&["forget", "s", "bad key"])
+        .await
+        .unwrap_err()
+        .contains("invalid key"));
+    let other = idem_admin::admin(&["redis://x".into(), "purge".into()]).await;
+    assert!(other.unwrap_err().contains("unsupported URL"));
 }
