@@ -22,6 +22,7 @@ use serde_json::Value;
 use sha2::{Digest, Sha256};
 
 use crate::error::Error;
+use crate::key::{AsKey, Key, KeyError};
 
 /// The SHA-256 digest of a canonical payload.
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
@@ -128,6 +129,39 @@ fn write_canonical(value: &Value, out: &mut Vec<u8>) -> Result<(), Error> {
         scalar => serde_json::to_writer(&mut *out, scalar)?,
     }
     Ok(())
+}
+
+/// A key derived from several fields, or from any serializable value:
+/// `sha256:` and the 64 hex digits of its canonical JSON's digest, so the
+/// same fields always give the same key, in any process, whatever the
+/// field order of a map. For a message or a command that carries no key of
+/// its own but is identified by what it holds.
+///
+/// ```
+/// use idem::{key_of, AsKey};
+///
+/// let key = key_of(&("acct-7", "2026-11", 1200)).to_key().unwrap();
+/// assert!(key.as_str().starts_with("sha256:"));
+/// assert_eq!(key, key_of(&("acct-7", "2026-11", 1200)).to_key().unwrap());
+/// // In the attribute: #[idempotent(key = idem::key_of(&(cmd.account, cmd.month)), ...)]
+/// ```
+pub fn key_of<T: Serialize + ?Sized>(value: &T) -> HashedKey {
+    HashedKey(
+        Fingerprint::of(value)
+            .map_err(|err| err.to_string())
+            .and_then(|f| Key::new(format!("sha256:{}", f.to_hex())).map_err(|e| e.to_string())),
+    )
+}
+
+/// The key [`key_of`] derived, or why the value could not be serialized
+/// (reported as [`KeyError::Unserializable`] when the key is used).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HashedKey(Result<Key, String>);
+
+impl AsKey for HashedKey {
+    fn to_key(&self) -> Result<Key, KeyError> {
+        self.0.clone().map_err(KeyError::Unserializable)
+    }
 }
 
 #[cfg(test)]

@@ -34,6 +34,10 @@ pub enum KeyError {
         /// The offending byte.
         byte: u8,
     },
+    /// A key derived from a value ([`key_of`](crate::fingerprint::key_of))
+    /// whose value could not be serialized.
+    #[error("the key's value could not be serialized: {0}")]
+    Unserializable(String),
 }
 
 impl Key {
@@ -152,6 +156,43 @@ macro_rules! integer_keys {
     )*};
 }
 integer_keys!(u8, u16, u32, u64, u128, usize, i8, i16, i32, i64, i128, isize);
+
+/// A UUID is a key in its hyphenated lowercase form
+/// (`67e55044-10b1-426f-9247-bb680e5fe0c8`).
+#[cfg(feature = "uuid")]
+#[cfg_attr(docsrs, doc(cfg(feature = "uuid")))]
+impl AsKey for uuid::Uuid {
+    fn to_key(&self) -> Result<Key, KeyError> {
+        Ok(Key(self.hyphenated().to_string()))
+    }
+}
+
+/// Any [`Display`](fmt::Display) value as a key, by its text: for your own
+/// id types, and for types of other crates that this one does not know.
+/// The text must follow the key rules (1 to 255 bytes of visible ASCII).
+///
+/// ```
+/// use idem::{AsKey, Displayed};
+///
+/// struct OrderId(u64);
+/// impl std::fmt::Display for OrderId {
+///     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+///         write!(f, "order-{}", self.0)
+///     }
+/// }
+///
+/// let key = Displayed(&OrderId(42)).to_key().unwrap();
+/// assert_eq!(key.as_str(), "order-42");
+/// // In the attribute: #[idempotent(key = idem::Displayed(&cmd.order), ...)]
+/// ```
+#[derive(Clone, Copy, Debug)]
+pub struct Displayed<T>(pub T);
+
+impl<T: fmt::Display> AsKey for Displayed<T> {
+    fn to_key(&self) -> Result<Key, KeyError> {
+        Key::new(self.0.to_string())
+    }
+}
 
 /// The longest stored form of a [`Scope`], in bytes: an operation and a
 /// principal of at most 255 bytes each, and the line feed between them. It

@@ -87,8 +87,8 @@ pub use engine::{run, run_in_transaction, Call, Codec};
 )]
 pub use entity::{is_unique_violation, Entity, EntityBind, TokenEntity};
 pub use error::Error;
-pub use fingerprint::Fingerprint;
-pub use key::{AsKey, Key, KeyError, Scope, MAX_KEY_LEN, MAX_SCOPE_LEN};
+pub use fingerprint::{key_of, Fingerprint, HashedKey};
+pub use key::{AsKey, Displayed, Key, KeyError, Scope, MAX_KEY_LEN, MAX_SCOPE_LEN};
 pub use policy::{InProgressPolicy, Policy};
 pub use record::{Begin, Claim, ClaimToken, Outcome, OutcomeKind, Record, State};
 pub use store::{BeginRequest, MemoryStore, PassThroughStore, Store, TransactionalStore};
