@@ -172,6 +172,27 @@ impl<T> Handled<T> {
 ///
 /// Cheap to share: wrap it in an `Arc`, or build it on an `Arc` or a
 /// reference to the store, for many consumer tasks.
+///
+/// ```
+/// use idem::consumer::{Deduplicator, Handled};
+/// use idem::MemoryStore;
+///
+/// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+/// let dedup = Deduplicator::new(MemoryStore::new(), "emails::welcome");
+/// let message = serde_json::json!({"user": 7});
+/// // The broker delivers the message twice: the handler runs once.
+/// for delivery in 0..2 {
+///     let handled = dedup
+///         .process("msg-7f3a", &message, async { Ok::<_, idem::Error>("sent".to_owned()) })
+///         .await
+///         .unwrap();
+///     match handled {
+///         Handled::Processed(v) => assert_eq!((delivery, v.as_str()), (0, "sent")),
+///         Handled::Duplicate(v) => assert_eq!((delivery, v.as_str()), (1, "sent")),
+///     }
+/// }
+/// # });
+/// ```
 #[derive(Clone, Debug)]
 pub struct Deduplicator<S> {
     store: S,

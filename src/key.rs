@@ -274,6 +274,38 @@ impl Scope {
     /// The same operation, narrowed to `principal` (in place of the
     /// principal it had, if any). A principal of 255 bytes or more is
     /// shortened (see [Long scopes](Scope#long-scopes)).
+    ///
+    /// Two tenants sending the same key then never see each other's
+    /// records. With the attribute, name the principal in `scope`:
+    ///
+    /// ```
+    /// use idem::{idempotent, MemoryStore, Scope};
+    /// use serde::{Deserialize, Serialize};
+    ///
+    /// #[derive(Serialize, Deserialize)]
+    /// struct Transfer { tenant: String, key: String, cents: u64 }
+    ///
+    /// struct Ledger { store: MemoryStore }
+    ///
+    /// impl Ledger {
+    ///     #[idempotent(
+    ///         key = cmd.key,
+    ///         store = self.store,
+    ///         scope = Scope::new("ledger::transfer").with_principal(&cmd.tenant),
+    ///     )]
+    ///     async fn transfer(&self, cmd: Transfer) -> Result<String, idem::Error> {
+    ///         Ok(format!("{} moved {}", cmd.tenant, cmd.cents))
+    ///     }
+    /// }
+    ///
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+    /// let ledger = Ledger { store: MemoryStore::new() };
+    /// let t = |tenant: &str| Transfer { tenant: tenant.into(), key: "k1".into(), cents: 5 };
+    /// assert_eq!(ledger.transfer(t("acme")).await.unwrap(), "acme moved 5");
+    /// // Same key, other tenant: its own record, its own run.
+    /// assert_eq!(ledger.transfer(t("globex")).await.unwrap(), "globex moved 5");
+    /// # });
+    /// ```
     pub fn with_principal(mut self, principal: impl AsRef<str>) -> Self {
         let principal = principal.as_ref();
         self.joined.truncate(self.operation_len);

@@ -136,8 +136,12 @@ pub mod __private {
 
     #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
     pub use crate::entity::{
-        run as run_entity, sqlx, Entity, EntityBind, RequestHash, TokenEntity,
+        run as run_entity, Entity, EntityBind, RequestHash, TokenEntity,
     };
+    /// The sqlx version this crate is built with, for the derive's
+    /// generated code.
+    #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
+    pub use sqlx;
 
     /// Validates the key expression's value.
     pub fn key<K: AsKey + ?Sized>(key: &K) -> Result<Key, Error> {

@@ -15,6 +15,28 @@ pub enum InProgressPolicy {
 
 /// The knobs of one idempotent operation. Defaults: records kept 24 hours,
 /// claims leased for 30 seconds, duplicates wait up to 5 seconds.
+///
+/// The attribute sets them with `ttl = "…"`, `lease = "…"`, `wait = "…"`
+/// or `fail_fast`; the engine's [`Call`](crate::Call) takes a `Policy`:
+///
+/// ```
+/// use std::time::Duration;
+/// use idem::{Call, InProgressPolicy, Policy};
+///
+/// // Keep a payment's answer a week; a duplicate answers 409 at once
+/// // instead of waiting for the first call.
+/// let policy = Policy::new()
+///     .ttl(Duration::from_secs(7 * 24 * 3600))
+///     .lease(Duration::from_secs(60))
+///     .fail_fast();
+/// assert_eq!(policy.in_progress, InProgressPolicy::FailFast);
+/// assert_eq!(policy.wait_bound(), Duration::ZERO);
+///
+/// let call = Call::new("payments::capture", "order-42", &1200u64).with_policy(policy);
+/// # let _ = call;
+/// // The same through the attribute:
+/// // #[idempotent(key = cmd.key, store = self.store, ttl = "7d", lease = "60s", fail_fast)]
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Policy {
     /// How long a record (and so the key) is kept after its claim and after

@@ -91,6 +91,28 @@ pub(crate) fn on_conflict_update<DB: Dialect>(keys: &[&str], columns: &[&str]) -
 }
 
 /// A business table, as `#[derive(idem::Entity)]` describes it.
+///
+/// ```
+/// use idem::{Entity, TokenEntity};
+///
+/// #[derive(Entity, sqlx::FromRow)]
+/// #[idem(table = "payments")]
+/// struct Payment {
+///     #[idem(token)]
+///     idempotency_token: String,
+///     amount_cents: i64,
+///     status: String,
+/// }
+///
+/// assert_eq!(<Payment as Entity>::TABLE, "payments");
+/// assert_eq!(
+///     <Payment as Entity>::COLUMNS,
+///     ["idempotency_token", "amount_cents", "status"]
+/// );
+/// assert_eq!(<Payment as TokenEntity>::TOKEN_COLUMN, "idempotency_token");
+/// // Entity mode: #[idempotent(key = cmd.key, store = self.pool, entity)]
+/// // returns the row whose token is the key, or runs once and inserts it.
+/// ```
 pub trait Entity: Sized {
     /// The table's name.
     const TABLE: &'static str;

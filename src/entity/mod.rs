@@ -124,10 +124,6 @@ use crate::key::{Key, Scope};
 use crate::metrics;
 use crate::policy::Policy;
 
-/// The sqlx version this crate is built with, for the derive's generated
-/// code.
-#[doc(hidden)]
-pub use sqlx;
 
 /// Entity mode: returns the row whose token is the call's key, or runs
 /// `body` once per token and saves the entity it produces. See the
