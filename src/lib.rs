@@ -135,9 +135,7 @@ pub mod __private {
     pub use ::core::time::Duration;
 
     #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
-    pub use crate::entity::{
-        run as run_entity, Entity, EntityBind, RequestHash, TokenEntity,
-    };
+    pub use crate::entity::{run as run_entity, Entity, EntityBind, RequestHash, TokenEntity};
     /// The sqlx version this crate is built with, for the derive's
     /// generated code.
     #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]

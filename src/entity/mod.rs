@@ -124,7 +124,6 @@ use crate::key::{Key, Scope};
 use crate::metrics;
 use crate::policy::Policy;
 
-
 /// Entity mode: returns the row whose token is the call's key, or runs
 /// `body` once per token and saves the entity it produces. See the
 /// [module documentation](self).
