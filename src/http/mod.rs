@@ -54,10 +54,26 @@
 //!
 //! **The payload.** The body is buffered, up to 2 MiB
 //! ([`body_limit`](IdempotencyLayer::body_limit)). The fingerprint is the
-//! SHA-256 of the method, the path with its query, the body bytes and the
+//! SHA-256 of the method, the path with its query, the body and the
 //! values of the headers named by
 //! [`fingerprint_headers`](IdempotencyLayer::fingerprint_headers) (none by
 //! default), framed so that no two requests hash the same bytes.
+//!
+//! A JSON body (one `Content-Type` header, `application/json` or any
+//! `type/subtype+json`, whatever its parameters) counts by its canonical
+//! JSON, the one `#[idempotent]` compares ([`crate::fingerprint`]):
+//! object members sorted by name at every depth, no whitespace, strings
+//! escaped as `serde_json` escapes them. A retry whose members come in
+//! another order, or with other whitespace, is the same payload. The
+//! fields named by [`ignore_fields`](IdempotencyLayer::ignore_fields)
+//! (JSON pointers such as `/sent_at`) are left out, so a retry in which
+//! only they differ is the same payload too. A JSON body counts by its
+//! bytes instead, as every other body does, when it is not valid JSON,
+//! nests deeper than 128 levels, or holds a number that a 64-bit float
+//! could confuse with another (one of more than 15 significant digits
+//! that is not a 64-bit integer, or of a magnitude beyond 1e±300); and
+//! with
+//! [`canonical_json(false)`](IdempotencyLayer::canonical_json).
 //!
 //! **The scope** of a key is the method plus the route
 //! (`POST /orders/{id}`). The route is the first answer of:

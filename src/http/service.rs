@@ -16,7 +16,6 @@ use tracing::Instrument;
 #[cfg(feature = "axum")]
 use super::axum::MatchedPathRoute;
 use super::config::Config;
-use super::fingerprint;
 use super::future::{CatchUnwind, Panic, ResponseFuture};
 use super::key_header::{refusal, IdempotencyKey, KeyHeaderError};
 use super::problem::{Problem, ProblemDetails};
@@ -183,11 +182,7 @@ where
     let call = Call::from_parts(
         scope,
         Ok(key),
-        Ok(fingerprint::of_request(
-            &parts,
-            &body,
-            &config.fingerprint_headers,
-        )),
+        Ok(config.fingerprint.of(&parts, &body)),
         config.policy,
     );
     let request = Request::from_parts(parts, ReqBody::from(body));
