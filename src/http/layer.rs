@@ -15,30 +15,10 @@ use super::key_header::IDEMPOTENCY_KEY;
 use super::principal::MakePrincipal;
 use super::route::MakeRoute;
 use super::service::Idempotency;
+use super::storing::stored_by_default;
 use crate::error::Error;
 use crate::policy::Policy;
 use crate::store::Store;
-
-/// Which responses are stored by default: every status below 500 except
-/// 401 Unauthorized, 407 Proxy Authentication Required, 408 Request
-/// Timeout, 409 Conflict, 425 Too Early and 429 Too Many Requests, which
-/// say "try again" (authenticated, later) rather than answer the request.
-/// 5xx responses are not stored: the key is released and a retry runs
-/// again.
-///
-/// 2xx and 4xx are the final answers the IETF draft asks to keep; 3xx are
-/// kept too, since a `303 See Other` after a POST means the POST did its
-/// work, and running it again on a retry is what the layer exists to
-/// prevent. A 401 is the answer to the credentials, not to the request: a
-/// client that authenticates again retries with the same key, and a 401
-/// is nothing without its `WWW-Authenticate` challenge, which belongs to
-/// one client and is never stored.
-#[cfg_attr(docsrs, doc(cfg(feature = "http")))]
-pub fn stored_by_default(status: StatusCode) -> bool {
-    status.as_u16() < 500
-        && !status.is_informational()
-        && !matches!(status.as_u16(), 401 | 407 | 408 | 409 | 425 | 429)
-}
 
 /// Makes the requests of a tower service (an axum `Router`, a route)
 /// idempotent by their `Idempotency-Key` header. See the
@@ -76,7 +56,8 @@ impl IdempotencyLayer {
     /// the default [`Policy`] (records kept 24 hours, claims leased for 30
     /// seconds, duplicates wait up to 5 seconds); no principal (keys global
     /// to the route); JSON bodies fingerprinted canonically, no field
-    /// ignored; responses stored as [`stored_by_default`] says.
+    /// ignored; responses stored as [`stored_by_default`] says, or when
+    /// marked [`Final`](super::Final).
     pub fn new<S: Store + 'static>(store: S) -> Self {
         IdempotencyLayer {
             store: Arc::new(store),
@@ -214,9 +195,11 @@ impl IdempotencyLayer {
         Ok(self)
     }
 
-    /// Which responses are stored and replayed; for the others the key is
-    /// released and a retry runs the request again. Default:
-    /// [`stored_by_default`].
+    /// Which responses are stored and replayed, by status, in place of
+    /// [`stored_by_default`]; for the others the key is released and a
+    /// retry runs the request again. A response that the handler marked
+    /// [`Final`](super::Final) is stored whatever this says. See the
+    /// [module documentation](super#which-responses-are-stored).
     pub fn store_status<F>(mut self, predicate: F) -> Self
     where
         F: Fn(StatusCode) -> bool + Send + Sync + 'static,
@@ -239,21 +222,5 @@ impl<S> Layer<S> for IdempotencyLayer {
 
     fn layer(&self, inner: S) -> Self::Service {
         Idempotency::from_parts(inner, self.store.clone(), Arc::new(self.config.clone()))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn default_stored_statuses() {
-        let stored = |code: u16| stored_by_default(StatusCode::from_u16(code).unwrap());
-        for code in [200, 201, 204, 303, 400, 403, 404, 410, 422] {
-            assert!(stored(code), "{code}");
-        }
-        for code in [100, 401, 407, 408, 409, 425, 429, 500, 502, 503, 504] {
-            assert!(!stored(code), "{code}");
-        }
     }
 }

@@ -7,8 +7,8 @@
 //! not depend on axum. The `axum` feature (which enables `http`, and is a
 //! default) adds axum's route templates as the scope of keys
 //! ([`MatchedPathRoute`]), an extractor for the key header
-//! ([`IdempotencyKey`]) and `IntoResponse` for the layer's answers
-//! ([`ProblemDetails`]).
+//! ([`IdempotencyKey`]), the [`Final`] mark as a response part, and
+//! `IntoResponse` for the layer's answers ([`ProblemDetails`]).
 //!
 //! ```
 //! use axum::{routing::post, Router};
@@ -106,7 +106,8 @@
 //! [`IdempotencyLayer::new`]:
 //!
 //! - first request with a key: the inner service runs; its response is
-//!   buffered whole and stored, then sent;
+//!   buffered whole and stored (unless it is one that is not stored: see
+//!   [below](#which-responses-are-stored)), then sent;
 //! - same key, same payload, after it completed: the stored response is
 //!   sent again, marked `Idempotent-Replayed: true`; the inner service does
 //!   not run;
@@ -125,11 +126,8 @@
 //! `Proxy-Authentication-Info`. A cookie or a step of an authentication
 //! exchange belongs to the client that got the first response, which still
 //! receives them; a replay may go to another client (always so when keys
-//! are global to the route). By default every status below 500 is stored
-//! except 401, 407, 408, 409, 425 and 429 ([`stored_by_default`];
-//! [`store_status`](IdempotencyLayer::store_status) changes it). For any
-//! other response the key is released, so a retry runs the request again;
-//! the response itself still goes to the client.
+//! are global to the route). Which responses are stored at all: see
+//! [below](#which-responses-are-stored).
 //!
 //! **Answers of the layer's own**, each an RFC 9457
 //! `application/problem+json` document with `type`, `title`, `status` and
@@ -166,6 +164,81 @@
 //!
 //! The store can be any [`Store`](crate::Store); it is shared by every
 //! service the layer makes.
+//!
+//! # Which responses are stored
+//!
+//! A result is stored only once the request ran: as with Stripe, a
+//! request refused as it was sent (no `Content-Type`, malformed JSON, a
+//! failed validation) leaves no record, so the client may correct it and
+//! send it again with the same key, and that request runs. The layer
+//! decides by the first row that matches the inner service's response:
+//!
+//! | response | stored and replayed | why |
+//! |---|---|---|
+//! | marked [`Final`] by the handler, any status | yes | the handler says that the request ran and this is its answer (a `402` declined card, a `422` from a business rule) |
+//! | 2xx | yes | the request ran |
+//! | 3xx | yes | a `303 See Other` after a POST means the POST did its work |
+//! | 400, 403, 404, 405, 406, 411, 412, 413, 414, 415, 417, 421, 422, 426, 428, 431 | no | the request was not acceptable as sent, and did not run. axum's extractor rejections are among them: `415` for a JSON body without `Content-Type`, `400` for malformed JSON, `422` for JSON of the wrong shape, `413` for a body over axum's limit, `400` for a bad path or query |
+//! | 401, 407 | no | the answer to the credentials, not to the request: the client authenticates and retries with the same key (and a 401 is nothing without its `WWW-Authenticate` challenge, which belongs to one client and is never stored) |
+//! | 408, 409, 425, 429 | no | "try again later" |
+//! | every other 4xx (402, 410, 424, 451, ...) | yes | the answer of a request that ran |
+//! | 1xx, 5xx | no | not a final answer; the server failed, and a retry runs again |
+//!
+//! A response that is not stored still goes to the client; the key is
+//! released, so the next request with it runs, whatever its payload (the
+//! refused one was never recorded). The rows by status are
+//! [`stored_by_default`]; [`store_status`](IdempotencyLayer::store_status)
+//! replaces them with a predicate of its own, and the [`Final`] row stays
+//! first. A handler whose refusal is the outcome of work it did (a `422`
+//! once its business rule ran) marks the response [`Final`]:
+//!
+//! ```
+//! use axum::http::StatusCode;
+//! use axum::response::IntoResponse;
+//! use axum::{routing::post, Json, Router};
+//! use idem::http::{Final, IdempotencyLayer};
+//! use idem::MemoryStore;
+//! use serde_json::Value;
+//! use tower::ServiceExt;
+//!
+//! async fn create_order(Json(order): Json<Value>) -> impl IntoResponse {
+//!     if order["quantity"].as_u64() > Some(10) {
+//!         // The stock was checked: the same answer for every retry.
+//!         return (StatusCode::UNPROCESSABLE_ENTITY, Final, "out of stock").into_response();
+//!     }
+//!     (StatusCode::CREATED, "created").into_response()
+//! }
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() {
+//! let app = Router::new()
+//!     .route("/orders", post(create_order))
+//!     .layer(IdempotencyLayer::new(MemoryStore::new()));
+//! let send = |key: &str, content_type: Option<&str>, body: &'static str| {
+//!     let mut request = http::Request::post("/orders").header("Idempotency-Key", key);
+//!     if let Some(content_type) = content_type {
+//!         request = request.header("Content-Type", content_type);
+//!     }
+//!     app.clone().oneshot(request.body(axum::body::Body::from(body)).unwrap())
+//! };
+//! let replayed = |response: &http::Response<_>| response.headers().contains_key("idempotent-replayed");
+//!
+//! // Sent without its Content-Type: axum's 415, not stored...
+//! let refused = send("k1", None, r#"{"quantity": 2}"#).await.unwrap();
+//! assert_eq!(refused.status(), StatusCode::UNSUPPORTED_MEDIA_TYPE);
+//! // ...so the corrected request, with the same key, runs.
+//! let created = send("k1", Some("application/json"), r#"{"quantity": 2}"#).await.unwrap();
+//! assert_eq!(created.status(), StatusCode::CREATED);
+//! assert!(!replayed(&created));
+//!
+//! // A final 422 is stored: its retry is a replay.
+//! let json = Some("application/json");
+//! let out = send("k2", json, r#"{"quantity": 50}"#).await.unwrap();
+//! assert_eq!(out.status(), StatusCode::UNPROCESSABLE_ENTITY);
+//! let again = send("k2", json, r#"{"quantity": 50}"#).await.unwrap();
+//! assert!(replayed(&again));
+//! # }
+//! ```
 //!
 //! # The contract outside the layer
 //!
@@ -223,13 +296,15 @@ mod problem;
 mod route;
 mod service;
 mod stored;
+mod storing;
 
 #[cfg(feature = "axum")]
 pub use self::axum::MatchedPathRoute;
 pub use future::ResponseFuture;
 pub use key_header::{IdempotencyKey, KeyHeaderError};
-pub use layer::{stored_by_default, IdempotencyLayer};
+pub use layer::IdempotencyLayer;
 pub use principal::MakePrincipal;
 pub use problem::{Problem, ProblemDetails};
 pub use route::{MakeRoute, RequestPath};
 pub use service::Idempotency;
+pub use storing::{stored_by_default, Final};

@@ -22,6 +22,7 @@ use super::problem::{Problem, ProblemDetails};
 #[cfg(feature = "axum")]
 use super::route::MakeRoute;
 use super::stored::{ResponseCodec, StoredResponse};
+use super::storing::is_stored;
 use crate::engine::{run, Call};
 use crate::error::Error;
 use crate::key::{Key, Scope};
@@ -232,8 +233,9 @@ enum Failure<E> {
     /// The engine answered instead of the body (key reused, in progress,
     /// store trouble).
     Idem(Error),
-    /// The response is not to be stored (a 5xx by default): the key is
-    /// released and the response still goes to the client.
+    /// The response is not to be stored (a 5xx, a refused request, by
+    /// default): the key is released and the response still goes to the
+    /// client.
     NotStored(Response<Bytes>),
     /// The inner service failed.
     Inner(E),
@@ -284,7 +286,7 @@ where
             Err(err) => return Err(Failure::ResponseBody(err.into())),
         };
         let response = Response::from_parts(parts, bytes);
-        if !(config.store_status)(response.status()) {
+        if !is_stored(&response, &*config.store_status) {
             return Err(Failure::NotStored(response));
         }
         let stored = StoredResponse::new(
