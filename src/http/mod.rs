@@ -6,9 +6,10 @@
 //! requests and responses (axum, hyper with tower, tonic's HTTP): it does
 //! not depend on axum. The `axum` feature (which enables `http`, and is a
 //! default) adds axum's route templates as the scope of keys
-//! ([`MatchedPathRoute`]), an extractor for the key header
-//! ([`IdempotencyKey`]), the [`Final`] mark as a response part, and
-//! `IntoResponse` for the layer's answers ([`ProblemDetails`]).
+//! ([`MatchedPathRoute`]), extractors for the key and the principal that
+//! the layer checked ([`IdempotencyKey`], [`Principal`]), the [`Final`]
+//! mark as a response part, and `IntoResponse` for the layer's answers
+//! ([`ProblemDetails`]).
 //!
 //! ```
 //! use axum::{routing::post, Router};
@@ -240,6 +241,49 @@
 //! # }
 //! ```
 //!
+//! # What the handler sees
+//!
+//! The layer puts what it checked in the request's extensions: the key
+//! ([`IdempotencyKey`]) and, with a
+//! [`principal`](IdempotencyLayer::principal) extractor, the principal
+//! it found ([`Principal`]). With the `axum` feature both are
+//! extractors: behind the layer, `IdempotencyKey` is the key the layer
+//! checked, from whatever header it reads, without parsing it again;
+//! `Principal` is the layer's principal (`Option<Principal>` where there
+//! may be none). A handler that also runs an `#[idempotent]` function, a
+//! second line of defence, passes it that key (and narrows its scope to
+//! that principal), so both lines guard the same key. Give that function
+//! a scope of its own (its default, or any `scope` but the layer's
+//! `METHOD /route`): the layer holds the claim of its own scope while the
+//! handler runs.
+//!
+//! ```
+//! use axum::{routing::post, Router};
+//! use http::header::HeaderName;
+//! use idem::http::{IdempotencyKey, IdempotencyLayer};
+//! use idem::MemoryStore;
+//! use tower::ServiceExt;
+//!
+//! async fn create_order(key: IdempotencyKey) -> String {
+//!     format!("order {key}")
+//! }
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() {
+//! let app = Router::new().route("/orders", post(create_order)).layer(
+//!     IdempotencyLayer::new(MemoryStore::new())
+//!         .with_header_name(HeaderName::from_static("x-request-key")),
+//! );
+//! let request = http::Request::post("/orders")
+//!     .header("x-request-key", "\"o-17\"")
+//!     .body(axum::body::Body::empty())
+//!     .unwrap();
+//! let response = app.oneshot(request).await.unwrap();
+//! let body = axum::body::to_bytes(response.into_body(), 1024).await.unwrap();
+//! assert_eq!(body, "order o-17");
+//! # }
+//! ```
+//!
 //! # The contract outside the layer
 //!
 //! A handler that reads the key itself, or calls the engine itself
@@ -248,8 +292,9 @@
 //!
 //! - [`IdempotencyKey`] reads the key header as the layer does
 //!   ([`from_headers`](IdempotencyKey::from_headers)), and as an axum
-//!   extractor refuses a request without a valid key with the layer's
-//!   own 400; a [`KeyHeaderError`] converts into that answer;
+//!   extractor (where no layer checked the key before it) refuses a
+//!   request without a valid key with the layer's own 400; a
+//!   [`KeyHeaderError`] converts into that answer;
 //! - `ProblemDetails::from(&error)` answers an [`Error`](crate::Error) of
 //!   the engine as the layer does: 422 for a reused key, 409 with
 //!   `Retry-After` while the first call runs, 503 with `Retry-After` when
@@ -303,7 +348,7 @@ pub use self::axum::MatchedPathRoute;
 pub use future::ResponseFuture;
 pub use key_header::{IdempotencyKey, KeyHeaderError};
 pub use layer::IdempotencyLayer;
-pub use principal::MakePrincipal;
+pub use principal::{MakePrincipal, Principal};
 pub use problem::{Problem, ProblemDetails};
 pub use route::{MakeRoute, RequestPath};
 pub use service::Idempotency;

@@ -18,6 +18,7 @@ use super::axum::MatchedPathRoute;
 use super::config::Config;
 use super::future::{CatchUnwind, Panic, ResponseFuture};
 use super::key_header::{refusal, IdempotencyKey, KeyHeaderError};
+use super::principal::Principal;
 use super::problem::{Problem, ProblemDetails};
 #[cfg(feature = "axum")]
 use super::route::MakeRoute;
@@ -106,7 +107,7 @@ where
             return ResponseFuture::new(self.inner.call(request));
         }
         let key = match IdempotencyKey::from_headers_named(request.headers(), &self.config.header) {
-            Ok(key) => key.into_key(),
+            Ok(key) => key,
             Err(KeyHeaderError::Missing) if !self.config.require_key => {
                 return ResponseFuture::new(self.inner.call(request));
             }
@@ -114,12 +115,25 @@ where
                 return answer(refusal(err, request.method(), &self.config.header).into());
             }
         };
-        let (parts, body) = request.into_parts();
-        let Some(scope) = scope(&self.config, &parts) else {
-            let detail = "this request has no principal to scope its idempotency key to: \
-                          it must be authenticated; it was not processed";
-            return answer(ProblemDetails::new(Problem::MissingPrincipal, detail).into());
+        let (mut parts, body) = request.into_parts();
+        let principal = match &self.config.principal {
+            None => None,
+            Some(make) => match make.make_principal(&parts) {
+                Some(principal) => Some(principal),
+                None => {
+                    let detail = "this request has no principal to scope its idempotency key to: \
+                                  it must be authenticated; it was not processed";
+                    return answer(ProblemDetails::new(Problem::MissingPrincipal, detail).into());
+                }
+            },
         };
+        let scope = scope(&self.config, &parts, principal.as_deref());
+        // What the layer checked, for the handler's extractors.
+        parts.extensions.insert(key.clone());
+        if let Some(principal) = principal {
+            parts.extensions.insert(Principal::new(principal));
+        }
+        let key = key.into_key();
         let request = Request::from_parts(parts, body);
         // The service polled ready is the one that must be called; leave a
         // fresh clone in its place.
@@ -204,14 +218,15 @@ where
     respond(ran)
 }
 
-/// The operation of a request: method and route, narrowed to the principal.
-/// `None` when the layer has a principal extractor and it finds none: the
-/// request is refused rather than given a scope wider than its principal's.
-fn scope(config: &Config, parts: &Parts) -> Option<Scope> {
+/// The operation of a request: method and route, narrowed to the principal
+/// if the layer found one. (A layer with a principal extractor that finds
+/// none refuses the request before, rather than give it a scope wider than
+/// its principal's.)
+fn scope(config: &Config, parts: &Parts, principal: Option<&str>) -> Scope {
     let scope = Scope::new(format!("{} {}", parts.method, route(config, parts)));
-    match &config.principal {
-        None => Some(scope),
-        Some(make) => Some(scope.with_principal(make.make_principal(parts)?)),
+    match principal {
+        None => scope,
+        Some(principal) => scope.with_principal(principal),
     }
 }
 
