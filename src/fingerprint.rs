@@ -100,7 +100,9 @@ impl fmt::Debug for Fingerprint {
     }
 }
 
-fn write_canonical(value: &Value, out: &mut Vec<u8>) -> Result<(), Error> {
+/// Writes `value`'s canonical JSON text (see the module documentation) to
+/// `out`.
+pub(crate) fn write_canonical(value: &Value, out: &mut Vec<u8>) -> Result<(), Error> {
     match value {
         Value::Object(map) => {
             let mut entries: Vec<(&String, &Value)> = map.iter().collect();

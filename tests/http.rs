@@ -569,7 +569,7 @@ async fn server_error_released_then_retried<S: Backend>(store: S) {
 async fn stored_statuses_follow_the_policy<S: Backend>(store: S) {
     let (server, seen) = serve(IdempotencyLayer::new(store)).await;
     // Final answers are stored and replayed.
-    for code in [200u16, 303, 404, 422] {
+    for code in [200u16, 303, 402, 410] {
         let key = fresh_key();
         let path = format!("/status/{code}");
         let before = seen.runs();
@@ -580,9 +580,9 @@ async fn stored_statuses_follow_the_policy<S: Backend>(store: S) {
         }
         assert_eq!(seen.runs(), before + 1, "{code}");
     }
-    // "Try again" answers (authenticated, later) and server errors release
-    // the key.
-    for code in [401u16, 407, 408, 409, 425, 429, 503] {
+    // Refusals of the request as sent, "try again" answers (authenticated,
+    // later) and server errors release the key.
+    for code in [400u16, 404, 422, 401, 407, 408, 409, 425, 429, 503] {
         let key = fresh_key();
         let path = format!("/status/{code}");
         let before = seen.runs();

@@ -11,6 +11,7 @@
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
+use idem::http::Final;
 use serde::Serialize;
 
 use super::model::Payment;
@@ -37,15 +38,17 @@ pub fn problem(status: StatusCode, slug: &str, title: &str, detail: impl Into<St
     problem_with(status, slug, title, detail.into(), None)
 }
 
-/// The 402 answering a declined card: stored and replayed like a success.
+/// The 402 answering a declined card: the outcome of a charge, marked
+/// [`Final`] so that the idempotency layer stores and replays it like a
+/// success, whatever statuses it stores by itself.
 pub fn declined(payment: &Payment) -> Response {
-    problem_with(
+    Final::mark(problem_with(
         StatusCode::PAYMENT_REQUIRED,
         "card-declined",
         "Card declined",
         format!("the card {} was declined", payment.card),
         Some(payment),
-    )
+    ))
 }
 
 pub fn not_found(detail: &str) -> Response {

@@ -8,15 +8,21 @@
 //!    under the key first, and charge only when there is none; the
 //!    `payments` table holds the key in a UNIQUE column, so the charge and
 //!    its row are one outcome, stored once.
-//! 2. [`create_payment`], its handler, reads the key with the library's
-//!    [`IdempotencyKey`] extractor and answers the operation's idempotency
-//!    errors (a key reused with another body, a duplicate still running)
-//!    exactly as the HTTP layer does, with [`ProblemDetails`].
+//! 2. [`create_payment`], its handler, takes the key with the library's
+//!    [`IdempotencyKey`] extractor (behind the layer, the key the layer
+//!    checked; without it, the header read as the layer reads it), passes
+//!    that same key to the operation, and answers the operation's
+//!    idempotency errors (a key reused with another body, a duplicate
+//!    still running) exactly as the HTTP layer does, with
+//!    [`ProblemDetails`].
 //! 3. [`idempotency_layer`] is that HTTP layer, which [`app`](super::app)
 //!    puts in front of the routes: a retry gets the first response back,
 //!    marked `Idempotent-Replayed: true`, without running the handler; a
 //!    duplicate that arrives while the first request runs waits for its
-//!    response; a key reused with another body is refused (422).
+//!    response; a key reused with another body is refused (422). A
+//!    request refused as sent (400) is not stored, so the client may fix
+//!    it and send it again with the same key; the declined card's 402 is
+//!    marked final and stored.
 //!
 //! Started with `--no-http-layer`, the app runs without the layer, and the
 //! operation alone still charges once per key.
@@ -29,7 +35,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use idem::entity::EntityDatabase;
-use idem::http::{stored_by_default, IdempotencyKey, IdempotencyLayer, ProblemDetails};
+use idem::http::{IdempotencyKey, IdempotencyLayer, ProblemDetails};
 use idem::{idempotent, Store};
 use sqlx::Pool;
 
@@ -119,8 +125,9 @@ impl IntoResponse for ServiceError {
 }
 
 /// `POST /payments`: 201 with the payment, 402 when the card is declined.
-/// A request without a valid `Idempotency-Key` is refused by the extractor
-/// with the layer's 400.
+/// `key` is the key the layer checked; without the layer
+/// (`--no-http-layer`), the extractor reads the header and refuses a
+/// request without a valid key with the layer's 400.
 pub async fn create_payment(
     State(app): State<Arc<App>>,
     key: IdempotencyKey,
@@ -152,16 +159,10 @@ pub async fn create_payment(
 }
 
 /// The idempotency layer on the JSON API: `Idempotency-Key` required on
-/// POST and PATCH, records in `store` (the app's database).
+/// POST and PATCH, records in `store` (the app's database). Its defaults
+/// store the final answers (201, the 402 of a declined card) and not a
+/// refused request (400, 401), which did not run: as with Stripe, a client
+/// may fix its request and send it again with the same key.
 pub fn idempotency_layer(store: Arc<dyn Store>) -> IdempotencyLayer {
-    IdempotencyLayer::new(store).store_status(final_answer)
-}
-
-/// The responses the layer stores and replays: the final answers (201,
-/// 402, ...), but not a refused request (400, 401), which did not start
-/// executing. As with Stripe, a client may then fix its request and send
-/// it again with the same key.
-pub fn final_answer(status: StatusCode) -> bool {
-    stored_by_default(status)
-        && !matches!(status, StatusCode::BAD_REQUEST | StatusCode::UNAUTHORIZED)
+    IdempotencyLayer::new(store)
 }

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use ::http::header::HeaderName;
 use ::http::{Method, StatusCode};
 
+use super::fingerprint::RequestFingerprint;
 use super::principal::MakePrincipal;
 use super::route::MakeRoute;
 use crate::policy::Policy;
@@ -23,7 +24,7 @@ pub(crate) struct Config {
     pub(crate) policy: Policy,
     pub(crate) principal: Option<Arc<dyn MakePrincipal>>,
     pub(crate) route: Option<Arc<dyn MakeRoute>>,
-    pub(crate) fingerprint_headers: Vec<HeaderName>,
+    pub(crate) fingerprint: RequestFingerprint,
     pub(crate) store_status: Arc<StatusFn>,
 }
 
@@ -37,7 +38,7 @@ impl fmt::Debug for Config {
             .field("policy", &self.policy)
             .field("principal", &self.principal.is_some())
             .field("route", &self.route.is_some())
-            .field("fingerprint_headers", &self.fingerprint_headers)
+            .field("fingerprint", &self.fingerprint)
             .finish_non_exhaustive()
     }
 }

@@ -1,42 +1,272 @@
-//! The fingerprint of an HTTP request.
+//! The fingerprint of an HTTP request: [`RequestFingerprint`].
 //!
 //! SHA-256 over a framed sequence, so that no two different requests write
 //! the same bytes: a tag, then the method, the path with its query, the body,
 //! and for each fingerprinted header (sorted by name) its name, its number of
 //! values and each value in order. Every field is its length as a big-endian
 //! `u64` followed by its bytes.
+//!
+//! The body field is the body's bytes, under the tag
+//! `idem-http-request-v1`; or, for a JSON body, its canonical JSON text
+//! (the library's, [`crate::fingerprint`]) with the ignored fields
+//! removed, under the tag `idem-http-request-v1-json`. The tags keep the
+//! two forms apart, and a raw body hashes as it always did.
+//!
+//! A JSON body is written canonically only when that cannot make two
+//! different bodies equal. A JSON value holds a number as a 64-bit integer
+//! or as an `f64`, which would merge `100000000000000000001` with
+//! `100000000000000000000`; so each number of the body must be an integer
+//! of 64 bits, or a decimal of at most 15 significant digits (which an
+//! `f64` keeps apart from every other) between 1e-300 and 1e300 in
+//! magnitude. A body with another number is hashed raw.
 
-use ::http::header::HeaderName;
+use ::http::header::{self, HeaderMap, HeaderName};
 use ::http::request::Parts;
+use serde_json::Value;
 use sha2::{Digest, Sha256};
 
-use crate::fingerprint::Fingerprint;
+use crate::error::Error;
+use crate::fingerprint::{write_canonical, Fingerprint};
 
 const TAG: &[u8] = b"idem-http-request-v1";
+const TAG_JSON: &[u8] = b"idem-http-request-v1-json";
+
+/// What the fingerprint of a request covers, as the layer was configured.
+#[derive(Clone, Debug)]
+pub(crate) struct RequestFingerprint {
+    /// Fingerprinted headers, sorted by name, without duplicates.
+    headers: Vec<HeaderName>,
+    /// Whether JSON bodies are written canonically.
+    canonical_json: bool,
+    /// JSON pointers of the fields left out of a JSON body, each checked.
+    ignored_fields: Vec<String>,
+}
+
+impl Default for RequestFingerprint {
+    fn default() -> Self {
+        RequestFingerprint {
+            headers: Vec::new(),
+            canonical_json: true,
+            ignored_fields: Vec::new(),
+        }
+    }
+}
+
+impl RequestFingerprint {
+    pub(crate) fn set_headers(&mut self, names: impl IntoIterator<Item = HeaderName>) {
+        let mut names: Vec<HeaderName> = names.into_iter().collect();
+        names.sort_unstable_by(|a, b| a.as_str().cmp(b.as_str()));
+        names.dedup();
+        self.headers = names;
+    }
+
+    pub(crate) fn set_canonical_json(&mut self, canonical: bool) {
+        self.canonical_json = canonical;
+    }
+
+    /// Sets the ignored fields, refusing the first that is not a JSON
+    /// pointer to a field (RFC 6901, and not the whole document).
+    pub(crate) fn set_ignored_fields<I, P>(&mut self, pointers: I) -> Result<(), Error>
+    where
+        I: IntoIterator<Item = P>,
+        P: Into<String>,
+    {
+        let pointers = pointers
+            .into_iter()
+            .map(|pointer| {
+                let pointer = pointer.into();
+                check_pointer(&pointer).map(|()| pointer)
+            })
+            .collect::<Result<_, _>>()?;
+        self.ignored_fields = pointers;
+        Ok(())
+    }
+
+    /// The fingerprint of a request with `parts` and `body`.
+    pub(crate) fn of(&self, parts: &Parts, body: &[u8]) -> Fingerprint {
+        let canonical = self.canonical_body(&parts.headers, body);
+        let (tag, body) = match &canonical {
+            Some(json) => (TAG_JSON, json.as_slice()),
+            None => (TAG, body),
+        };
+        let mut hasher = Sha256::new();
+        field(&mut hasher, tag);
+        field(&mut hasher, parts.method.as_str().as_bytes());
+        let target = parts.uri.path_and_query().map_or("/", |p| p.as_str());
+        field(&mut hasher, target.as_bytes());
+        field(&mut hasher, body);
+        for name in &self.headers {
+            field(&mut hasher, name.as_str().as_bytes());
+            let values = parts.headers.get_all(name);
+            hasher.update((values.iter().count() as u64).to_be_bytes());
+            for value in values {
+                field(&mut hasher, value.as_bytes());
+            }
+        }
+        Fingerprint::from_digest(hasher.finalize().into())
+    }
+
+    /// The canonical JSON text of `body` without the ignored fields, when
+    /// the request says it is JSON, it is, and its numbers are exact;
+    /// `None` to hash the bytes.
+    fn canonical_body(&self, headers: &HeaderMap, body: &[u8]) -> Option<Vec<u8>> {
+        if !self.canonical_json || !is_json(headers) {
+            return None;
+        }
+        // serde_json refuses nesting over 128 levels: the walks below are
+        // bounded.
+        let mut value: Value = serde_json::from_slice(body).ok()?;
+        if !numbers_are_exact(body) {
+            return None;
+        }
+        for pointer in &self.ignored_fields {
+            remove(&mut value, pointer);
+        }
+        let mut out = Vec::with_capacity(body.len());
+        write_canonical(&value, &mut out).ok()?;
+        Some(out)
+    }
+}
 
 fn field(hasher: &mut Sha256, bytes: &[u8]) {
     hasher.update((bytes.len() as u64).to_be_bytes());
     hasher.update(bytes);
 }
 
-/// The fingerprint of a request with `parts` and `body`, including the
-/// values of `headers` (sorted and without duplicates).
-pub(crate) fn of_request(parts: &Parts, body: &[u8], headers: &[HeaderName]) -> Fingerprint {
-    let mut hasher = Sha256::new();
-    field(&mut hasher, TAG);
-    field(&mut hasher, parts.method.as_str().as_bytes());
-    let target = parts.uri.path_and_query().map_or("/", |p| p.as_str());
-    field(&mut hasher, target.as_bytes());
-    field(&mut hasher, body);
-    for name in headers {
-        field(&mut hasher, name.as_str().as_bytes());
-        let values = parts.headers.get_all(name);
-        hasher.update((values.iter().count() as u64).to_be_bytes());
-        for value in values {
-            field(&mut hasher, value.as_bytes());
+/// Whether the request has one `Content-Type`, of a JSON media type:
+/// `application/json` or any `type/subtype+json`, whatever its parameters
+/// and case.
+fn is_json(headers: &HeaderMap) -> bool {
+    let mut values = headers.get_all(header::CONTENT_TYPE).iter();
+    let (Some(value), None) = (values.next(), values.next()) else {
+        return false;
+    };
+    let Ok(value) = value.to_str() else {
+        return false;
+    };
+    let essence = value.split(';').next().unwrap_or_default().trim();
+    let Some((kind, subtype)) = essence.split_once('/') else {
+        return false;
+    };
+    let suffixed = subtype.len() > 5
+        && subtype
+            .get(subtype.len() - 5..)
+            .is_some_and(|suffix| suffix.eq_ignore_ascii_case("+json"));
+    !kind.is_empty()
+        && (suffixed
+            || kind.eq_ignore_ascii_case("application") && subtype.eq_ignore_ascii_case("json"))
+}
+
+/// A JSON pointer (RFC 6901) to a field: `/` then tokens separated by
+/// `/`, in which `~` only starts `~0` (a `~`) or `~1` (a `/`).
+fn check_pointer(pointer: &str) -> Result<(), Error> {
+    let refuse = |why: &str| {
+        Err(Error::Config(format!(
+            "`{pointer}` is not a JSON pointer to a field: {why}"
+        )))
+    };
+    if !pointer.starts_with('/') {
+        return refuse("it must start with `/`, as in `/timestamp`");
+    }
+    let mut chars = pointer.chars();
+    while let Some(c) = chars.next() {
+        if c == '~' && !matches!(chars.next(), Some('0' | '1')) {
+            return refuse("`~` must be followed by `0` (for `~`) or `1` (for `/`)");
         }
     }
-    Fingerprint::from_digest(hasher.finalize().into())
+    Ok(())
+}
+
+/// Leaves the field at `pointer` out of `value`: a member is removed from
+/// its object, an element of an array becomes `null` (the others keep
+/// their places). Nothing happens when there is no such field.
+fn remove(value: &mut Value, pointer: &str) {
+    let Some((parent, last)) = pointer.rsplit_once('/') else {
+        return;
+    };
+    match value.pointer_mut(parent) {
+        Some(Value::Object(members)) => {
+            members.remove(&last.replace("~1", "/").replace("~0", "~"));
+        }
+        Some(Value::Array(items)) => {
+            // RFC 6901's array index: digits, without a leading zero.
+            let index = (last == "0" || !last.starts_with(['0', '+']))
+                .then(|| last.parse::<usize>().ok())
+                .flatten();
+            if let Some(item) = index.and_then(|i| items.get_mut(i)) {
+                *item = Value::Null;
+            }
+        }
+        _ => {}
+    }
+}
+
+/// Whether every number of `json`, which is valid JSON text, is one that a
+/// `serde_json::Value` keeps apart from every other number: see the
+/// module documentation.
+fn numbers_are_exact(json: &[u8]) -> bool {
+    let mut rest = json;
+    while let Some((&first, tail)) = rest.split_first() {
+        rest = match first {
+            b'"' => after_string(tail),
+            b'-' | b'0'..=b'9' => {
+                let len = rest
+                    .iter()
+                    .position(|b| !matches!(b, b'0'..=b'9' | b'-' | b'+' | b'.' | b'e' | b'E'))
+                    .unwrap_or(rest.len());
+                let (number, tail) = rest.split_at(len);
+                if !number_is_exact(number) {
+                    return false;
+                }
+                tail
+            }
+            _ => tail,
+        };
+    }
+    true
+}
+
+/// What follows the string whose opening quote precedes `string`.
+fn after_string(string: &[u8]) -> &[u8] {
+    let mut i = 0;
+    while let Some(&b) = string.get(i) {
+        match b {
+            b'\\' => i += 2,
+            b'"' => return string.get(i + 1..).unwrap_or_default(),
+            _ => i += 1,
+        }
+    }
+    &[]
+}
+
+/// Whether one JSON number (its text) is an integer of 64 bits, or a
+/// decimal of at most 15 significant digits whose magnitude is between
+/// 1e-300 and 1e300 (or zero).
+fn number_is_exact(number: &[u8]) -> bool {
+    // JSON numbers are ASCII.
+    let Ok(text) = std::str::from_utf8(number) else {
+        return false;
+    };
+    if text.parse::<i64>().is_ok() || text.parse::<u64>().is_ok() {
+        return true;
+    }
+    let unsigned = text.strip_prefix('-').unwrap_or(text);
+    let (mantissa, exponent) = match unsigned.split_once(['e', 'E']) {
+        Some((mantissa, exponent)) => match exponent.parse::<i32>() {
+            Ok(exponent) => (mantissa, i64::from(exponent)),
+            Err(_) => return false,
+        },
+        None => (unsigned, 0),
+    };
+    let (int, frac) = mantissa.split_once('.').unwrap_or((mantissa, ""));
+    let digits = || int.bytes().chain(frac.bytes());
+    let Some(first) = digits().position(|d| d != b'0') else {
+        return true; // zero
+    };
+    let last = digits().count() - 1 - digits().rev().position(|d| d != b'0').unwrap_or(0);
+    // The power of ten of the first significant digit.
+    let magnitude = exponent + int.len() as i64 - 1 - first as i64;
+    last - first < 15 && (-300..=300).contains(&magnitude)
 }
 
 #[cfg(test)]
@@ -44,13 +274,27 @@ mod tests {
     use super::*;
     use ::http::Request;
 
-    fn fp(method: &str, uri: &str, body: &[u8], headers: &[(&str, &str)]) -> Fingerprint {
+    fn parts(method: &str, uri: &str, headers: &[(&str, &str)]) -> Parts {
         let mut request = Request::builder().method(method).uri(uri);
         for (name, value) in headers {
             request = request.header(*name, *value);
         }
-        let (parts, ()) = request.body(()).unwrap().into_parts();
-        of_request(&parts, body, &[HeaderName::from_static("content-type")])
+        request.body(()).unwrap().into_parts().0
+    }
+
+    fn with_content_type() -> RequestFingerprint {
+        let mut fingerprint = RequestFingerprint::default();
+        fingerprint.set_headers([header::CONTENT_TYPE]);
+        fingerprint
+    }
+
+    fn fp(method: &str, uri: &str, body: &[u8], headers: &[(&str, &str)]) -> Fingerprint {
+        with_content_type().of(&parts(method, uri, headers), body)
+    }
+
+    fn json(fingerprint: &RequestFingerprint, body: &str) -> Fingerprint {
+        let parts = parts("POST", "/orders", &[("content-type", "application/json")]);
+        fingerprint.of(&parts, body.as_bytes())
     }
 
     #[test]
@@ -85,5 +329,216 @@ mod tests {
                 &[("content-type", "a"), ("content-type", "b")]
             )
         );
+    }
+
+    /// A raw body hashes as it did before JSON bodies were canonical, so
+    /// a request sent before an upgrade still matches its retry after it.
+    #[test]
+    fn raw_bodies_keep_their_digest() {
+        let parts = parts("POST", "/orders", &[]);
+        let mut hasher = Sha256::new();
+        for bytes in [TAG, b"POST", b"/orders", b"2 apples"] {
+            field(&mut hasher, bytes);
+        }
+        let digest: [u8; 32] = hasher.finalize().into();
+        assert_eq!(
+            RequestFingerprint::default().of(&parts, b"2 apples"),
+            Fingerprint::from_digest(digest)
+        );
+    }
+
+    #[test]
+    fn json_bodies_are_canonical() {
+        let f = RequestFingerprint::default();
+        let base = json(
+            &f,
+            r#"{"amount":100,"currency":"eur","items":[{"a":1,"b":2}]}"#,
+        );
+        let same = [
+            r#"{"currency":"eur","items":[{"b":2,"a":1}],"amount":100}"#,
+            "{\n  \"amount\": 100,\n  \"currency\": \"eur\",\n  \"items\": [ { \"a\": 1, \"b\": 2 } ]\n}\n",
+            r#"{"amount":100,"currency":"\u0065ur","items":[{"a":1,"b":2}]}"#,
+        ];
+        for body in same {
+            assert_eq!(json(&f, body), base, "{body}");
+        }
+        let other = [
+            r#"{"amount":101,"currency":"eur","items":[{"a":1,"b":2}]}"#,
+            r#"{"amount":"100","currency":"eur","items":[{"a":1,"b":2}]}"#,
+            r#"{"amount":100,"currency":"eur","items":[{"a":1,"b":2}],"x":null}"#,
+            r#"{"amount":100,"currency":"eur","items":[{"a":2,"b":1}]}"#,
+        ];
+        for body in other {
+            assert_ne!(json(&f, body), base, "{body}");
+        }
+    }
+
+    #[test]
+    fn json_media_types() {
+        let f = RequestFingerprint::default();
+        let of = |content_types: &[&str], body: &str| {
+            let headers: Vec<(&str, &str)> =
+                content_types.iter().map(|c| ("content-type", *c)).collect();
+            f.of(&parts("POST", "/", &headers), body.as_bytes())
+        };
+        let canonical = of(&["application/json"], r#"{"a":1}"#);
+        for content_type in [
+            "application/json; charset=utf-8",
+            "Application/JSON",
+            "application/merge-patch+json",
+            "application/vnd.api+JSON ; ext=x",
+        ] {
+            assert_eq!(
+                of(&[content_type], r#"{ "a": 1 }"#),
+                canonical,
+                "{content_type}"
+            );
+        }
+        for content_types in [
+            &["text/plain"][..],
+            &["application/jsonx"],
+            &["application/x-www-form-urlencoded"],
+            &["+json"],
+            &[],
+            &["application/json", "application/json"],
+        ] {
+            assert_eq!(
+                of(content_types, r#"{ "a": 1 }"#),
+                of(content_types, r#"{ "a": 1 }"#),
+            );
+            assert_ne!(
+                of(content_types, r#"{ "a": 1 }"#),
+                of(content_types, r#"{"a":1}"#),
+                "{content_types:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn invalid_json_is_hashed_raw() {
+        let f = RequestFingerprint::default();
+        for body in ["{", "", "{\"a\":1} x", "[1,]"] {
+            let raw =
+                RequestFingerprint::default().of(&parts("POST", "/orders", &[]), body.as_bytes());
+            assert_eq!(json(&f, body), raw, "{body}");
+        }
+        // Nested deeper than serde_json reads: raw, and no stack overflow.
+        let deep = format!("{}{}", "[".repeat(10_000), "]".repeat(10_000));
+        assert_ne!(json(&f, &deep), json(&f, &format!(" {deep}")));
+    }
+
+    #[test]
+    fn canonical_json_can_be_turned_off() {
+        let mut f = RequestFingerprint::default();
+        f.set_canonical_json(false);
+        assert_ne!(json(&f, r#"{"a":1,"b":2}"#), json(&f, r#"{"b":2,"a":1}"#));
+    }
+
+    #[test]
+    fn ignored_fields_do_not_count() {
+        let mut f = RequestFingerprint::default();
+        f.set_ignored_fields(["/sent_at", "/meta/trace", "/lines/1", "/a~1b", "/absent/x"])
+            .unwrap();
+        let base = json(
+            &f,
+            r#"{"amount":1,"sent_at":"10:00","meta":{"trace":"t1","v":1},"lines":[1,2,3],"a/b":0}"#,
+        );
+        let same = [
+            r#"{"amount":1,"sent_at":"10:01","meta":{"trace":"t2","v":1},"lines":[1,9,3],"a/b":7}"#,
+            r#"{"amount":1,"meta":{"v":1},"lines":[1,null,3]}"#,
+        ];
+        for body in same {
+            assert_eq!(json(&f, body), base, "{body}");
+        }
+        let other = [
+            r#"{"amount":2,"sent_at":"10:00","meta":{"trace":"t1","v":1},"lines":[1,2,3],"a/b":0}"#,
+            r#"{"amount":1,"sent_at":"10:00","meta":{"trace":"t1","v":2},"lines":[1,2,3],"a/b":0}"#,
+            r#"{"amount":1,"sent_at":"10:00","meta":{"trace":"t1","v":1},"lines":[1,2],"a/b":0}"#,
+        ];
+        for body in other {
+            assert_ne!(json(&f, body), base, "{body}");
+        }
+        // A document that is not an object ignores nothing, and fails nothing.
+        assert_ne!(json(&f, "[1,2]"), json(&f, "[1,3]"));
+        assert_eq!(json(&f, "7"), json(&f, " 7 "));
+    }
+
+    #[test]
+    fn pointers_are_checked() {
+        let mut f = RequestFingerprint::default();
+        for good in ["/a", "/a/0/b", "/", "/a~0b~1c", "/ü"] {
+            assert!(f.set_ignored_fields([good]).is_ok(), "{good}");
+        }
+        for bad in ["", "a", "timestamp", "/a~", "/a~2", "$.a"] {
+            assert!(
+                matches!(f.set_ignored_fields(["/ok", bad]), Err(Error::Config(_))),
+                "{bad}"
+            );
+        }
+    }
+
+    #[test]
+    fn inexact_numbers_are_hashed_raw() {
+        let f = RequestFingerprint::default();
+        // Two numbers that one f64 would merge: never the same payload.
+        assert_ne!(
+            json(&f, r#"{"a":100000000000000000001}"#),
+            json(&f, r#"{"a":100000000000000000000}"#)
+        );
+        assert_ne!(
+            json(&f, r#"{"a":0.10000000000000000001}"#),
+            json(&f, r#"{"a":0.1}"#)
+        );
+        assert_ne!(json(&f, r#"{"a":1e-400}"#), json(&f, r#"{"a":2e-400}"#));
+        // Numbers inside strings are text.
+        assert_eq!(
+            json(&f, r#"{"b":"100000000000000000001","a":1}"#),
+            json(&f, r#"{"a":1,"b":"100000000000000000001"}"#)
+        );
+    }
+
+    #[test]
+    fn exact_numbers() {
+        let exact = |n: &str| number_is_exact(n.as_bytes());
+        for n in [
+            "0",
+            "-0",
+            "0.0",
+            "-0.0e-5",
+            "-9223372036854775808",
+            "18446744073709551615",
+            "19.99",
+            "-1.5e3",
+            "123456789012345",
+            "1.23456789012345",
+            "100000000000000000000",
+            "0.000000000000001234",
+            "1e300",
+            "1e-300",
+            "1E+2",
+        ] {
+            assert!(exact(n), "{n}");
+        }
+        for n in [
+            "18446744073709551616",
+            "1234567890123456.5",
+            "1.234567890123456",
+            "1e301",
+            "1e-301",
+            "1e99999999999",
+            "12345678901234567890123",
+        ] {
+            assert!(!exact(n), "{n}");
+        }
+    }
+
+    #[test]
+    fn strings_are_skipped_whatever_they_hold() {
+        assert!(numbers_are_exact(br#"["a\"1234567890123456789", "\\", 1]"#));
+        assert!(!numbers_are_exact(br#"["\\", 1234567890123456789012]"#));
+        // Not valid JSON, but never a panic.
+        for text in [&b"\"\\"[..], b"\"", b"-", b"1e", b"\xff"] {
+            numbers_are_exact(text);
+        }
     }
 }

@@ -37,11 +37,15 @@ pub(crate) const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempote
 /// assert_eq!(key.as_str(), "order-1001");
 /// ```
 ///
-/// With the `axum` feature it is an axum extractor. A handler that takes an
-/// `IdempotencyKey` refuses a request without a valid key with the very
-/// answer the layer gives (400, [`Problem::MissingKey`] or
-/// [`Problem::InvalidKey`], the same document): a route served without
-/// the layer keeps the layer's contract for the key.
+/// The layer puts the key it checked in the request's extensions. With the
+/// `axum` feature `IdempotencyKey` is an axum extractor: behind the layer,
+/// it is that key, from whatever header the layer reads (see
+/// [What the handler sees](super#what-the-handler-sees)); elsewhere it
+/// reads the `Idempotency-Key` header, and refuses a request without a
+/// valid key with the very answer the layer gives (400,
+/// [`Problem::MissingKey`] or [`Problem::InvalidKey`], the same document):
+/// a route served without the layer keeps the layer's contract for the
+/// key.
 ///
 /// ```
 /// # #[cfg(feature = "axum")]

@@ -10,33 +10,15 @@ use ::http::{Method, StatusCode};
 use tower_layer::Layer;
 
 use super::config::Config;
+use super::fingerprint::RequestFingerprint;
 use super::key_header::IDEMPOTENCY_KEY;
 use super::principal::MakePrincipal;
 use super::route::MakeRoute;
 use super::service::Idempotency;
+use super::storing::stored_by_default;
+use crate::error::Error;
 use crate::policy::Policy;
 use crate::store::Store;
-
-/// Which responses are stored by default: every status below 500 except
-/// 401 Unauthorized, 407 Proxy Authentication Required, 408 Request
-/// Timeout, 409 Conflict, 425 Too Early and 429 Too Many Requests, which
-/// say "try again" (authenticated, later) rather than answer the request.
-/// 5xx responses are not stored: the key is released and a retry runs
-/// again.
-///
-/// 2xx and 4xx are the final answers the IETF draft asks to keep; 3xx are
-/// kept too, since a `303 See Other` after a POST means the POST did its
-/// work, and running it again on a retry is what the layer exists to
-/// prevent. A 401 is the answer to the credentials, not to the request: a
-/// client that authenticates again retries with the same key, and a 401
-/// is nothing without its `WWW-Authenticate` challenge, which belongs to
-/// one client and is never stored.
-#[cfg_attr(docsrs, doc(cfg(feature = "http")))]
-pub fn stored_by_default(status: StatusCode) -> bool {
-    status.as_u16() < 500
-        && !status.is_informational()
-        && !matches!(status.as_u16(), 401 | 407 | 408 | 409 | 425 | 429)
-}
 
 /// Makes the requests of a tower service (an axum `Router`, a route)
 /// idempotent by their `Idempotency-Key` header. See the
@@ -54,7 +36,9 @@ pub fn stored_by_default(status: StatusCode) -> bool {
 ///     .ttl(Duration::from_secs(6 * 60 * 60))
 ///     .wait(Duration::from_secs(2))
 ///     .fingerprint_headers([http::header::CONTENT_TYPE])
+///     .ignore_fields(["/sent_at"])?
 ///     .store_status(|status| status.is_success());
+/// # Ok::<(), idem::Error>(())
 /// ```
 #[derive(Clone)]
 #[cfg_attr(docsrs, doc(cfg(feature = "http")))]
@@ -71,8 +55,9 @@ impl IdempotencyLayer {
     /// `Idempotency-Key`, required on POST and PATCH; bodies up to 2 MiB;
     /// the default [`Policy`] (records kept 24 hours, claims leased for 30
     /// seconds, duplicates wait up to 5 seconds); no principal (keys global
-    /// to the route); responses
-    /// stored as [`stored_by_default`] says.
+    /// to the route); JSON bodies fingerprinted canonically, no field
+    /// ignored; responses stored as [`stored_by_default`] says, or when
+    /// marked [`Final`](super::Final).
     pub fn new<S: Store + 'static>(store: S) -> Self {
         IdempotencyLayer {
             store: Arc::new(store),
@@ -84,7 +69,7 @@ impl IdempotencyLayer {
                 policy: Policy::new(),
                 principal: None,
                 route: None,
-                fingerprint_headers: Vec::new(),
+                fingerprint: RequestFingerprint::default(),
                 store_status: Arc::new(stored_by_default),
             },
         }
@@ -172,16 +157,49 @@ impl IdempotencyLayer {
     /// other values (a different `Content-Type`, say) is a different payload
     /// (422). Default: none.
     pub fn fingerprint_headers(mut self, names: impl IntoIterator<Item = HeaderName>) -> Self {
-        let mut names: Vec<HeaderName> = names.into_iter().collect();
-        names.sort_unstable_by(|a, b| a.as_str().cmp(b.as_str()));
-        names.dedup();
-        self.config.fingerprint_headers = names;
+        self.config.fingerprint.set_headers(names);
         self
     }
 
-    /// Which responses are stored and replayed; for the others the key is
-    /// released and a retry runs the request again. Default:
-    /// [`stored_by_default`].
+    /// Whether a JSON body (`Content-Type: application/json` or
+    /// `…/…+json`) is fingerprinted by its canonical JSON, so that a retry
+    /// whose members come in another order or with other whitespace is
+    /// the same payload (`true`, the default), or by its bytes, as any
+    /// other body (`false`). See the
+    /// [module documentation](super#behaviour).
+    pub fn canonical_json(mut self, canonical: bool) -> Self {
+        self.config.fingerprint.set_canonical_json(canonical);
+        self
+    }
+
+    /// Leaves these fields of a JSON body out of its fingerprint, so that
+    /// a retry in which they differ (a client's timestamp, a trace id) is
+    /// the same payload. Each is a JSON pointer (RFC 6901) from the body's
+    /// root: `/sent_at`, `/meta/trace_id`, `/lines/0/note`; `~1` stands for
+    /// a `/` in a member's name and `~0` for a `~`. A member is left out
+    /// of its object; an array element counts as `null`. A pointer that
+    /// names nothing in a body leaves it whole. Other bodies, and JSON
+    /// bodies with [`canonical_json(false)`](Self::canonical_json), are
+    /// fingerprinted whole. Replaces the fields given before.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Config`] for a pointer that does not start with `/`, or in
+    /// which a `~` is followed by neither `0` nor `1`.
+    pub fn ignore_fields<I, P>(mut self, pointers: I) -> Result<Self, Error>
+    where
+        I: IntoIterator<Item = P>,
+        P: Into<String>,
+    {
+        self.config.fingerprint.set_ignored_fields(pointers)?;
+        Ok(self)
+    }
+
+    /// Which responses are stored and replayed, by status, in place of
+    /// [`stored_by_default`]; for the others the key is released and a
+    /// retry runs the request again. A response that the handler marked
+    /// [`Final`](super::Final) is stored whatever this says. See the
+    /// [module documentation](super#which-responses-are-stored).
     pub fn store_status<F>(mut self, predicate: F) -> Self
     where
         F: Fn(StatusCode) -> bool + Send + Sync + 'static,
@@ -204,21 +222,5 @@ impl<S> Layer<S> for IdempotencyLayer {
 
     fn layer(&self, inner: S) -> Self::Service {
         Idempotency::from_parts(inner, self.store.clone(), Arc::new(self.config.clone()))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn default_stored_statuses() {
-        let stored = |code: u16| stored_by_default(StatusCode::from_u16(code).unwrap());
-        for code in [200, 201, 204, 303, 400, 403, 404, 410, 422] {
-            assert!(stored(code), "{code}");
-        }
-        for code in [100, 401, 407, 408, 409, 425, 429, 500, 502, 503, 504] {
-            assert!(!stored(code), "{code}");
-        }
     }
 }

@@ -6,8 +6,9 @@
 //! requests and responses (axum, hyper with tower, tonic's HTTP): it does
 //! not depend on axum. The `axum` feature (which enables `http`, and is a
 //! default) adds axum's route templates as the scope of keys
-//! ([`MatchedPathRoute`]), an extractor for the key header
-//! ([`IdempotencyKey`]) and `IntoResponse` for the layer's answers
+//! ([`MatchedPathRoute`]), extractors for the key and the principal that
+//! the layer checked ([`IdempotencyKey`], [`Principal`]), the [`Final`]
+//! mark as a response part, and `IntoResponse` for the layer's answers
 //! ([`ProblemDetails`]).
 //!
 //! ```
@@ -54,10 +55,26 @@
 //!
 //! **The payload.** The body is buffered, up to 2 MiB
 //! ([`body_limit`](IdempotencyLayer::body_limit)). The fingerprint is the
-//! SHA-256 of the method, the path with its query, the body bytes and the
+//! SHA-256 of the method, the path with its query, the body and the
 //! values of the headers named by
 //! [`fingerprint_headers`](IdempotencyLayer::fingerprint_headers) (none by
 //! default), framed so that no two requests hash the same bytes.
+//!
+//! A JSON body (one `Content-Type` header, `application/json` or any
+//! `type/subtype+json`, whatever its parameters) counts by its canonical
+//! JSON, the one `#[idempotent]` compares ([`crate::fingerprint`]):
+//! object members sorted by name at every depth, no whitespace, strings
+//! escaped as `serde_json` escapes them. A retry whose members come in
+//! another order, or with other whitespace, is the same payload. The
+//! fields named by [`ignore_fields`](IdempotencyLayer::ignore_fields)
+//! (JSON pointers such as `/sent_at`) are left out, so a retry in which
+//! only they differ is the same payload too. A JSON body counts by its
+//! bytes instead, as every other body does, when it is not valid JSON,
+//! nests deeper than 128 levels, or holds a number that a 64-bit float
+//! could confuse with another (one of more than 15 significant digits
+//! that is not a 64-bit integer, or of a magnitude beyond 1e±300); and
+//! with
+//! [`canonical_json(false)`](IdempotencyLayer::canonical_json).
 //!
 //! **The scope** of a key is the method plus the route
 //! (`POST /orders/{id}`). The route is the first answer of:
@@ -90,7 +107,8 @@
 //! [`IdempotencyLayer::new`]:
 //!
 //! - first request with a key: the inner service runs; its response is
-//!   buffered whole and stored, then sent;
+//!   buffered whole and stored (unless it is one that is not stored: see
+//!   [below](#which-responses-are-stored)), then sent;
 //! - same key, same payload, after it completed: the stored response is
 //!   sent again, marked `Idempotent-Replayed: true`; the inner service does
 //!   not run;
@@ -109,11 +127,8 @@
 //! `Proxy-Authentication-Info`. A cookie or a step of an authentication
 //! exchange belongs to the client that got the first response, which still
 //! receives them; a replay may go to another client (always so when keys
-//! are global to the route). By default every status below 500 is stored
-//! except 401, 407, 408, 409, 425 and 429 ([`stored_by_default`];
-//! [`store_status`](IdempotencyLayer::store_status) changes it). For any
-//! other response the key is released, so a retry runs the request again;
-//! the response itself still goes to the client.
+//! are global to the route). Which responses are stored at all: see
+//! [below](#which-responses-are-stored).
 //!
 //! **Answers of the layer's own**, each an RFC 9457
 //! `application/problem+json` document with `type`, `title`, `status` and
@@ -151,6 +166,124 @@
 //! The store can be any [`Store`](crate::Store); it is shared by every
 //! service the layer makes.
 //!
+//! # Which responses are stored
+//!
+//! A result is stored only once the request ran: as with Stripe, a
+//! request refused as it was sent (no `Content-Type`, malformed JSON, a
+//! failed validation) leaves no record, so the client may correct it and
+//! send it again with the same key, and that request runs. The layer
+//! decides by the first row that matches the inner service's response:
+//!
+//! | response | stored and replayed | why |
+//! |---|---|---|
+//! | marked [`Final`] by the handler, any status | yes | the handler says that the request ran and this is its answer (a `402` declined card, a `422` from a business rule) |
+//! | 2xx | yes | the request ran |
+//! | 3xx | yes | a `303 See Other` after a POST means the POST did its work |
+//! | 400, 403, 404, 405, 406, 411, 412, 413, 414, 415, 417, 421, 422, 426, 428, 431 | no | the request was not acceptable as sent, and did not run. axum's extractor rejections are among them: `415` for a JSON body without `Content-Type`, `400` for malformed JSON, `422` for JSON of the wrong shape, `413` for a body over axum's limit, `400` for a bad path or query |
+//! | 401, 407 | no | the answer to the credentials, not to the request: the client authenticates and retries with the same key (and a 401 is nothing without its `WWW-Authenticate` challenge, which belongs to one client and is never stored) |
+//! | 408, 409, 425, 429 | no | "try again later" |
+//! | every other 4xx (402, 410, 424, 451, ...) | yes | the answer of a request that ran |
+//! | 1xx, 5xx | no | not a final answer; the server failed, and a retry runs again |
+//!
+//! A response that is not stored still goes to the client; the key is
+//! released, so the next request with it runs, whatever its payload (the
+//! refused one was never recorded). The rows by status are
+//! [`stored_by_default`]; [`store_status`](IdempotencyLayer::store_status)
+//! replaces them with a predicate of its own, and the [`Final`] row stays
+//! first. A handler whose refusal is the outcome of work it did (a `422`
+//! once its business rule ran) marks the response [`Final`]:
+//!
+//! ```
+//! use axum::http::StatusCode;
+//! use axum::response::IntoResponse;
+//! use axum::{routing::post, Json, Router};
+//! use idem::http::{Final, IdempotencyLayer};
+//! use idem::MemoryStore;
+//! use serde_json::Value;
+//! use tower::ServiceExt;
+//!
+//! async fn create_order(Json(order): Json<Value>) -> impl IntoResponse {
+//!     if order["quantity"].as_u64() > Some(10) {
+//!         // The stock was checked: the same answer for every retry.
+//!         return (StatusCode::UNPROCESSABLE_ENTITY, Final, "out of stock").into_response();
+//!     }
+//!     (StatusCode::CREATED, "created").into_response()
+//! }
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() {
+//! let app = Router::new()
+//!     .route("/orders", post(create_order))
+//!     .layer(IdempotencyLayer::new(MemoryStore::new()));
+//! let send = |key: &str, content_type: Option<&str>, body: &'static str| {
+//!     let mut request = http::Request::post("/orders").header("Idempotency-Key", key);
+//!     if let Some(content_type) = content_type {
+//!         request = request.header("Content-Type", content_type);
+//!     }
+//!     app.clone().oneshot(request.body(axum::body::Body::from(body)).unwrap())
+//! };
+//! let replayed = |response: &http::Response<_>| response.headers().contains_key("idempotent-replayed");
+//!
+//! // Sent without its Content-Type: axum's 415, not stored...
+//! let refused = send("k1", None, r#"{"quantity": 2}"#).await.unwrap();
+//! assert_eq!(refused.status(), StatusCode::UNSUPPORTED_MEDIA_TYPE);
+//! // ...so the corrected request, with the same key, runs.
+//! let created = send("k1", Some("application/json"), r#"{"quantity": 2}"#).await.unwrap();
+//! assert_eq!(created.status(), StatusCode::CREATED);
+//! assert!(!replayed(&created));
+//!
+//! // A final 422 is stored: its retry is a replay.
+//! let json = Some("application/json");
+//! let out = send("k2", json, r#"{"quantity": 50}"#).await.unwrap();
+//! assert_eq!(out.status(), StatusCode::UNPROCESSABLE_ENTITY);
+//! let again = send("k2", json, r#"{"quantity": 50}"#).await.unwrap();
+//! assert!(replayed(&again));
+//! # }
+//! ```
+//!
+//! # What the handler sees
+//!
+//! The layer puts what it checked in the request's extensions: the key
+//! ([`IdempotencyKey`]) and, with a
+//! [`principal`](IdempotencyLayer::principal) extractor, the principal
+//! it found ([`Principal`]). With the `axum` feature both are
+//! extractors: behind the layer, `IdempotencyKey` is the key the layer
+//! checked, from whatever header it reads, without parsing it again;
+//! `Principal` is the layer's principal (`Option<Principal>` where there
+//! may be none). A handler that also runs an `#[idempotent]` function, a
+//! second line of defence, passes it that key (and narrows its scope to
+//! that principal), so both lines guard the same key. Give that function
+//! a scope of its own (its default, or any `scope` but the layer's
+//! `METHOD /route`): the layer holds the claim of its own scope while the
+//! handler runs.
+//!
+//! ```
+//! use axum::{routing::post, Router};
+//! use http::header::HeaderName;
+//! use idem::http::{IdempotencyKey, IdempotencyLayer};
+//! use idem::MemoryStore;
+//! use tower::ServiceExt;
+//!
+//! async fn create_order(key: IdempotencyKey) -> String {
+//!     format!("order {key}")
+//! }
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() {
+//! let app = Router::new().route("/orders", post(create_order)).layer(
+//!     IdempotencyLayer::new(MemoryStore::new())
+//!         .with_header_name(HeaderName::from_static("x-request-key")),
+//! );
+//! let request = http::Request::post("/orders")
+//!     .header("x-request-key", "\"o-17\"")
+//!     .body(axum::body::Body::empty())
+//!     .unwrap();
+//! let response = app.oneshot(request).await.unwrap();
+//! let body = axum::body::to_bytes(response.into_body(), 1024).await.unwrap();
+//! assert_eq!(body, "order o-17");
+//! # }
+//! ```
+//!
 //! # The contract outside the layer
 //!
 //! A handler that reads the key itself, or calls the engine itself
@@ -159,8 +292,9 @@
 //!
 //! - [`IdempotencyKey`] reads the key header as the layer does
 //!   ([`from_headers`](IdempotencyKey::from_headers)), and as an axum
-//!   extractor refuses a request without a valid key with the layer's
-//!   own 400; a [`KeyHeaderError`] converts into that answer;
+//!   extractor (where no layer checked the key before it) refuses a
+//!   request without a valid key with the layer's own 400; a
+//!   [`KeyHeaderError`] converts into that answer;
 //! - `ProblemDetails::from(&error)` answers an [`Error`](crate::Error) of
 //!   the engine as the layer does: 422 for a reused key, 409 with
 //!   `Retry-After` while the first call runs, 503 with `Retry-After` when
@@ -207,13 +341,15 @@ mod problem;
 mod route;
 mod service;
 mod stored;
+mod storing;
 
 #[cfg(feature = "axum")]
 pub use self::axum::MatchedPathRoute;
 pub use future::ResponseFuture;
 pub use key_header::{IdempotencyKey, KeyHeaderError};
-pub use layer::{stored_by_default, IdempotencyLayer};
-pub use principal::MakePrincipal;
+pub use layer::IdempotencyLayer;
+pub use principal::{MakePrincipal, Principal};
 pub use problem::{Problem, ProblemDetails};
 pub use route::{MakeRoute, RequestPath};
 pub use service::Idempotency;
+pub use storing::{stored_by_default, Final};

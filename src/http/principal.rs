@@ -1,4 +1,7 @@
-//! [`MakePrincipal`]: who sends a request, which scopes its key.
+//! [`MakePrincipal`]: who sends a request, which scopes its key; and
+//! [`Principal`], what it found, for the handler.
+
+use std::fmt;
 
 use ::http::request::Parts;
 
@@ -71,5 +74,75 @@ where
 {
     fn make_principal(&self, request: &Parts) -> Option<String> {
         self(request)
+    }
+}
+
+/// The principal that the layer's [`MakePrincipal`] found in a request,
+/// which its key is scoped to: put in the request's extensions for the
+/// handler, next to the checked [`IdempotencyKey`](super::IdempotencyKey).
+/// A request of a layer without a principal extractor has none.
+///
+/// A handler that runs an `#[idempotent]` function of its own narrows that
+/// function's scope to the same principal, so that one principal's key
+/// never finds another's outcome there either:
+///
+/// ```
+/// # #[cfg(feature = "axum")]
+/// # mod example {
+/// use idem::http::{IdempotencyKey, Principal};
+/// use idem::{idempotent, MemoryStore, Scope};
+///
+/// #[idempotent(
+///     key = key,
+///     store = store,
+///     scope = Scope::new("orders.place").with_principal(principal.as_str()),
+///     fingerprint = item,
+/// )]
+/// async fn place(
+///     store: &MemoryStore,
+///     key: &IdempotencyKey,
+///     principal: &Principal,
+///     item: &str,
+/// ) -> Result<String, idem::Error> {
+///     Ok(format!("{item} placed for {principal}"))
+/// }
+/// # }
+/// ```
+///
+/// With the `axum` feature it is an extractor: `Principal` refuses a
+/// request that has none with a 500 (the route is not behind a layer with
+/// a principal extractor: a mistake of the server), and `Option<Principal>`
+/// takes what there is.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(docsrs, doc(cfg(feature = "http")))]
+pub struct Principal(String);
+
+impl Principal {
+    /// A principal named `principal`, as the layer makes it from what its
+    /// [`MakePrincipal`] answers; for a test of a function that takes one.
+    pub fn new(principal: impl Into<String>) -> Self {
+        Principal(principal.into())
+    }
+
+    /// The principal, as the extractor gave it.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// Unwraps the principal.
+    pub fn into_string(self) -> String {
+        self.0
+    }
+}
+
+impl AsRef<str> for Principal {
+    fn as_ref(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for Principal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
     }
 }

@@ -16,13 +16,14 @@ use tracing::Instrument;
 #[cfg(feature = "axum")]
 use super::axum::MatchedPathRoute;
 use super::config::Config;
-use super::fingerprint;
 use super::future::{CatchUnwind, Panic, ResponseFuture};
 use super::key_header::{refusal, IdempotencyKey, KeyHeaderError};
+use super::principal::Principal;
 use super::problem::{Problem, ProblemDetails};
 #[cfg(feature = "axum")]
 use super::route::MakeRoute;
 use super::stored::{ResponseCodec, StoredResponse};
+use super::storing::is_stored;
 use crate::engine::{run, Call};
 use crate::error::Error;
 use crate::key::{Key, Scope};
@@ -106,7 +107,7 @@ where
             return ResponseFuture::new(self.inner.call(request));
         }
         let key = match IdempotencyKey::from_headers_named(request.headers(), &self.config.header) {
-            Ok(key) => key.into_key(),
+            Ok(key) => key,
             Err(KeyHeaderError::Missing) if !self.config.require_key => {
                 return ResponseFuture::new(self.inner.call(request));
             }
@@ -114,12 +115,25 @@ where
                 return answer(refusal(err, request.method(), &self.config.header).into());
             }
         };
-        let (parts, body) = request.into_parts();
-        let Some(scope) = scope(&self.config, &parts) else {
-            let detail = "this request has no principal to scope its idempotency key to: \
-                          it must be authenticated; it was not processed";
-            return answer(ProblemDetails::new(Problem::MissingPrincipal, detail).into());
+        let (mut parts, body) = request.into_parts();
+        let principal = match &self.config.principal {
+            None => None,
+            Some(make) => match make.make_principal(&parts) {
+                Some(principal) => Some(principal),
+                None => {
+                    let detail = "this request has no principal to scope its idempotency key to: \
+                                  it must be authenticated; it was not processed";
+                    return answer(ProblemDetails::new(Problem::MissingPrincipal, detail).into());
+                }
+            },
         };
+        let scope = scope(&self.config, &parts, principal.as_deref());
+        // What the layer checked, for the handler's extractors.
+        parts.extensions.insert(key.clone());
+        if let Some(principal) = principal {
+            parts.extensions.insert(Principal::new(principal));
+        }
+        let key = key.into_key();
         let request = Request::from_parts(parts, body);
         // The service polled ready is the one that must be called; leave a
         // fresh clone in its place.
@@ -183,11 +197,7 @@ where
     let call = Call::from_parts(
         scope,
         Ok(key),
-        Ok(fingerprint::of_request(
-            &parts,
-            &body,
-            &config.fingerprint_headers,
-        )),
+        Ok(config.fingerprint.of(&parts, &body)),
         config.policy,
     );
     let request = Request::from_parts(parts, ReqBody::from(body));
@@ -208,14 +218,15 @@ where
     respond(ran)
 }
 
-/// The operation of a request: method and route, narrowed to the principal.
-/// `None` when the layer has a principal extractor and it finds none: the
-/// request is refused rather than given a scope wider than its principal's.
-fn scope(config: &Config, parts: &Parts) -> Option<Scope> {
+/// The operation of a request: method and route, narrowed to the principal
+/// if the layer found one. (A layer with a principal extractor that finds
+/// none refuses the request before, rather than give it a scope wider than
+/// its principal's.)
+fn scope(config: &Config, parts: &Parts, principal: Option<&str>) -> Scope {
     let scope = Scope::new(format!("{} {}", parts.method, route(config, parts)));
-    match &config.principal {
-        None => Some(scope),
-        Some(make) => Some(scope.with_principal(make.make_principal(parts)?)),
+    match principal {
+        None => scope,
+        Some(principal) => scope.with_principal(principal),
     }
 }
 
@@ -237,8 +248,9 @@ enum Failure<E> {
     /// The engine answered instead of the body (key reused, in progress,
     /// store trouble).
     Idem(Error),
-    /// The response is not to be stored (a 5xx by default): the key is
-    /// released and the response still goes to the client.
+    /// The response is not to be stored (a 5xx, a refused request, by
+    /// default): the key is released and the response still goes to the
+    /// client.
     NotStored(Response<Bytes>),
     /// The inner service failed.
     Inner(E),
@@ -289,7 +301,7 @@ where
             Err(err) => return Err(Failure::ResponseBody(err.into())),
         };
         let response = Response::from_parts(parts, bytes);
-        if !(config.store_status)(response.status()) {
+        if !is_stored(&response, &*config.store_status) {
             return Err(Failure::NotStored(response));
         }
         let stored = StoredResponse::new(

@@ -9,7 +9,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::{Form, Json};
 use idem::entity::EntityDatabase;
-use idem::http::IdempotencyKey;
+use idem::http::{Final, IdempotencyKey};
 use idem::idempotent;
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -197,7 +197,8 @@ pub async fn create_intent(
                 "error": decline_error(&intent),
             });
             body["error"]["payment_intent"] = object(&intent);
-            (StatusCode::PAYMENT_REQUIRED, Json(body)).into_response()
+            // The charge's outcome: stored and replayed (`Final`).
+            (StatusCode::PAYMENT_REQUIRED, Final, Json(body)).into_response()
         }
         Ok(Ok(intent)) => Json(object(&intent)).into_response(),
         // Problem documents, which `stripe_errors` words as Stripe does.
