@@ -103,6 +103,13 @@ impl std::str::FromStr for Key {
 /// Values that can serve as an idempotency key: strings, [`Key`] itself,
 /// and integers (their decimal form). Used by the `key = ...` argument of
 /// `#[idempotent]`, so a field of any of these types can be named directly.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot be used as an idempotency key",
+    label = "not a key",
+    note = "a key is a `str`, a `String`, an `idem::Key`, an integer, an `Option` of one \
+            of these, or a reference to any of them; convert other values to one of these \
+            first, as in `key = id.to_string()`"
+)]
 pub trait AsKey {
     /// Validates and converts the value.
     fn to_key(&self) -> Result<Key, KeyError>;

@@ -54,6 +54,7 @@ pub mod engine;
 )]
 pub mod entity;
 mod error;
+mod expansion;
 pub mod fingerprint;
 #[cfg(feature = "http")]
 #[cfg_attr(docsrs, doc(cfg(feature = "http")))]
@@ -130,46 +131,7 @@ pub use idem_macros::Entity;
 /// release.
 #[doc(hidden)]
 pub mod __private {
-    pub use crate::engine::{run, run_in_transaction};
-    pub use crate::{AsKey, Call, Error, Fingerprint, Key, KeyError, Policy, Scope};
-    pub use ::core::time::Duration;
-
-    #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
-    pub use crate::entity::{
-        run as run_entity, sqlx, Entity, EntityBind, RequestHash, TokenEntity,
-    };
-
-    /// Validates the key expression's value.
-    pub fn key<K: AsKey + ?Sized>(key: &K) -> Result<Key, Error> {
-        key.to_key().map_err(Error::from)
-    }
-
-    /// Fingerprints the payload expression's value.
-    pub fn fingerprint<T: serde::Serialize + ?Sized>(payload: &T) -> Result<Fingerprint, Error> {
-        Fingerprint::of(payload)
-    }
-
-    /// Converts the scope expression's value.
-    pub fn scope(scope: impl Into<Scope>) -> Scope {
-        scope.into()
-    }
-
-    /// The error type of the annotated function's return type.
-    pub trait Returns {
-        /// `E` of `Result<T, E>`.
-        type Error;
-    }
-
-    impl<T, E> Returns for Result<T, E> {
-        type Error = E;
-    }
-
-    /// The `replayable` predicate, its argument typed as the error of `R`
-    /// (the function's return type), so that a closure such as
-    /// `|e| e.is_final()` needs no annotation.
-    pub fn replayable<R: Returns, P: Fn(&R::Error) -> bool>(predicate: P) -> P {
-        predicate
-    }
+    pub use crate::expansion::*;
 }
 
 /// The README's examples, compiled and run as doctests.

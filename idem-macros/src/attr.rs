@@ -47,11 +47,20 @@ pub(crate) struct Args {
     /// `fingerprint = <expr>`.
     pub(crate) fingerprint: Option<Expr>,
     /// `replayable = <expr>`.
-    pub(crate) replayable: Option<Expr>,
+    pub(crate) replayable: Option<Replayable>,
     /// `tx = <argument>`: transactional mode on that connection argument.
     pub(crate) tx: Option<Ident>,
     /// `entity`: entity mode, `store` being a sqlx pool.
     pub(crate) entity: Option<kw::entity>,
+}
+
+/// `replayable = <expr>`, kept with its name so that an error about the
+/// option can point at all of it.
+pub(crate) struct Replayable {
+    /// The option's name.
+    pub(crate) name: kw::replayable,
+    /// The predicate.
+    pub(crate) predicate: Expr,
 }
 
 /// A duration literal checked at parse time.
@@ -83,7 +92,7 @@ struct Partial {
     wait: Option<DurationArg>,
     fail_fast: Option<kw::fail_fast>,
     fingerprint: Option<Expr>,
-    replayable: Option<Expr>,
+    replayable: Option<Replayable>,
     tx: Option<Ident>,
     entity: Option<kw::entity>,
 }
@@ -110,7 +119,8 @@ impl Parse for Args {
                 set(&mut p.fingerprint, name, "fingerprint", ATTRIBUTE, value)?;
             } else if lookahead.peek(kw::replayable) {
                 let name = input.parse::<kw::replayable>()?;
-                let value = expr_value(input, "replayable")?;
+                let predicate = expr_value(input, "replayable")?;
+                let value = Replayable { name, predicate };
                 set(&mut p.replayable, name, "replayable", ATTRIBUTE, value)?;
             } else if lookahead.peek(kw::tx) {
                 let name = input.parse::<kw::tx>()?;

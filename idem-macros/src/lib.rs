@@ -79,6 +79,10 @@ mod valid;
 /// - Every argument other than `self` is `Serialize` (it is part of the
 ///   default fingerprint), unless `fingerprint = ...` is given.
 ///
+/// A missing bound is reported at what needs it, in these words: the
+/// argument, the output type, the `key`, `scope` or `fingerprint`
+/// expression, or the `replayable` option.
+///
 /// # Options
 ///
 /// | option | meaning |
