@@ -14,7 +14,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use serde_json::Value;
 
-pub use crate::engine::{run, run_in_transaction, Call};
+pub use crate::engine::{run, run_in_transaction, Call, MissingKey};
 pub use crate::error::Error;
 pub use crate::fingerprint::Fingerprint;
 pub use crate::key::{AsKey, Key, KeyError, Scope};

@@ -80,7 +80,7 @@ pub use backend::sqlite::SqliteStore;
     doc(cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql")))
 )]
 pub use backend::{Backend, SqlStore};
-pub use engine::{run, run_in_transaction, Call, Codec};
+pub use engine::{run, run_in_transaction, Call, Codec, MissingKey};
 #[cfg(feature = "_sql")]
 #[cfg_attr(
     docsrs,
@@ -108,6 +108,7 @@ pub use store::{BeginRequest, MemoryStore, Store, TransactionalStore};
 ///     replayable = <Fn(&E) -> bool>, // errors stored and replayed like results
 ///     tx = <argument>,         // transactional mode: claim and completion on that transaction
 ///     entity,                  // entity mode: `store` is a sqlx pool, the body's entity is the record
+///     missing_key = reject | run, // a `None` key: refused (default), or run without protection
 /// )]
 /// ```
 ///

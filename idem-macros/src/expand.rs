@@ -14,7 +14,7 @@ use syn::spanned::Spanned;
 use syn::visit_mut::VisitMut;
 use syn::{AttrStyle, Expr, FnArg, ItemFn, Pat, PatIdent, ReturnType, Type};
 
-use crate::attr::{Args, DurationArg, InProgress, Replayable};
+use crate::attr::{Args, DurationArg, InProgress, MissingKey, Replayable};
 use crate::valid;
 
 /// Parses the attribute's arguments and the item, checks both, and returns
@@ -190,6 +190,13 @@ pub(crate) fn expand(args: &Args, function: ItemFn) -> TokenStream {
             quote!(.with_codec(#codec))
         }
     };
+    let missing_key = match &args.missing_key {
+        Some(MissingKey::Run(run)) => {
+            let run = Ident::new("Run", run.span);
+            quote!(.on_missing_key(::idem::__private::MissingKey::#run))
+        }
+        Some(MissingKey::Reject) | None => quote!(),
+    };
     let block = quote! {
         async {
             #(#rebinds)*
@@ -225,6 +232,7 @@ pub(crate) fn expand(args: &Args, function: ItemFn) -> TokenStream {
             #policy,
         )
         #codec
+        #missing_key
     };
     // Replayable errors are stored once `ReplayableError` found their type
     // a serde type, spanned at the option. The predicate's argument is
@@ -642,6 +650,29 @@ mod tests {
         assert!(!out.contains("__private :: run ("), "{out}");
         // The row is the record: no codec.
         assert!(!out.contains("with_codec"), "{out}");
+    }
+
+    #[test]
+    fn missing_key_run_is_on_the_call() {
+        let item = quote!(
+            async fn f(k: Option<String>) -> Result<(), E> {
+                Ok(())
+            }
+        );
+        let out = expand_str(quote!(key = k, store = S, missing_key = run), item.clone());
+        assert!(
+            out.contains(&squash(quote!(
+                .with_codec(::idem::__private::Output::codec())
+                .on_missing_key(::idem::__private::MissingKey::Run),
+            ))),
+            "{out}"
+        );
+        // `reject` is the default: nothing to say.
+        let reject = expand_str(
+            quote!(key = k, store = S, missing_key = reject),
+            item.clone(),
+        );
+        assert_eq!(reject, expand_str(quote!(key = k, store = S), item));
     }
 
     #[test]
