@@ -100,7 +100,7 @@ pub use store::{BeginRequest, MemoryStore, Store, TransactionalStore};
 /// #[idempotent(
 ///     key = <expr>,            // required: the client's key (str, String, Key, integer, Option of those)
 ///     store = <expr>,          // required: any idem::Store (also Arc<S>, &S)
-///     scope = <expr>,          // default: module path + function name
+///     scope = <expr>,          // default: module path + function name; name it for anything deployed
 ///     ttl = "24h",             // how long the record is kept
 ///     lease = "30s",           // how long a claim is held before takeover
 ///     wait = "5s" | fail_fast, // what a duplicate does while the first call runs

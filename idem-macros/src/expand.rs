@@ -15,16 +15,25 @@ use syn::visit_mut::VisitMut;
 use syn::{AttrStyle, Expr, FnArg, ItemFn, Pat, PatIdent, ReturnType, Type};
 
 use crate::attr::{Args, DurationArg, InProgress, MissingKey, Replayable};
-use crate::valid;
+use crate::valid::{self, Given};
 
 /// Parses the attribute's arguments and the item, checks both, and returns
 /// the rewritten function.
 pub(crate) fn idempotent(args: TokenStream, item: TokenStream) -> syn::Result<TokenStream> {
     let args = syn::parse2::<Args>(args);
-    // When the arguments do not parse, whether `fingerprint` was given is
-    // unknown: do not report pattern arguments then.
-    let fingerprint_given = args.as_ref().map_or(true, |a| a.fingerprint.is_some());
-    let function = valid::item(item, fingerprint_given);
+    // When the arguments do not parse, whether `fingerprint` or `scope` was
+    // given is unknown: do not report pattern arguments or generics then.
+    let given = args.as_ref().map_or(
+        Given {
+            fingerprint: true,
+            scope: true,
+        },
+        |a| Given {
+            fingerprint: a.fingerprint.is_some(),
+            scope: a.scope.is_some(),
+        },
+    );
+    let function = valid::item(item, given);
     match (args, function) {
         (Ok(args), Ok(function)) => {
             check_tx(&args, &function)?;

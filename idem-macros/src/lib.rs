@@ -78,6 +78,12 @@ mod valid;
 ///   with another payload, call still in progress, store errors).
 /// - Every argument other than `self` is `Serialize` (it is part of the
 ///   default fingerprint), unless `fingerprint = ...` is given.
+/// - A generic function (a type or const parameter, or an `impl Trait`
+///   argument) gives `scope = ...`: its instantiations would otherwise
+///   share one scope, and one could be answered with another's stored
+///   outcome, of another type. Lifetimes alone are fine. The attribute sees
+///   only the function's own parameters: a method of a generic `impl` whose
+///   output depends on the `impl`'s parameters needs a `scope` too.
 ///
 /// A missing bound is reported at what needs it, in these words: the
 /// argument, the output type, the `key`, `scope` or `fingerprint`
@@ -89,7 +95,7 @@ mod valid;
 /// |---|---|
 /// | `key = <expr>` | **required.** The client's idempotency key: a `str`, `String`, `idem::Key`, an integer, an `Option` of these, or a reference to any of them. Any expression over the arguments, such as `cmd.idempotency_key`, `order_id` or `&cmd.key`. |
 /// | `store = <expr>` | **required.** The store, any `idem::Store` (also behind `Arc` or `&`), such as `self.store`. When it is an argument (`store = store`), that argument is left out of the default fingerprint. |
-/// | `scope = <expr>` | The operation the key belongs to, anything `Into<idem::Scope>` (`"payments.charge"`, a `String`, a `Scope` with a principal). Default: the module path and function name, such as `"my_app::payments::charge"`. Two methods with the same name in one module share that default: give one of them a `scope`. |
+/// | `scope = <expr>` | The operation the key belongs to, anything `Into<idem::Scope>` (`"payments.charge"`, a `String`, a `Scope` with a principal). Default: the module path and function name, such as `"my_app::payments::charge"`; see [Scopes](#scopes). Required on a generic function. |
 /// | `ttl = "24h"` | How long a record, and so the key, is kept. Default: 24 hours. |
 /// | `lease = "30s"` | How long a running call holds the key before another call may take it over. Default: 30 seconds. |
 /// | `wait = "5s"` | When the same key is still running elsewhere, wait up to this long for its result, then replay it. `"0s"` does not wait. Default: 5 seconds. |
@@ -109,6 +115,20 @@ mod valid;
 /// `key` and `fingerprint` are only borrowed; `scope` is taken by value, so
 /// write `scope = cmd.tenant.as_str()` rather than moving a field out of an
 /// argument the body still uses.
+///
+/// # Scopes
+///
+/// Records are unique per scope and key. The default scope is the module
+/// path and the function name, such as `"my_app::payments::charge"`, so
+/// **renaming the function, or moving it or its module, starts a new key
+/// space**: after the deploy, the stored outcomes are no longer found, and
+/// every retry in flight runs its body again. Two methods with the same
+/// name in one module share that default. Give anything deployed a scope
+/// that names the operation and outlives refactorings:
+///
+/// ```text
+/// #[idempotent(key = cmd.idempotency_key, store = self.store, scope = "payments.charge")]
+/// ```
 ///
 /// # The rewritten body
 ///
