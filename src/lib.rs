@@ -64,6 +64,7 @@ pub mod metrics;
 mod policy;
 pub mod record;
 pub mod store;
+mod tracked;
 
 #[cfg(feature = "mysql")]
 #[cfg_attr(docsrs, doc(cfg(feature = "mysql")))]
@@ -93,6 +94,7 @@ pub use key::{AsKey, Key, KeyError, Scope, MAX_KEY_LEN, MAX_SCOPE_LEN};
 pub use policy::{InProgressPolicy, Policy};
 pub use record::{Begin, Claim, ClaimToken, Outcome, OutcomeKind, Record, State};
 pub use store::{BeginRequest, MemoryStore, Store, TransactionalStore};
+pub use tracked::Tracked;
 
 /// Makes an `async fn` idempotent: *find by key, or execute and save*.
 ///

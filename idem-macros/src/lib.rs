@@ -130,6 +130,14 @@ mod valid;
 /// #[idempotent(key = cmd.idempotency_key, store = self.store, scope = "payments.charge")]
 /// ```
 ///
+/// # Telling a replay from a first run
+///
+/// `Result<T, E>` does not say whether the body ran. Return
+/// `Result<idem::Tracked<T>, E>` where the caller needs to know: the body
+/// returns `Ok(Tracked::new(value))` (or `Ok(value.into())`), and
+/// `is_replayed()` is `true` on a value answered from a record. It is
+/// stored as `T`, so the records of either signature serve the other.
+///
 /// # The rewritten body
 ///
 /// The body runs inside an `async` block handed to the library. It keeps
