@@ -90,6 +90,13 @@
 //! types or whose JSON form would be wasteful (an HTTP response is stored as
 //! framed raw bytes); it composes with `replaying`.
 //!
+//! ## A missing key
+//!
+//! A call whose key is missing (an `Option` key that is `None`) fails with
+//! [`Error::MissingKey`] before anything runs, unless it was built with
+//! [`Call::on_missing_key`]`(`[`MissingKey::Run`]`)`: the body then runs
+//! without protection (see [`MissingKey`]).
+//!
 //! Every call runs in a `tracing` span named `idem` and emits one event per
 //! decision; counters go through the `metrics` facade (see [`crate::metrics`]).
 
@@ -177,7 +184,45 @@ pub struct Call<O = OkOnly<Json>> {
     key: Result<Key, Error>,
     fingerprint: Result<Fingerprint, Error>,
     policy: Policy,
+    missing_key: MissingKey,
     outcomes: O,
+}
+
+/// What a [`Call`] does when its key is missing: an `Option` key that is
+/// `None` (the `missing_key = reject | run` option of `#[idempotent]`).
+///
+/// Only a missing key is concerned: an invalid key (empty, too long, not
+/// visible ASCII) is always refused with [`Error::InvalidKey`].
+///
+/// ```
+/// use idem::{run, Call, MemoryStore, MissingKey};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// let store = MemoryStore::new();
+/// let key: Option<String> = None; // the client sent none
+/// let refused: Result<u32, idem::Error> =
+///     run(&store, Call::new("emails.send", &key, &"welcome"), async { Ok(1) }).await;
+/// assert!(matches!(refused, Err(idem::Error::MissingKey)));
+///
+/// let call = Call::new("emails.send", &key, &"welcome").on_missing_key(MissingKey::Run);
+/// let sent: Result<u32, idem::Error> = run(&store, call, async { Ok(1) }).await;
+/// assert_eq!(sent.unwrap(), 1); // ran, and nothing was recorded
+/// # }
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum MissingKey {
+    /// Fail with [`Error::MissingKey`] without running the body. The
+    /// default.
+    #[default]
+    Reject,
+    /// Run the body without protection: nothing is claimed, recorded or
+    /// replayed, so every retry without a key runs the body again, and
+    /// concurrent duplicates all run. Choose it only where a client that
+    /// sends no key accepts that (an optional key on an operation that was
+    /// never protected before); prefer `Reject` where a duplicate costs
+    /// money or data.
+    Run,
 }
 
 impl Call {
@@ -210,6 +255,7 @@ impl Call {
             key,
             fingerprint,
             policy,
+            missing_key: MissingKey::Reject,
             outcomes: OkOnly(Json),
         }
     }
@@ -226,6 +272,15 @@ impl<O> Call<O> {
     /// over raw bytes with [`Fingerprint::of_bytes`]).
     pub fn with_fingerprint(mut self, fingerprint: Fingerprint) -> Self {
         self.fingerprint = Ok(fingerprint);
+        self
+    }
+
+    /// What to do when the key is missing: refuse the call (the default),
+    /// or run the body without protection. See [`MissingKey`]. Entity
+    /// mode's `entity::run` always refuses a missing key: it finds rows by
+    /// their key.
+    pub fn on_missing_key(mut self, missing_key: MissingKey) -> Self {
+        self.missing_key = missing_key;
         self
     }
 
@@ -270,8 +325,26 @@ impl<O> Call<O> {
             key: self.key,
             fingerprint: self.fingerprint,
             policy: self.policy,
+            missing_key: self.missing_key,
             outcomes: change(self.outcomes),
         }
+    }
+
+    /// Whether the body is to run without protection: the key is missing
+    /// and the call says to run anyway. Such a call is traced and counted
+    /// here, as no other decision of the flow will be.
+    fn unprotected(&self) -> bool {
+        let unprotected =
+            self.missing_key == MissingKey::Run && matches!(self.key, Err(Error::MissingKey));
+        if unprotected {
+            tracing::debug!(
+                scope = %self.scope,
+                decision = "unprotected",
+                "no idempotency key: running without protection"
+            );
+            metrics::unprotected(&self.scope);
+        }
+        unprotected
     }
 }
 
@@ -325,6 +398,7 @@ impl<O> fmt::Debug for Call<O> {
             .field("key", &self.key)
             .field("fingerprint", &self.fingerprint)
             .field("policy", &self.policy)
+            .field("missing_key", &self.missing_key)
             .finish_non_exhaustive()
     }
 }
@@ -420,6 +494,9 @@ where
     Fut: Future<Output = Result<T, E>>,
     O: OutcomePolicy<T, E>,
 {
+    if call.unprotected() {
+        return body.await;
+    }
     let (call, outcomes) = call.check()?;
     let span = call.span();
     async move {
@@ -480,6 +557,9 @@ where
     Fut: Future<Output = (Result<T, E>, &'c mut C)>,
     O: OutcomePolicy<T, E>,
 {
+    if call.unprotected() {
+        return body(conn).await.0;
+    }
     let (call, outcomes) = call.check()?;
     let span = call.span();
     async move {
@@ -553,6 +633,7 @@ impl<O> Call<O> {
             key,
             fingerprint,
             policy,
+            missing_key: _,
             outcomes,
         } = self;
         let (key, fingerprint) = (key?, fingerprint?);

@@ -1,6 +1,9 @@
-//! The one error type of the library.
+//! The one error type of the library, and its serialized form.
 
+use std::fmt;
 use std::time::Duration;
+
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use crate::key::KeyError;
 
@@ -9,6 +12,70 @@ use crate::key::KeyError;
 /// A user's error type joins the flow through `From<idem::Error>`: the
 /// `#[idempotent]` attribute converts these errors into the function's own
 /// error type with `?`-like semantics.
+///
+/// # Serialized form
+///
+/// `Error` implements `Serialize` and `Deserialize`, so that an error enum
+/// holding one can derive them and be stored by the `replayable` option of
+/// `#[idempotent]` (or [`Call::replaying`](crate::Call::replaying)). Its
+/// JSON form is an object with the error's `kind` and its `message` (its
+/// `Display`), and the fields that variant needs to be rebuilt:
+///
+/// | variant | form |
+/// |---|---|
+/// | `KeyReused` | `{"kind": "key_reused", "message": ...}` |
+/// | `InProgress` | `{"kind": "in_progress", "message": ..., "retry_after_ms": 1000}` |
+/// | `InvalidKey` | `{"kind": "invalid_key", "message": ..., "key_error": {"kind": "too_long", "len": 300}}` (`missing`, `empty`, `too_long` with `len`, `invalid_byte` with `offset` and `byte`) |
+/// | `MissingKey` | `{"kind": "missing_key", "message": ...}` |
+/// | `LeaseLost` | `{"kind": "lease_lost", "message": ...}` |
+/// | `Store` | `{"kind": "store", "message": ..., "source": "<the store error's message>"}` |
+/// | `Serialization` | `{"kind": "serialization", "message": ..., "source": ...}` |
+/// | `Config` | `{"kind": "config", "message": ..., "source": ...}` |
+///
+/// Deserializing gives back an equivalent error: the same variant, the
+/// same `Display`, the same [`is_retryable`](Error::is_retryable). The
+/// `message` is informative; the other fields rebuild the error. A `kind`
+/// this version does not know fails to deserialize.
+///
+/// Two variants come back as their message only: `Store`, whose source
+/// (an `sqlx::Error`, an I/O error) cannot be rebuilt, becomes a `Store`
+/// error whose source is a plain message, and `Serialization` a
+/// `serde_json` error with the same message.
+///
+/// A replayed error is the first run's answer, not news about the store
+/// now: a replayed `Store` error says the store failed *during the first
+/// run*, and it is answered again to every retry for as long as the record
+/// lives, even though [`is_retryable`](Error::is_retryable) still says
+/// `true`. The same goes for `InProgress` and `LeaseLost`. So pick only
+/// permanent answers as replayable (a declined card, an invalid request),
+/// never these transient ones:
+///
+/// ```
+/// use serde::{Deserialize, Serialize};
+///
+/// #[derive(Debug, thiserror::Error, Serialize, Deserialize)]
+/// enum PaymentError {
+///     #[error("card declined")]
+///     Declined,
+///     #[error(transparent)]
+///     Idempotency(#[from] idem::Error),
+/// }
+///
+/// // The predicate of `replayable = ...`: the decline only.
+/// fn is_final(err: &PaymentError) -> bool {
+///     matches!(err, PaymentError::Declined)
+/// }
+///
+/// let err = PaymentError::from(idem::Error::KeyReused);
+/// let json = serde_json::to_string(&err).unwrap();
+/// assert_eq!(
+///     json,
+///     r#"{"Idempotency":{"kind":"key_reused","message":"idempotency key reused with a different payload"}}"#
+/// );
+/// let back: PaymentError = serde_json::from_str(&json).unwrap();
+/// assert!(matches!(back, PaymentError::Idempotency(idem::Error::KeyReused)));
+/// assert!(!is_final(&back));
+/// ```
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
@@ -51,7 +118,8 @@ impl Error {
 
     /// Whether retrying the same call later may succeed (in progress, store
     /// trouble, lost lease); `false` for client mistakes such as a reused or
-    /// invalid key.
+    /// invalid key. A deserialized error answers as the original did (see
+    /// [the serialized form](Error#serialized-form)).
     pub fn is_retryable(&self) -> bool {
         matches!(
             self,
@@ -84,3 +152,134 @@ impl From<sqlx::migrate::MigrateError> for Error {
         Error::Store(Box::new(err))
     }
 }
+
+/// The `kind` of an [`Error`]'s serialized form.
+#[derive(Clone, Copy, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum Kind {
+    KeyReused,
+    InProgress,
+    InvalidKey,
+    MissingKey,
+    LeaseLost,
+    Store,
+    Serialization,
+    Config,
+}
+
+/// A [`KeyError`] inside an `invalid_key` error.
+#[derive(Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+enum KeyErrorForm {
+    Missing,
+    Empty,
+    TooLong { len: usize },
+    InvalidByte { offset: usize, byte: u8 },
+    Unserializable { reason: String },
+}
+
+/// The serialized form of an [`Error`] (see its documentation).
+#[derive(Serialize, Deserialize)]
+struct Form {
+    kind: Kind,
+    message: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    retry_after_ms: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    key_error: Option<KeyErrorForm>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    source: Option<String>,
+}
+
+impl Serialize for Error {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let (kind, retry_after_ms, key_error, source) = match self {
+            Error::KeyReused => (Kind::KeyReused, None, None, None),
+            Error::InProgress { retry_after } => {
+                let millis = retry_after.as_millis().try_into().unwrap_or(u64::MAX);
+                (Kind::InProgress, Some(millis), None, None)
+            }
+            Error::InvalidKey(err) => {
+                let form = match err {
+                    KeyError::Missing => KeyErrorForm::Missing,
+                    KeyError::Empty => KeyErrorForm::Empty,
+                    KeyError::TooLong { len } => KeyErrorForm::TooLong { len: *len },
+                    KeyError::InvalidByte { offset, byte } => KeyErrorForm::InvalidByte {
+                        offset: *offset,
+                        byte: *byte,
+                    },
+                    KeyError::Unserializable(reason) => KeyErrorForm::Unserializable {
+                        reason: reason.clone(),
+                    },
+                };
+                (Kind::InvalidKey, None, Some(form), None)
+            }
+            Error::MissingKey => (Kind::MissingKey, None, None, None),
+            Error::LeaseLost => (Kind::LeaseLost, None, None, None),
+            Error::Store(source) => (Kind::Store, None, None, Some(source.to_string())),
+            Error::Serialization(source) => {
+                (Kind::Serialization, None, None, Some(source.to_string()))
+            }
+            Error::Config(source) => (Kind::Config, None, None, Some(source.clone())),
+        };
+        Form {
+            kind,
+            message: self.to_string(),
+            retry_after_ms,
+            key_error,
+            source,
+        }
+        .serialize(serializer)
+    }
+}
+
+impl<'de> Deserialize<'de> for Error {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        use serde::de::Error as _;
+        let form = Form::deserialize(deserializer)?;
+        let missing = |field: &'static str| D::Error::missing_field(field);
+        // The message a text-carrying variant was built from; a form
+        // written by hand may give the message alone.
+        let source = form.source.unwrap_or(form.message);
+        Ok(match form.kind {
+            Kind::KeyReused => Error::KeyReused,
+            Kind::InProgress => Error::InProgress {
+                retry_after: Duration::from_millis(
+                    form.retry_after_ms
+                        .ok_or_else(|| missing("retry_after_ms"))?,
+                ),
+            },
+            Kind::InvalidKey => {
+                Error::InvalidKey(match form.key_error.ok_or_else(|| missing("key_error"))? {
+                    KeyErrorForm::Missing => KeyError::Missing,
+                    KeyErrorForm::Empty => KeyError::Empty,
+                    KeyErrorForm::TooLong { len } => KeyError::TooLong { len },
+                    KeyErrorForm::InvalidByte { offset, byte } => {
+                        KeyError::InvalidByte { offset, byte }
+                    }
+                    KeyErrorForm::Unserializable { reason } => KeyError::Unserializable(reason),
+                })
+            }
+            Kind::MissingKey => Error::MissingKey,
+            Kind::LeaseLost => Error::LeaseLost,
+            Kind::Store => Error::Store(Box::new(ReplayedSource(source))),
+            Kind::Serialization => {
+                Error::Serialization(<serde_json::Error as serde::de::Error>::custom(source))
+            }
+            Kind::Config => Error::Config(source),
+        })
+    }
+}
+
+/// The source of a deserialized [`Error::Store`]: the original error's
+/// message, all that its serialized form keeps.
+#[derive(Debug)]
+struct ReplayedSource(String);
+
+impl fmt::Display for ReplayedSource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for ReplayedSource {}

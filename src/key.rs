@@ -107,6 +107,14 @@ impl std::str::FromStr for Key {
 /// Values that can serve as an idempotency key: strings, [`Key`] itself,
 /// and integers (their decimal form). Used by the `key = ...` argument of
 /// `#[idempotent]`, so a field of any of these types can be named directly.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot be used as an idempotency key",
+    label = "not a key",
+    note = "a key is a `str`, a `String`, an `idem::Key`, an integer, a `uuid::Uuid` \
+            (feature `uuid`), an `Option` of one of these, or a reference to any of them; \
+            wrap a `Display` value as `key = idem::Displayed(&id)`, or derive a key from \
+            fields with `key = idem::key_of(&(a, b))`"
+)]
 pub trait AsKey {
     /// Validates and converts the value.
     fn to_key(&self) -> Result<Key, KeyError>;

@@ -54,6 +54,7 @@ pub mod engine;
 )]
 pub mod entity;
 mod error;
+mod expansion;
 pub mod fingerprint;
 #[cfg(feature = "http")]
 #[cfg_attr(docsrs, doc(cfg(feature = "http")))]
@@ -63,6 +64,7 @@ pub mod metrics;
 mod policy;
 pub mod record;
 pub mod store;
+mod tracked;
 
 #[cfg(feature = "mysql")]
 #[cfg_attr(docsrs, doc(cfg(feature = "mysql")))]
@@ -79,7 +81,7 @@ pub use backend::sqlite::SqliteStore;
     doc(cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql")))
 )]
 pub use backend::{Backend, SqlStore};
-pub use engine::{run, run_in_transaction, Call, Codec};
+pub use engine::{run, run_in_transaction, Call, Codec, MissingKey};
 #[cfg(feature = "_sql")]
 #[cfg_attr(
     docsrs,
@@ -92,29 +94,10 @@ pub use key::{AsKey, Displayed, Key, KeyError, Scope, MAX_KEY_LEN, MAX_SCOPE_LEN
 pub use policy::{InProgressPolicy, Policy};
 pub use record::{Begin, Claim, ClaimToken, Outcome, OutcomeKind, Record, State};
 pub use store::{BeginRequest, MemoryStore, PassThroughStore, Store, TransactionalStore};
+pub use tracked::Tracked;
 
-/// Makes an `async fn` idempotent: *find by key, or execute and save*.
-///
-/// ```text
-/// #[idempotent(
-///     key = <expr>,            // required: the client's key (str, String, Key, integer, Option of those)
-///     store = <expr>,          // required: any idem::Store (also Arc<S>, &S)
-///     scope = <expr>,          // default: module path + function name
-///     ttl = "24h",             // how long the record is kept
-///     lease = "30s",           // how long a claim is held before takeover
-///     wait = "5s" | fail_fast, // what a duplicate does while the first call runs
-///     fingerprint = <expr>,    // default: all arguments but the receiver
-///     replayable = <Fn(&E) -> bool>, // errors stored and replayed like results
-///     tx = <argument>,         // transactional mode: claim and completion on that transaction
-///     entity,                  // entity mode: `store` is a sqlx pool, the body's entity is the record
-/// )]
-/// ```
-///
-/// The function must return `Result<T, E>` with `T: Serialize +
-/// DeserializeOwned` and `E: From<idem::Error>`. The first call with a key
-/// runs the body and stores its `Ok` value; later calls with that key (and
-/// the same payload) return the stored value without running the body;
-/// concurrent duplicates wait for it. See [`run`] for the flow.
+// The attribute's documentation is the macro crate's: one introduction,
+// its options and its expansion, shown here inline.
 #[doc(inline)]
 pub use idem_macros::idempotent;
 
@@ -130,48 +113,7 @@ pub use idem_macros::Entity;
 /// release.
 #[doc(hidden)]
 pub mod __private {
-    pub use crate::engine::{run, run_in_transaction};
-    pub use crate::{AsKey, Call, Error, Fingerprint, Key, KeyError, Policy, Scope};
-    pub use ::core::time::Duration;
-
-    #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
-    pub use crate::entity::{run as run_entity, Entity, EntityBind, RequestHash, TokenEntity};
-    /// The sqlx version this crate is built with, for the derive's
-    /// generated code.
-    #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
-    pub use sqlx;
-
-    /// Validates the key expression's value.
-    pub fn key<K: AsKey + ?Sized>(key: &K) -> Result<Key, Error> {
-        key.to_key().map_err(Error::from)
-    }
-
-    /// Fingerprints the payload expression's value.
-    pub fn fingerprint<T: serde::Serialize + ?Sized>(payload: &T) -> Result<Fingerprint, Error> {
-        Fingerprint::of(payload)
-    }
-
-    /// Converts the scope expression's value.
-    pub fn scope(scope: impl Into<Scope>) -> Scope {
-        scope.into()
-    }
-
-    /// The error type of the annotated function's return type.
-    pub trait Returns {
-        /// `E` of `Result<T, E>`.
-        type Error;
-    }
-
-    impl<T, E> Returns for Result<T, E> {
-        type Error = E;
-    }
-
-    /// The `replayable` predicate, its argument typed as the error of `R`
-    /// (the function's return type), so that a closure such as
-    /// `|e| e.is_final()` needs no annotation.
-    pub fn replayable<R: Returns, P: Fn(&R::Error) -> bool>(predicate: P) -> P {
-        predicate
-    }
+    pub use crate::expansion::*;
 }
 
 /// The README's examples, compiled and run as doctests.

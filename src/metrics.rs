@@ -12,6 +12,7 @@
 //! | `idem_replay_latency_seconds` | histogram | time to answer a replayed call |
 //! | `idem_lease_lost_total` | counter | claims found taken over while their body ran or their outcome was stored |
 //! | `idem_store_retries_total` | counter | failed attempts to store an outcome, tried again |
+//! | `idem_unprotected_total` | counter | calls without a key that ran their body without protection (`MissingKey::Run`) |
 //! | `idem_abandoned_total` | counter | callers dropped before their call ended, by `what` became of the claim: `released` (handed back for a retry), `saved` (the outcome in hand is stored in the background), `left` (left to its lease: no runtime or store to hand it back with) |
 //!
 //! Each carries an `operation` label: the scope's operation, never the
@@ -35,6 +36,9 @@ pub const TAKEOVERS: &str = "idem_takeovers_total";
 pub const LEASE_LOST: &str = "idem_lease_lost_total";
 /// The name of the outcome-store retries counter.
 pub const STORE_RETRIES: &str = "idem_store_retries_total";
+/// The name of the counter of calls run without protection, for want of a
+/// key.
+pub const UNPROTECTED: &str = "idem_unprotected_total";
 /// The name of the abandoned-calls counter.
 pub const ABANDONED: &str = "idem_abandoned_total";
 /// The name of the replay latency histogram.
@@ -72,6 +76,10 @@ pub(crate) fn lease_lost(scope: &Scope) {
 
 pub(crate) fn store_retried(scope: &Scope) {
     metrics::counter!(STORE_RETRIES, "operation" => operation(scope)).increment(1);
+}
+
+pub(crate) fn unprotected(scope: &Scope) {
+    metrics::counter!(UNPROTECTED, "operation" => operation(scope)).increment(1);
 }
 
 pub(crate) fn abandoned(scope: &Scope, what: &'static str) {

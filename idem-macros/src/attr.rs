@@ -21,6 +21,9 @@ mod kw {
     syn::custom_keyword!(replayable);
     syn::custom_keyword!(tx);
     syn::custom_keyword!(entity);
+    syn::custom_keyword!(missing_key);
+    syn::custom_keyword!(run);
+    syn::custom_keyword!(reject);
 }
 
 /// How messages name the attribute.
@@ -28,7 +31,7 @@ const ATTRIBUTE: &str = "`#[idempotent]`";
 
 /// Every option name, in the order the documentation lists them.
 const OPTIONS: &str = "the options are `key`, `store`, `scope`, `ttl`, `lease`, `wait`, \
-                       `fail_fast`, `fingerprint`, `replayable`, `tx`, `entity`";
+                       `fail_fast`, `fingerprint`, `replayable`, `tx`, `entity`, `missing_key`";
 
 /// The parsed and checked arguments.
 pub(crate) struct Args {
@@ -47,11 +50,30 @@ pub(crate) struct Args {
     /// `fingerprint = <expr>`.
     pub(crate) fingerprint: Option<Expr>,
     /// `replayable = <expr>`.
-    pub(crate) replayable: Option<Expr>,
+    pub(crate) replayable: Option<Replayable>,
     /// `tx = <argument>`: transactional mode on that connection argument.
     pub(crate) tx: Option<Ident>,
     /// `entity`: entity mode, `store` being a sqlx pool.
     pub(crate) entity: Option<kw::entity>,
+    /// `missing_key = run | reject`.
+    pub(crate) missing_key: Option<MissingKey>,
+}
+
+/// `replayable = <expr>`, kept with its name so that an error about the
+/// option can point at all of it.
+pub(crate) struct Replayable {
+    /// The option's name.
+    pub(crate) name: kw::replayable,
+    /// The predicate.
+    pub(crate) predicate: Expr,
+}
+
+/// What to do when the key is `None`.
+pub(crate) enum MissingKey {
+    /// Fail with `idem::Error::MissingKey` (the default).
+    Reject,
+    /// Run the body without protection.
+    Run(kw::run),
 }
 
 /// A duration literal checked at parse time.
@@ -83,9 +105,10 @@ struct Partial {
     wait: Option<DurationArg>,
     fail_fast: Option<kw::fail_fast>,
     fingerprint: Option<Expr>,
-    replayable: Option<Expr>,
+    replayable: Option<Replayable>,
     tx: Option<Ident>,
     entity: Option<kw::entity>,
+    missing_key: Option<(kw::missing_key, MissingKey)>,
 }
 
 impl Parse for Args {
@@ -110,7 +133,8 @@ impl Parse for Args {
                 set(&mut p.fingerprint, name, "fingerprint", ATTRIBUTE, value)?;
             } else if lookahead.peek(kw::replayable) {
                 let name = input.parse::<kw::replayable>()?;
-                let value = expr_value(input, "replayable")?;
+                let predicate = expr_value(input, "replayable")?;
+                let value = Replayable { name, predicate };
                 set(&mut p.replayable, name, "replayable", ATTRIBUTE, value)?;
             } else if lookahead.peek(kw::tx) {
                 let name = input.parse::<kw::tx>()?;
@@ -123,6 +147,17 @@ impl Parse for Args {
                     )
                 })?;
                 set(&mut p.tx, name, "tx", ATTRIBUTE, value)?;
+            } else if lookahead.peek(kw::missing_key) {
+                let name = input.parse::<kw::missing_key>()?;
+                equals(input, "missing_key", ATTRIBUTE, "run")?;
+                let value = missing_key_value(input)?;
+                set(
+                    &mut p.missing_key,
+                    name,
+                    "missing_key",
+                    ATTRIBUTE,
+                    (name, value),
+                )?;
             } else if lookahead.peek(kw::entity) {
                 let name = input.parse::<kw::entity>()?;
                 flag(input, &mut p.entity, name, "entity", ATTRIBUTE)?;
@@ -203,6 +238,7 @@ impl Partial {
             replayable: self.replayable,
             tx: self.tx,
             entity: self.entity,
+            missing_key: self.missing_key.map(|(_, value)| value),
         })
     }
 }
@@ -242,6 +278,11 @@ fn entity_alone(flag: &kw::entity, p: &Partial) -> syn::Result<()> {
             "tx",
             "entity mode runs in a transaction of its own, on the pool given as `store`",
         ))
+    } else if p.missing_key.is_some() {
+        Some((
+            "missing_key",
+            "entity mode finds the row by its token, so it always needs a key",
+        ))
     } else {
         None
     };
@@ -261,6 +302,24 @@ fn wait_and_fail_fast(at: impl Spanned) -> syn::Error {
          choose `wait = \"...\"` to wait for the first call's result, \
          or `fail_fast` to fail at once",
     )
+}
+
+/// Parses the value of `missing_key`: `run` or `reject`.
+fn missing_key_value(input: ParseStream<'_>) -> syn::Result<MissingKey> {
+    if input.peek(kw::run) {
+        return Ok(MissingKey::Run(input.parse()?));
+    }
+    if input.peek(kw::reject) {
+        input.parse::<kw::reject>()?;
+        return Ok(MissingKey::Reject);
+    }
+    let value: Expr = input.parse()?;
+    Err(syn::Error::new_spanned(
+        value,
+        "`missing_key` in `#[idempotent]` is `run` or `reject`: with `reject` (the default) \
+         a `None` key fails with `idem::Error::MissingKey`; with `run` the body runs \
+         without protection, so a retry without a key runs it again",
+    ))
 }
 
 /// Parses `= <expr>`.
@@ -324,6 +383,30 @@ mod tests {
         assert!(args.scope.is_none() && args.ttl.is_none() && args.lease.is_none());
         assert!(args.in_progress.is_none() && args.fingerprint.is_none());
         assert!(args.replayable.is_none() && args.entity.is_none());
+        assert!(args.missing_key.is_none());
+    }
+
+    #[test]
+    fn missing_key_run_or_reject() {
+        let args = parse("key = k, store = s, missing_key = run").unwrap();
+        assert!(matches!(args.missing_key, Some(MissingKey::Run(_))));
+        let args = parse("missing_key = reject, key = k, store = s").unwrap();
+        assert!(matches!(args.missing_key, Some(MissingKey::Reject)));
+        for value in ["skip", "\"run\"", "true", "Run"] {
+            let e = error(&format!("key = k, store = s, missing_key = {value}"));
+            assert!(
+                e.starts_with("`missing_key` in `#[idempotent]` is `run` or `reject`"),
+                "{e}"
+            );
+        }
+        assert!(
+            error("key = k, store = s, missing_key").contains("expected `=` after `missing_key`")
+        );
+        let e = error("key = k, store = s, missing_key = run, missing_key = reject");
+        assert!(
+            e.starts_with("`missing_key` is given more than once"),
+            "{e}"
+        );
     }
 
     #[test]
@@ -342,6 +425,7 @@ mod tests {
             ("ttl", "ttl = \"1h\""),
             ("lease", "lease = \"1s\""),
             ("tx", "tx = conn"),
+            ("missing_key", "missing_key = run"),
         ] {
             let e = error(&format!("key = k, store = s, entity, {src}"));
             assert!(

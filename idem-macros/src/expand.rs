@@ -1,6 +1,12 @@
 //! Code generation: the annotated `async fn` keeps its signature and its body
 //! becomes a call to `::idem::__private::run` (or `run_in_transaction`),
 //! with the outcome policy on the call.
+//!
+//! What the attribute asks of the user's types is checked by trait
+//! functions of `::idem::__private` (`AsKey::to_key`, `Argument::to_json`,
+//! `Output::codec`, ...), each spanned at the user's tokens it concerns (the
+//! key, an argument, the output type, the `replayable` option), so that a
+//! missing bound is reported there, once, in the attribute's words.
 
 use proc_macro2::{Delimiter, Group, Ident, Span, TokenStream, TokenTree};
 use quote::{format_ident, quote, quote_spanned, ToTokens};
@@ -8,17 +14,26 @@ use syn::spanned::Spanned;
 use syn::visit_mut::VisitMut;
 use syn::{AttrStyle, Expr, FnArg, ItemFn, Pat, PatIdent, ReturnType, Type};
 
-use crate::attr::{Args, DurationArg, InProgress};
-use crate::valid;
+use crate::attr::{Args, DurationArg, InProgress, MissingKey, Replayable};
+use crate::valid::{self, Given};
 
 /// Parses the attribute's arguments and the item, checks both, and returns
 /// the rewritten function.
 pub(crate) fn idempotent(args: TokenStream, item: TokenStream) -> syn::Result<TokenStream> {
     let args = syn::parse2::<Args>(args);
-    // When the arguments do not parse, whether `fingerprint` was given is
-    // unknown: do not report pattern arguments then.
-    let fingerprint_given = args.as_ref().map_or(true, |a| a.fingerprint.is_some());
-    let function = valid::item(item, fingerprint_given);
+    // When the arguments do not parse, whether `fingerprint` or `scope` was
+    // given is unknown: do not report pattern arguments or generics then.
+    let given = args.as_ref().map_or(
+        Given {
+            fingerprint: true,
+            scope: true,
+        },
+        |a| Given {
+            fingerprint: a.fingerprint.is_some(),
+            scope: a.scope.is_some(),
+        },
+    );
+    let function = valid::item(item, given);
     match (args, function) {
         (Ok(args), Ok(function)) => {
             check_tx(&args, &function)?;
@@ -68,8 +83,12 @@ pub(crate) fn expand(args: &Args, function: ItemFn) -> TokenStream {
     let store_arg = bare_ident(&args.store);
     // Neither the store nor the connection is part of the payload.
     let not_payload: Vec<&Ident> = store_arg.iter().chain(args.tx.as_ref()).collect();
-    let fingerprint = match &args.fingerprint {
-        Some(expr) => expr.to_token_stream(),
+    let fingerprint_call = match &args.fingerprint {
+        Some(expr) => call_spanning(
+            expr,
+            quote!(::idem::__private::Payload::fingerprint),
+            ref_spanning(expr, expr),
+        ),
         None => default_fingerprint(&sig, &not_payload),
     };
 
@@ -101,12 +120,20 @@ pub(crate) fn expand(args: &Args, function: ItemFn) -> TokenStream {
         });
     }
 
-    let scope = match &args.scope {
-        Some(expr) => expr.to_token_stream(),
+    let scope_call = match &args.scope {
+        Some(expr) => call_spanning(
+            expr,
+            quote!(::idem::__private::IntoScope::into_scope),
+            expr.to_token_stream(),
+        ),
         None => {
             let name = sig.ident.to_string();
             let name = name.strip_prefix("r#").unwrap_or(&name);
-            quote!(::core::concat!(::core::module_path!(), "::", #name))
+            quote! {
+                ::idem::__private::IntoScope::into_scope(
+                    ::core::concat!(::core::module_path!(), "::", #name)
+                )
+            }
         }
     };
     let key = &args.key;
@@ -143,20 +170,14 @@ pub(crate) fn expand(args: &Args, function: ItemFn) -> TokenStream {
     let stmts = &block.stmts;
     // Each generated call spans the user's tokens it depends on, so that an
     // unmet bound is reported there rather than at the attribute: the key's
-    // type at the key, the arguments' at the argument list, the output and
-    // error types at the return type, the store's at the store.
-    let key_call = call_spanning(key, quote!(::idem::__private::key), ref_spanning(key));
-    let fingerprint_call = match &args.fingerprint {
-        Some(expr) => call_spanning(
-            expr,
-            quote!(::idem::__private::fingerprint),
-            ref_spanning(expr),
-        ),
-        None => {
-            let span = sig.paren_token.span.join();
-            quote_spanned!(span=> ::idem::__private::fingerprint(&(#fingerprint)))
-        }
-    };
+    // type at the key, an argument's at the argument, the output type at
+    // itself, the error type at the return type or at `replayable`, the
+    // store's at the store.
+    let key_call = call_spanning(
+        key,
+        quote!(::idem::__private::AsKey::to_key),
+        ref_spanning(key, key),
+    );
     let store_ref = quote_spanned!(store.span()=> &(#store));
     let run = match &args.tx {
         // Entity mode excludes `tx` and `replayable` (see `attr`).
@@ -164,20 +185,27 @@ pub(crate) fn expand(args: &Args, function: ItemFn) -> TokenStream {
         None => quote_spanned!(return_span=> ::idem::__private::run),
         Some(_) => quote_spanned!(return_span=> ::idem::__private::run_in_transaction),
     };
-    // The outcome policy is part of the call. The predicate's argument is
-    // typed from the return type (`impl Trait` there is not needed for the
-    // error type, and a turbofish cannot infer it), so a closure needs no
-    // annotation. Spanned at the return type, where a missing `Serialize`
-    // on the error type is reported.
-    let replaying = args.replayable.as_ref().map(|pred| {
-        let returns = match &sig.output {
-            ReturnType::Type(_, ty) => erase_impl_trait(ty, Erase::Unit),
-            ReturnType::Default => quote!(()),
-        };
-        quote_spanned! {return_span=>
-            .replaying(::idem::__private::replayable::<#returns, _>(#pred))
+    // The outcome policy is part of the call: the output is stored as JSON
+    // once `Output` found it a serde type, spanned at the output type.
+    // Entity mode stores the row instead.
+    let codec = match (&args.entity, &sig.output) {
+        (Some(_), _) | (_, ReturnType::Default) => quote!(),
+        (None, ReturnType::Type(_, ty)) => {
+            let codec = call_spanning(
+                ok_type(ty),
+                quote!(::idem::__private::Output::codec),
+                quote!(),
+            );
+            quote!(.with_codec(#codec))
         }
-    });
+    };
+    let missing_key = match &args.missing_key {
+        Some(MissingKey::Run(run)) => {
+            let run = Ident::new("Run", run.span);
+            quote!(.on_missing_key(::idem::__private::MissingKey::#run))
+        }
+        Some(MissingKey::Reject) | None => quote!(),
+    };
     let block = quote! {
         async {
             #(#rebinds)*
@@ -203,21 +231,41 @@ pub(crate) fn expand(args: &Args, function: ItemFn) -> TokenStream {
     };
     // The call is built in the argument list, before the body moves the
     // arguments into its future. Its outer tokens are spanned at the return
-    // type, where an unmet bound of its outcome policy is reported: a
-    // generated local would be blamed at the attribute instead, and would
-    // repeat what `replaying` reports.
+    // type: whatever the checks above leave to the call (the error type's
+    // `From<idem::Error>`) is reported there, not at the attribute.
     let from_parts = quote_spanned! {return_span=>
         ::idem::__private::Call::from_parts(
-            ::idem::__private::scope(#scope),
-            #key_call,
+            #scope_call,
+            #key_call.map_err(::idem::__private::Error::from),
             #fingerprint_call,
             #policy,
         )
+        #codec
+        #missing_key
+    };
+    // Replayable errors are stored once `ReplayableError` found their type
+    // a serde type, spanned at the option. The predicate's argument is
+    // typed from the return type (`impl Trait` there is not needed for the
+    // error type, and a turbofish cannot infer it), so a closure needs no
+    // annotation.
+    let call = match &args.replayable {
+        Some(Replayable { name, predicate }) => {
+            let returns = match &sig.output {
+                ReturnType::Type(_, ty) => erase_impl_trait(ty, Erase::Unit),
+                ReturnType::Default => quote!(()),
+            };
+            call_spanning(
+                &quote!(#name = #predicate),
+                quote!(::idem::__private::ReplayableError::replaying),
+                quote!(#from_parts, ::idem::__private::replayable::<#returns, _>(#predicate)),
+            )
+        }
+        None => from_parts,
     };
     // Spanned at the return type's first token only: the `.await` repeats
     // some of the call's bounds, and one span for both reports each once.
     let run_call = quote_spanned! {return_span=>
-        #run(#store_ref, #conn_arg #from_parts #replaying, #body).await
+        #run(#store_ref, #conn_arg #call, #body).await
     };
 
     quote! {
@@ -258,22 +306,59 @@ fn policy(args: &Args) -> TokenStream {
     policy
 }
 
-/// Every argument except `self` and the store, as a tuple of references:
-/// `(&a, &b,)`, or `()` when there is none.
+/// The fingerprint of every argument except `self` and the store: that of
+/// the tuple of their references, `(&a, &b,)`, or of `()` when there is
+/// none. Each argument is checked where it is declared.
 fn default_fingerprint(sig: &syn::Signature, not_payload: &[&Ident]) -> TokenStream {
-    let refs = sig.inputs.iter().filter_map(|input| match input {
-        FnArg::Typed(arg) => match &*arg.pat {
-            Pat::Ident(pat) if !not_payload.contains(&&pat.ident) => {
-                let ident = &pat.ident;
-                Some(quote_spanned!(ident.span()=> &#ident,))
-            }
-            // Pattern arguments are rejected by `valid` when no
-            // `fingerprint` is given.
-            _ => None,
-        },
-        FnArg::Receiver(_) => None,
-    });
-    quote!((#(#refs)*))
+    let values: Vec<TokenStream> = sig
+        .inputs
+        .iter()
+        .filter_map(|input| match input {
+            FnArg::Typed(arg) => match &*arg.pat {
+                Pat::Ident(pat) if !not_payload.contains(&&pat.ident) => Some(call_spanning(
+                    arg,
+                    quote!(::idem::__private::Argument::to_json),
+                    ref_spanning(arg, &pat.ident),
+                )),
+                // Pattern arguments are rejected by `valid` when no
+                // `fingerprint` is given.
+                _ => None,
+            },
+            FnArg::Receiver(_) => None,
+        })
+        .collect();
+    if values.is_empty() {
+        quote!(::idem::__private::Payload::fingerprint(&()))
+    } else {
+        quote!(::idem::__private::arguments([#(#values),*]))
+    }
+}
+
+/// The `T` of a return type `Result<T, E>` (or of an alias such as
+/// `io::Result<T>`): the first type argument of its last path segment, or
+/// the whole type when it has none.
+fn ok_type(ty: &Type) -> &Type {
+    match ty {
+        Type::Group(group) => ok_type(&group.elem),
+        Type::Paren(paren) => ok_type(&paren.elem),
+        Type::Path(path) => {
+            let first = path
+                .path
+                .segments
+                .last()
+                .and_then(|segment| match &segment.arguments {
+                    syn::PathArguments::AngleBracketed(args) => {
+                        args.args.iter().find_map(|arg| match arg {
+                            syn::GenericArgument::Type(ty) => Some(ty),
+                            _ => None,
+                        })
+                    }
+                    _ => None,
+                });
+            first.unwrap_or(ty)
+        }
+        other => other,
+    }
 }
 
 /// The identifier when `expr` is a lone name such as `store`.
@@ -318,10 +403,11 @@ fn call_spanning(user: &impl ToTokens, path: TokenStream, args: TokenStream) -> 
     quote!(#(#path)* #args)
 }
 
-/// `&(user)`, spanning all of `user` in the same way as [`call_spanning`].
-fn ref_spanning(user: &impl ToTokens) -> TokenStream {
+/// `&(expr)`, spanning all of `user` (`expr` itself, or the argument that
+/// declares it) in the same way as [`call_spanning`].
+fn ref_spanning(user: &impl ToTokens, expr: &impl ToTokens) -> TokenStream {
     let ampersand = quote_spanned!(user.span()=> &);
-    let mut inner = Group::new(Delimiter::Parenthesis, user.to_token_stream());
+    let mut inner = Group::new(Delimiter::Parenthesis, expr.to_token_stream());
     inner.set_span(last_span(user));
     quote!(#ampersand #inner)
 }
@@ -405,11 +491,17 @@ mod tests {
                 ::idem::__private::run(
                     &(self.store),
                     ::idem::__private::Call::from_parts(
-                        ::idem::__private::scope(::core::concat!(::core::module_path!(), "::", "charge")),
-                        ::idem::__private::key(&(cmd.token)),
-                        ::idem::__private::fingerprint(&((&cmd,))),
+                        ::idem::__private::IntoScope::into_scope(
+                            ::core::concat!(::core::module_path!(), "::", "charge")
+                        ),
+                        ::idem::__private::AsKey::to_key(&(cmd.token))
+                            .map_err(::idem::__private::Error::from),
+                        ::idem::__private::arguments([
+                            ::idem::__private::Argument::to_json(&(cmd))
+                        ]),
                         ::idem::__private::Policy::new(),
-                    ),
+                    )
+                    .with_codec(::idem::__private::Output::codec()),
                     async {
                         #[allow(unused_variables)]
                         let cmd = cmd;
@@ -448,12 +540,18 @@ mod tests {
             ),
         );
         assert!(
-            out.contains(&squash(quote!(fingerprint(&((&key, &amount,)))))),
+            out.contains(&squash(quote!(arguments([
+                ::idem::__private::Argument::to_json(&(key)),
+                ::idem::__private::Argument::to_json(&(amount))
+            ])))),
             "{out}"
         );
         assert!(out.contains("run (& (store) , :: idem"), "{out}");
         assert!(
-            out.contains(", :: idem :: __private :: Policy :: new () ,) , async"),
+            out.contains(
+                ", :: idem :: __private :: Policy :: new () ,) \
+                 . with_codec (:: idem :: __private :: Output :: codec ()) , async"
+            ),
             "{out}"
         );
 
@@ -465,7 +563,12 @@ mod tests {
                 }
             ),
         );
-        assert!(out.contains(&squash(quote!(fingerprint(&(()))))), "{out}");
+        assert!(
+            out.contains(&squash(quote!(
+                ::idem::__private::Payload::fingerprint(&())
+            ))),
+            "{out}"
+        );
     }
 
     #[test]
@@ -485,25 +588,29 @@ mod tests {
             ),
         );
         assert!(
-            out.contains(&squash(quote!(scope("payments.create")))),
+            out.contains(&squash(quote!(into_scope("payments.create")))),
             "{out}"
         );
         assert!(
-            out.contains(&squash(quote!(fingerprint(
+            out.contains(&squash(quote!(::idem::__private::Payload::fingerprint(
                 &((&cmd.amount, &cmd.currency))
             )))),
             "{out}"
         );
         assert!(
             out.contains(
-                ":: idem :: __private :: Policy :: new () ,) . replaying \
-                 (:: idem :: __private :: replayable :: < Result < () , E > , _ > \
+                ":: idem :: __private :: Policy :: new () ,) \
+                 . with_codec (:: idem :: __private :: Output :: codec ()) , \
+                 :: idem :: __private :: replayable :: < Result < () , E > , _ > \
                  (| e | e . is_final ())) , async"
             ),
             "{out}"
         );
         assert!(
-            out.contains(":: idem :: __private :: run (& (self . store) , :: idem"),
+            out.contains(
+                ":: idem :: __private :: run (& (self . store) , \
+                 :: idem :: __private :: ReplayableError :: replaying (:: idem"
+            ),
             "{out}"
         );
     }
@@ -520,13 +627,16 @@ mod tests {
         );
         // `impl Trait` names no error type: `()` stands for it.
         assert!(
-            out.contains(&squash(quote!(
-                .replaying(::idem::__private::replayable::<Result<(), E>, _>(|_| true)),
-            ))),
+            out.contains(
+                ":: idem :: __private :: replayable :: < Result < () , E > , _ > (| _ | true)"
+            ),
             "{out}"
         );
         assert!(
-            out.contains(":: idem :: __private :: run_in_transaction (& (store) , conn , :: idem"),
+            out.contains(
+                ":: idem :: __private :: run_in_transaction (& (store) , conn , \
+                 :: idem :: __private :: ReplayableError :: replaying (:: idem"
+            ),
             "{out}"
         );
         assert!(!out.contains("run_in_transaction_replaying"), "{out}");
@@ -547,6 +657,45 @@ mod tests {
             "{out}"
         );
         assert!(!out.contains("__private :: run ("), "{out}");
+        // The row is the record: no codec.
+        assert!(!out.contains("with_codec"), "{out}");
+    }
+
+    #[test]
+    fn missing_key_run_is_on_the_call() {
+        let item = quote!(
+            async fn f(k: Option<String>) -> Result<(), E> {
+                Ok(())
+            }
+        );
+        let out = expand_str(quote!(key = k, store = S, missing_key = run), item.clone());
+        assert!(
+            out.contains(&squash(quote!(
+                .with_codec(::idem::__private::Output::codec())
+                .on_missing_key(::idem::__private::MissingKey::Run),
+            ))),
+            "{out}"
+        );
+        // `reject` is the default: nothing to say.
+        let reject = expand_str(
+            quote!(key = k, store = S, missing_key = reject),
+            item.clone(),
+        );
+        assert_eq!(reject, expand_str(quote!(key = k, store = S), item));
+    }
+
+    #[test]
+    fn output_type_of_results_and_aliases() {
+        for (ty, output) in [
+            (quote!(Result<Receipt, E>), "Receipt"),
+            (quote!(std::result::Result<Vec<u8>, E>), "Vec < u8 >"),
+            (quote!(io::Result<u64>), "u64"),
+            (quote!((Result<impl Sized, E>)), "impl Sized"),
+            (quote!(Outcome), "Outcome"),
+        ] {
+            let ty: Type = syn::parse2(ty).unwrap();
+            assert_eq!(ok_type(&ty).to_token_stream().to_string(), output);
+        }
     }
 
     #[test]

@@ -78,14 +78,24 @@ mod valid;
 ///   with another payload, call still in progress, store errors).
 /// - Every argument other than `self` is `Serialize` (it is part of the
 ///   default fingerprint), unless `fingerprint = ...` is given.
+/// - A generic function (a type or const parameter, or an `impl Trait`
+///   argument) gives `scope = ...`: its instantiations would otherwise
+///   share one scope, and one could be answered with another's stored
+///   outcome, of another type. Lifetimes alone are fine. The attribute sees
+///   only the function's own parameters: a method of a generic `impl` whose
+///   output depends on the `impl`'s parameters needs a `scope` too.
+///
+/// A missing bound is reported at what needs it, in these words: the
+/// argument, the output type, the `key`, `scope` or `fingerprint`
+/// expression, or the `replayable` option.
 ///
 /// # Options
 ///
 /// | option | meaning |
 /// |---|---|
-/// | `key = <expr>` | **required.** The client's idempotency key: a `str`, `String`, `idem::Key`, an integer, an `Option` of these, or a reference to any of them. Any expression over the arguments, such as `cmd.idempotency_key`, `order_id` or `&cmd.key`. |
+/// | `key = <expr>` | **required.** The client's idempotency key: a `str`, `String`, `idem::Key`, an integer, a `uuid::Uuid` (feature `uuid`), an `Option` of these, or a reference to any of them; `idem::Displayed(&x)` for any `Display` value, `idem::key_of(&(a, b))` for a key derived from several fields. Any expression over the arguments, such as `cmd.idempotency_key`, `order_id` or `&cmd.key`. |
 /// | `store = <expr>` | **required.** The store, any `idem::Store` (also behind `Arc` or `&`), such as `self.store`. When it is an argument (`store = store`), that argument is left out of the default fingerprint. |
-/// | `scope = <expr>` | The operation the key belongs to, anything `Into<idem::Scope>` (`"payments.charge"`, a `String`, a `Scope` with a principal). Default: the module path and function name, such as `"my_app::payments::charge"`. Two methods with the same name in one module share that default: give one of them a `scope`. |
+/// | `scope = <expr>` | The operation the key belongs to, anything `Into<idem::Scope>` (`"payments.charge"`, a `String`, a `Scope` with a principal). Default: the module path and function name, such as `"my_app::payments::charge"`; see [Scopes](#scopes). Required on a generic function. |
 /// | `ttl = "24h"` | How long a record, and so the key, is kept. Default: 24 hours. |
 /// | `lease = "30s"` | How long a running call holds the key before another call may take it over. Default: 30 seconds. |
 /// | `wait = "5s"` | When the same key is still running elsewhere, wait up to this long for its result, then replay it. `"0s"` does not wait. Default: 5 seconds. |
@@ -93,7 +103,8 @@ mod valid;
 /// | `fingerprint = <expr>` | The payload compared between calls with the same key (`Serialize`). Default: every argument except `self` and the store, as a tuple of references. A different payload under a known key fails with `idem::Error::KeyReused`. |
 /// | `tx = <argument>` | Transactional mode: the argument (a `&mut Transaction<'_, DB>`, `&mut PoolConnection<DB>` or `&mut DB::Connection`) on which the claim and the completion are written, so they commit or roll back with the body's own writes. The body uses the argument as usual; it is not part of the default fingerprint. |
 /// | `entity` | Entity mode: no records table, the business row is the record. `store` is a sqlx pool (`SqlitePool`, `PgPool`, `MySqlPool`) and `T` a `#[derive(idem::Entity)]` type with a `#[idem(token)]` field, read with `sqlx::FromRow` (it need not be `Serialize`). The row whose token is the key is returned; otherwise the body runs once per token, under a renewed claim on the token, and the entity it returns, which must carry the key as its token, is inserted and returned as stored. The token alone identifies the operation, so a tenant goes into the token itself: `scope` is refused, as are `ttl`, `lease`, `replayable` and `tx`. See `idem::entity`. |
-/// | `replayable = <expr>` | A predicate `Fn(&E) -> bool` choosing the errors that are saved and replayed like results (`E` must then be `Serialize + DeserializeOwned`). Other errors release the key, so a retry runs the body again. |
+/// | `replayable = <expr>` | A predicate `Fn(&E) -> bool` choosing the errors that are saved and replayed like results (`E` must then be `Serialize + DeserializeOwned`; an `idem::Error` inside it is, see its *Serialized form*). Other errors release the key, so a retry runs the body again. Pick permanent answers (a declined card), never the library's transient errors. |
+/// | `missing_key = reject` \| `run` | What a `None` key (an `Option` key) does. `reject`, the default: the call fails with `idem::Error::MissingKey` and the body does not run. `run`: the body runs **without protection**, with nothing claimed, recorded or replayed, so every retry without a key runs it again and concurrent duplicates all run; for operations whose clients may send no key and accept that. An invalid key is refused either way. Not with `entity`. |
 ///
 /// Durations are string literals checked at compile time: one or more
 /// `<integer><unit>` parts with units `ms`, `s`, `m`, `h`, `d`, such as
@@ -104,6 +115,28 @@ mod valid;
 /// `key` and `fingerprint` are only borrowed; `scope` is taken by value, so
 /// write `scope = cmd.tenant.as_str()` rather than moving a field out of an
 /// argument the body still uses.
+///
+/// # Scopes
+///
+/// Records are unique per scope and key. The default scope is the module
+/// path and the function name, such as `"my_app::payments::charge"`, so
+/// **renaming the function, or moving it or its module, starts a new key
+/// space**: after the deploy, the stored outcomes are no longer found, and
+/// every retry in flight runs its body again. Two methods with the same
+/// name in one module share that default. Give anything deployed a scope
+/// that names the operation and outlives refactorings:
+///
+/// ```text
+/// #[idempotent(key = cmd.idempotency_key, store = self.store, scope = "payments.charge")]
+/// ```
+///
+/// # Telling a replay from a first run
+///
+/// `Result<T, E>` does not say whether the body ran. Return
+/// `Result<idem::Tracked<T>, E>` where the caller needs to know: the body
+/// returns `Ok(Tracked::new(value))` (or `Ok(value.into())`), and
+/// `is_replayed()` is `true` on a value answered from a record. It is
+/// stored as `T`, so the records of either signature serve the other.
 ///
 /// # The rewritten body
 ///

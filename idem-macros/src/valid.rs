@@ -1,14 +1,27 @@
 //! Checks on the annotated item: an `async fn` with a body, returning a
-//! `Result`, whose arguments can be fingerprinted.
+//! `Result`, whose arguments can be fingerprinted, and which names its
+//! scope if it is generic.
 
 use proc_macro2::{TokenStream, TokenTree};
 use quote::ToTokens;
-use syn::{FnArg, Item, ItemFn, Pat, ReturnType, TraitItemFn, Type};
+use syn::visit_mut::VisitMut;
+use syn::{FnArg, GenericParam, Item, ItemFn, Pat, ReturnType, Signature, TraitItemFn, Type};
 
 use crate::diag::combine;
 
+/// Which options that change what the item must be were given. When the
+/// options do not parse, both count as given, so that only certain
+/// mistakes are reported.
+#[derive(Clone, Copy)]
+pub(crate) struct Given {
+    /// `fingerprint = ...`: the arguments need not be fingerprinted.
+    pub(crate) fingerprint: bool,
+    /// `scope = ...`: the function may be generic.
+    pub(crate) scope: bool,
+}
+
 /// Parses `item` and checks that `#[idempotent]` can rewrite it.
-pub(crate) fn item(item: TokenStream, fingerprint_given: bool) -> syn::Result<ItemFn> {
+pub(crate) fn item(item: TokenStream, given: Given) -> syn::Result<ItemFn> {
     let function = match syn::parse2::<Item>(item.clone()) {
         Ok(Item::Fn(function)) => function,
         parsed => {
@@ -69,7 +82,21 @@ pub(crate) fn item(item: TokenStream, fingerprint_given: bool) -> syn::Result<It
         ReturnType::Type(..) => {}
     }
 
-    if !fingerprint_given {
+    if !given.scope {
+        if let Some(generic) = generic(sig) {
+            errors.push(syn::Error::new_spanned(
+                generic,
+                "a generic `#[idempotent]` fn needs `scope = ...`: its instantiations \
+                 would share the default scope (module path and fn name), so one could be \
+                 answered with another's stored outcome, of another type; name the \
+                 operation, as in `scope = \"cache.fill\"`, or give each type its own with \
+                 a name the type provides, as in `scope = format!(\"cache.fill.{}\", T::NAME)` \
+                 (not `std::any::type_name`, which may change with the compiler)",
+            ));
+        }
+    }
+
+    if !given.fingerprint {
         for input in &sig.inputs {
             if let FnArg::Typed(arg) = input {
                 if !matches!(&*arg.pat, Pat::Ident(_)) {
@@ -85,6 +112,36 @@ pub(crate) fn item(item: TokenStream, fingerprint_given: bool) -> syn::Result<It
 
     combine(errors)?;
     Ok(function)
+}
+
+/// The first type or const parameter of the function, or else its first
+/// argument of an `impl Trait` type: a lifetime alone does not change the
+/// types that are stored.
+fn generic(sig: &Signature) -> Option<TokenStream> {
+    let param = sig.generics.params.iter().find_map(|param| match param {
+        GenericParam::Type(param) => Some(param.to_token_stream()),
+        GenericParam::Const(param) => Some(param.to_token_stream()),
+        GenericParam::Lifetime(_) => None,
+    });
+    param.or_else(|| {
+        sig.inputs.iter().find_map(|input| match input {
+            FnArg::Typed(arg) => impl_trait(&arg.ty),
+            FnArg::Receiver(_) => None,
+        })
+    })
+}
+
+/// The first `impl Trait` in `ty`, at any depth.
+fn impl_trait(ty: &Type) -> Option<TokenStream> {
+    struct Find(Option<TokenStream>);
+    impl VisitMut for Find {
+        fn visit_type_impl_trait_mut(&mut self, ty: &mut syn::TypeImplTrait) {
+            self.0.get_or_insert_with(|| ty.to_token_stream());
+        }
+    }
+    let mut find = Find(None);
+    find.visit_type_mut(&mut ty.clone());
+    find.0
 }
 
 /// Whether `ty` looks like a `Result`: a path whose last segment is named
@@ -141,8 +198,13 @@ mod tests {
     use super::*;
     use quote::quote;
 
+    const NOTHING: Given = Given {
+        fingerprint: false,
+        scope: false,
+    };
+
     fn error(item: TokenStream) -> String {
-        match super::item(item, false) {
+        match super::item(item, NOTHING) {
             Ok(_) => panic!("accepted"),
             Err(e) => e.to_string(),
         }
@@ -170,12 +232,37 @@ mod tests {
                 }
             ),
             quote!(
-                async fn f<T: Sized>(&mut self, t: T) -> (Result<T, E>) {
-                    Ok(t)
+                async fn f<'a>(&mut self, t: &'a str) -> (Result<u8, E>) {
+                    Ok(1)
                 }
             ),
         ] {
-            super::item(item, false).unwrap();
+            super::item(item, NOTHING).unwrap();
+        }
+    }
+
+    #[test]
+    fn generic_fns_need_a_scope() {
+        for item in [
+            quote!(
+                async fn f<'a, T: Sized>(t: &'a T) -> Result<u8, E> {}
+            ),
+            quote!(
+                async fn f<const N: usize>(t: [u8; N]) -> Result<u8, E> {}
+            ),
+            quote!(
+                async fn f(store: &S, t: Vec<impl Serialize>) -> Result<u8, E> {}
+            ),
+        ] {
+            let err = super::item(item.clone(), NOTHING).err().unwrap();
+            assert!(err
+                .to_string()
+                .starts_with("a generic `#[idempotent]` fn needs `scope = ...`"));
+            let given = Given {
+                fingerprint: false,
+                scope: true,
+            };
+            super::item(item, given).unwrap();
         }
     }
 
@@ -226,7 +313,7 @@ mod tests {
             quote!(
                 fn f((a, _): (u8, u8)) {}
             ),
-            false,
+            NOTHING,
         )
         .err()
         .unwrap();
@@ -240,6 +327,10 @@ mod tests {
                 Ok(())
             }
         );
-        super::item(item, true).unwrap();
+        let given = Given {
+            fingerprint: true,
+            scope: false,
+        };
+        super::item(item, given).unwrap();
     }
 }

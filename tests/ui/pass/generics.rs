@@ -4,7 +4,8 @@ use idem::{idempotent, MemoryStore, Store};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-#[idempotent(key = key, store = store)]
+// A generic fn names its scope: its instantiations would share the default.
+#[idempotent(key = key, store = store, scope = "echo")]
 async fn echo<'a, S, T>(store: &'a S, key: &'a str, value: T) -> Result<T, idem::Error>
 where
     S: Store + ?Sized,
@@ -18,13 +19,19 @@ struct Service<S> {
 }
 
 impl<S: Store> Service<S> {
-    #[idempotent(key = key.as_ref(), store = self.store)]
+    #[idempotent(key = key.as_ref(), store = self.store, scope = "service.describe")]
     async fn describe<K: AsRef<str> + Serialize + Display>(
         &self,
         key: K,
     ) -> Result<String, idem::Error> {
         Ok(format!("{key}"))
     }
+}
+
+// Lifetimes alone do not make a fn generic in what it stores.
+#[idempotent(key = key, store = store)]
+async fn shout<'a>(store: &'a MemoryStore, key: &'a str, word: &'a str) -> Result<String, idem::Error> {
+    Ok(word.to_uppercase())
 }
 
 #[tokio::main(flavor = "current_thread")]
@@ -35,4 +42,5 @@ async fn main() {
         store: std::sync::Arc::new(MemoryStore::new()),
     };
     assert_eq!(service.describe("k").await.unwrap(), "k");
+    assert_eq!(shout(&store, "s", "hey").await.unwrap(), "HEY");
 }

@@ -1,0 +1,12 @@
+use idem::{idempotent, MemoryStore};
+
+struct Card {
+    number: String,
+}
+
+#[idempotent(key = key, store = store, fingerprint = card)]
+async fn charge(store: &MemoryStore, key: String, card: Card) -> Result<usize, idem::Error> {
+    Ok(card.number.len())
+}
+
+fn main() {}
