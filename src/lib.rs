@@ -61,6 +61,9 @@ pub mod metrics;
 mod policy;
 pub mod record;
 pub mod store;
+#[cfg(feature = "testing")]
+#[cfg_attr(docsrs, doc(cfg(feature = "testing")))]
+pub mod testing;
 
 pub use engine::{
     run, run_in_transaction, run_in_transaction_replaying, run_replaying, run_with_codec, Call,
