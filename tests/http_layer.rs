@@ -1,6 +1,9 @@
-//! The HTTP `Idempotency-Key` layer end to end (issue 5): a real axum
-//! server on an ephemeral port of 127.0.0.1, a real HTTP client, and every
-//! case run on each store by `http_cases!`.
+//! The HTTP `Idempotency-Key` layer end to end: a real axum server on an
+//! ephemeral port of 127.0.0.1, a real HTTP client, and every case run on
+//! SQLite (a file) and PostgreSQL, each in a table of its own; MariaDB runs
+//! the case its store once refused.
+
+mod common;
 
 use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -13,110 +16,50 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::Router;
+use common::backend::{Guard, SqlStore};
 use idem::http::{IdempotencyLayer, Problem};
-use idem::Store;
 use reqwest::header::RETRY_AFTER;
 use serde_json::{json, Value};
 use tokio::sync::Notify;
 
-/// Emits one `#[tokio::test]` per case for a store. `$make` is an async
-/// block yielding `(store, guard)`; the guard keeps the store's resources
-/// alive for the test and cleans them up.
-macro_rules! http_cases {
-    ($backend:ident, $make:expr) => {
-        mod $backend {
-            use super::*;
-            http_cases!(@cases $make;
-                replay_is_identical,
-                other_payload_is_422,
-                missing_key_is_400,
-                malformed_keys_are_400,
-                fail_fast_is_409,
-                concurrent_duplicates_run_once,
-                server_error_released_then_retried,
-                stored_statuses_follow_the_policy,
-                principals_never_share_a_response,
-                missing_principal_is_refused_with_401,
-                set_cookie_is_never_replayed,
-                long_raw_path_is_answered_and_replayed,
-                get_is_untouched,
-                body_over_limit_is_413,
-                store_down_is_503,
-                panicking_handler_releases_the_key,
-                disconnected_client_outcome_is_saved,
-            );
-        }
-    };
-    (@cases $make:expr; $($case:ident),* $(,)?) => {$(
-        #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-        async fn $case() {
-            let (store, guard) = fixture($make).await;
-            crate::$case(store).await;
-            drop(guard);
-        }
-    )*};
-}
-
-async fn fixture<S, G>(make: impl Future<Output = (S, G)>) -> (S, G) {
-    make.await
-}
-
-/// A store the tests can take down, to see the layer answer 503.
-trait Backend: Store + Clone + 'static {
-    fn shut_down(&self) -> impl Future<Output = ()> + Send;
-}
-
-impl Backend for idem::SqliteStore {
-    async fn shut_down(&self) {
-        self.pool().close().await;
+common::backends!(sqlite_file, postgres =>
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    cases(on_store, backend::store(8)) {
+        replay_is_identical,
+        other_payload_is_422,
+        missing_key_is_400,
+        malformed_keys_are_400,
+        fail_fast_is_409,
+        concurrent_duplicates_run_once,
+        server_error_released_then_retried,
+        stored_statuses_follow_the_policy,
+        principals_never_share_a_response,
+        missing_principal_is_refused_with_401,
+        set_cookie_is_never_replayed,
+        long_raw_path_is_answered_and_replayed,
+        get_is_untouched,
+        body_over_limit_is_413,
+        store_down_is_503,
+        panicking_handler_releases_the_key,
+        disconnected_client_outcome_is_saved,
     }
-}
-
-#[cfg(any(feature = "postgres", feature = "mysql"))]
-#[path = "conformance/servers.rs"]
-mod servers;
-
-#[cfg(feature = "postgres")]
-impl Backend for idem::PostgresStore {
-    async fn shut_down(&self) {
-        self.pool().close().await;
-    }
-}
-
-#[cfg(feature = "mysql")]
-impl Backend for idem::MySqlStore {
-    async fn shut_down(&self) {
-        self.pool().close().await;
-    }
-}
-
-http_cases!(sqlite, async {
-    let dir = tempfile::tempdir().expect("a temporary directory");
-    let url = format!("sqlite://{}", dir.path().join("idem.db").display());
-    let store = idem::SqliteStore::connect(&url)
-        .await
-        .expect("open the SQLite file");
-    (store, dir)
-});
-
-// Each case on a table of its own, dropped when the case ends.
-#[cfg(feature = "postgres")]
-http_cases!(postgres, async {
-    let (store, _db, tables) = servers::postgres_store(8).await;
-    (store, tables)
-});
+);
 
 // MariaDB: the case that its store used to refuse (a scope over the 1024
 // bytes of its column).
-#[cfg(feature = "mysql")]
-mod mysql {
-    use super::*;
-    http_cases!(@cases async {
-        let (store, _db, tables) = servers::mysql_store(4).await;
-        (store, tables)
-    };
-        long_raw_path_is_answered_and_replayed,
-    );
+common::backends!(mysql =>
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    cases(on_store, backend::store(4)) { long_raw_path_is_answered_and_replayed }
+);
+
+/// Runs `case` on the store of `fixture`, then drops the fixture's guard.
+async fn on_store<S, F>(fixture: impl Future<Output = (S, Guard)>, case: impl FnOnce(S) -> F)
+where
+    F: Future<Output = ()>,
+{
+    let (store, guard) = fixture.await;
+    case(store).await;
+    drop(guard);
 }
 
 // ---------------------------------------------------------------------------
@@ -265,7 +208,7 @@ async fn authenticate(mut request: Request, next: Next) -> Response {
 }
 
 /// A layer that scopes keys to the authenticated tenant.
-fn by_tenant<S: Backend>(store: S) -> IdempotencyLayer {
+fn by_tenant<S: SqlStore>(store: S) -> IdempotencyLayer {
     IdempotencyLayer::new(store).principal(|parts: &axum::http::request::Parts| {
         Some(parts.extensions.get::<Tenant>()?.0.clone())
     })
@@ -370,7 +313,7 @@ async fn problem(response: reqwest::Response, expected: Problem) -> Value {
 // ---------------------------------------------------------------------------
 // The cases.
 
-async fn replay_is_identical<S: Backend>(store: S) {
+async fn replay_is_identical<S: SqlStore>(store: S) {
     let (server, seen) = serve(IdempotencyLayer::new(store)).await;
     let key = fresh_key();
     let first = server
@@ -395,7 +338,7 @@ async fn replay_is_identical<S: Backend>(store: S) {
     assert_eq!(seen.runs(), 1);
 }
 
-async fn other_payload_is_422<S: Backend>(store: S) {
+async fn other_payload_is_422<S: SqlStore>(store: S) {
     let (server, seen) = serve(IdempotencyLayer::new(store)).await;
     let key = fresh_key();
     let first = server
@@ -420,7 +363,7 @@ async fn other_payload_is_422<S: Backend>(store: S) {
     assert_eq!(seen.runs(), 2);
 }
 
-async fn missing_key_is_400<S: Backend>(store: S) {
+async fn missing_key_is_400<S: SqlStore>(store: S) {
     let (server, seen) = serve(IdempotencyLayer::new(store)).await;
     let response = server
         .client
@@ -433,7 +376,7 @@ async fn missing_key_is_400<S: Backend>(store: S) {
     assert_eq!(seen.runs(), 0);
 }
 
-async fn malformed_keys_are_400<S: Backend>(store: S) {
+async fn malformed_keys_are_400<S: SqlStore>(store: S) {
     let (server, seen) = serve(IdempotencyLayer::new(store)).await;
     let long = "k".repeat(256);
     let cases: Vec<(&str, Vec<HeaderValue>)> = vec![
@@ -482,7 +425,7 @@ async fn malformed_keys_are_400<S: Backend>(store: S) {
     assert_eq!(seen.runs(), 0);
 }
 
-async fn fail_fast_is_409<S: Backend>(store: S) {
+async fn fail_fast_is_409<S: SqlStore>(store: S) {
     let (server, seen) = serve(IdempotencyLayer::new(store).fail_fast()).await;
     let key = fresh_key();
     let first = tokio::spawn(server.post("/gated", &key, "x").send());
@@ -503,7 +446,7 @@ async fn fail_fast_is_409<S: Backend>(store: S) {
     assert_eq!(seen.runs(), 1);
 }
 
-async fn concurrent_duplicates_run_once<S: Backend>(store: S) {
+async fn concurrent_duplicates_run_once<S: SqlStore>(store: S) {
     let (server, seen) = serve(IdempotencyLayer::new(store)).await;
     let server = Arc::new(server);
     let key = fresh_key();
@@ -533,7 +476,7 @@ async fn concurrent_duplicates_run_once<S: Backend>(store: S) {
     assert_eq!(seen.runs(), 1);
 }
 
-async fn server_error_released_then_retried<S: Backend>(store: S) {
+async fn server_error_released_then_retried<S: SqlStore>(store: S) {
     let (server, seen) = serve(IdempotencyLayer::new(store)).await;
     let key = fresh_key();
     let failed = server.post("/flaky", &key, "x").send().await.unwrap();
@@ -549,7 +492,7 @@ async fn server_error_released_then_retried<S: Backend>(store: S) {
     assert_eq!(seen.runs(), 2);
 }
 
-async fn stored_statuses_follow_the_policy<S: Backend>(store: S) {
+async fn stored_statuses_follow_the_policy<S: SqlStore>(store: S) {
     let (server, seen) = serve(IdempotencyLayer::new(store)).await;
     // Final answers are stored and replayed.
     for code in [200u16, 303, 404, 422] {
@@ -580,7 +523,7 @@ async fn stored_statuses_follow_the_policy<S: Backend>(store: S) {
 
 /// The same key and payload sent by two authenticated tenants never share
 /// a response: each runs once, and each replay is its own.
-async fn principals_never_share_a_response<S: Backend>(store: S) {
+async fn principals_never_share_a_response<S: SqlStore>(store: S) {
     let (server, seen) = serve_authenticated(by_tenant(store)).await;
     let key = fresh_key();
     let send = |tenant: &'static str| {
@@ -610,7 +553,7 @@ async fn principals_never_share_a_response<S: Backend>(store: S) {
 /// A layer that scopes keys to a principal refuses a request in which its
 /// extractor finds none (401), rather than widening the key to the whole
 /// route: the handler does not run, and nothing is stored.
-async fn missing_principal_is_refused_with_401<S: Backend>(store: S) {
+async fn missing_principal_is_refused_with_401<S: SqlStore>(store: S) {
     let (server, seen) = serve_authenticated(by_tenant(store)).await;
     let key = fresh_key();
     let anonymous = || server.post("/orders", &key, "2 apples").send();
@@ -638,7 +581,7 @@ async fn missing_principal_is_refused_with_401<S: Backend>(store: S) {
 /// A replay never carries the `Set-Cookie` (nor the `Authentication-Info`)
 /// of the response it replays, which went to its first client only: a
 /// replay may go to any client that sends the key.
-async fn set_cookie_is_never_replayed<S: Backend>(store: S) {
+async fn set_cookie_is_never_replayed<S: SqlStore>(store: S) {
     let (server, seen) = serve(IdempotencyLayer::new(store)).await;
     let key = fresh_key();
     let first = server.post("/orders", &key, "2 apples").send();
@@ -664,7 +607,7 @@ async fn set_cookie_is_never_replayed<S: Backend>(store: S) {
 /// template (no `MatchedPath`), is answered and replayed like any other:
 /// its scope is stored as a prefix and a digest. Two such paths that
 /// differ only at their end stay two scopes.
-async fn long_raw_path_is_answered_and_replayed<S: Backend>(store: S) {
+async fn long_raw_path_is_answered_and_replayed<S: SqlStore>(store: S) {
     let (server, seen) = serve(IdempotencyLayer::new(store)).await;
     // Letters that do not compress: PostgreSQL compresses an index entry
     // before it checks its size, so a repeated letter would fit.
@@ -693,7 +636,7 @@ async fn long_raw_path_is_answered_and_replayed<S: Backend>(store: S) {
     }
 }
 
-async fn get_is_untouched<S: Backend>(store: S) {
+async fn get_is_untouched<S: SqlStore>(store: S) {
     let (server, seen) = serve(IdempotencyLayer::new(store)).await;
     let key = fresh_key();
     for n in 1..=2 {
@@ -720,7 +663,7 @@ async fn get_is_untouched<S: Backend>(store: S) {
     assert_eq!(seen.runs(), 0);
 }
 
-async fn body_over_limit_is_413<S: Backend>(store: S) {
+async fn body_over_limit_is_413<S: SqlStore>(store: S) {
     let (server, seen) = serve(IdempotencyLayer::new(store).body_limit(1024)).await;
     let key = fresh_key();
     let big = "x".repeat(2048);
@@ -734,9 +677,9 @@ async fn body_over_limit_is_413<S: Backend>(store: S) {
     assert_eq!(seen.runs(), 1);
 }
 
-async fn store_down_is_503<S: Backend>(store: S) {
+async fn store_down_is_503<S: SqlStore>(store: S) {
     let (server, seen) = serve(IdempotencyLayer::new(store.clone())).await;
-    store.shut_down().await;
+    store.pool().close().await;
     let response = server
         .post("/orders", &fresh_key(), "2 apples")
         .send()
@@ -751,7 +694,7 @@ async fn store_down_is_503<S: Backend>(store: S) {
     );
 }
 
-async fn panicking_handler_releases_the_key<S: Backend>(store: S) {
+async fn panicking_handler_releases_the_key<S: SqlStore>(store: S) {
     let (server, seen) = serve(IdempotencyLayer::new(store)).await;
     let key = fresh_key();
     // The panic goes on past the layer: the server drops the connection.
@@ -769,7 +712,7 @@ async fn panicking_handler_releases_the_key<S: Backend>(store: S) {
     assert_eq!(seen.runs(), 2);
 }
 
-async fn disconnected_client_outcome_is_saved<S: Backend>(store: S) {
+async fn disconnected_client_outcome_is_saved<S: SqlStore>(store: S) {
     let (server, seen) = serve(IdempotencyLayer::new(store)).await;
     let key = fresh_key();
     let gone = tokio::spawn(
