@@ -4,6 +4,7 @@
 //! - [`servers`]: the database servers, from `IDEM_POSTGRES_URL` and
 //!   `IDEM_MYSQL_URL` with local defaults, their pools, fresh table names,
 //!   and tables dropped when a test ends;
+//! - [`broker`]: RabbitMQ, from `IDEM_AMQP_URL`, and a queue per test;
 //! - [`namespace`]: a SQLite file, a PostgreSQL schema or a MariaDB/MySQL
 //!   database of a test's own;
 //! - [`backend`]: fresh stores, pools and namespaces, one module per
@@ -15,6 +16,7 @@
 #![allow(dead_code, unused_macros)]
 
 pub mod backend;
+pub mod broker;
 pub mod namespace;
 pub mod servers;
 
