@@ -133,6 +133,9 @@ struct Row {
 /// What differs between the backends: their SQL, and how to connect.
 struct Dialect {
     label: &'static str,
+    /// The variable naming the server, and the local default; `None` for
+    /// SQLite, a file.
+    server: Option<(&'static str, &'static str)>,
     /// The n-th bind parameter.
     param: fn(usize) -> String,
     /// Creates the business table `{pay}` and the check-then-act table
@@ -171,7 +174,7 @@ macro_rules! backend {
 
             impl Payments {
                 pub async fn new(dir: &tempfile::TempDir, tag: &str) -> Self {
-                    Self::setup($connect(dir).await, tag).await
+                    Self::setup($connect(&DIALECT, dir).await, tag).await
                 }
 
                 /// The store and the tables, all of their own.
@@ -448,6 +451,10 @@ backend!(
     idem::PostgresStore,
     Dialect {
         label: "PostgreSQL",
+        server: Some((
+            "IDEM_POSTGRES_URL",
+            "postgres://postgres@127.0.0.1:5432/test"
+        )),
         param: |n| format!("${n}"),
         tables: "CREATE TABLE {pay} (pay_key TEXT NOT NULL, amount BIGINT NOT NULL);
                  CREATE TABLE {cta} (k TEXT PRIMARY KEY, state TEXT NOT NULL, outcome BYTEA)",
@@ -457,7 +464,7 @@ backend!(
                SELECT $1, 'k' || g, $2, 'completed', 1, 0, '\\x353030'::bytea, 0, $3 FROM generate_series(1, {n}) g",
         analyze: Some("ANALYZE \"{records}\""),
     },
-    connect_postgres
+    server_pool
 );
 backend!(
     my,
@@ -465,6 +472,7 @@ backend!(
     idem::MySqlStore,
     Dialect {
         label: "MariaDB",
+        server: Some(("IDEM_MYSQL_URL", "mysql://root@127.0.0.1:3306/test")),
         param: |_| "?".to_owned(),
         tables: "CREATE TABLE {pay} (pay_key VARCHAR(255) NOT NULL, amount BIGINT NOT NULL) ENGINE = InnoDB;
                  CREATE TABLE {cta} (k VARCHAR(255) PRIMARY KEY, state VARCHAR(20) NOT NULL, outcome BLOB) ENGINE = InnoDB",
@@ -476,7 +484,7 @@ backend!(
                FROM seq_1_to_{n}",
         analyze: Some("ANALYZE TABLE `{records}`"),
     },
-    connect_mariadb
+    server_pool
 );
 backend!(
     lite,
@@ -484,6 +492,7 @@ backend!(
     idem::SqliteStore,
     Dialect {
         label: "SQLite",
+        server: None,
         param: |n| format!("?{n}"),
         tables: "CREATE TABLE {pay} (pay_key TEXT NOT NULL, amount INTEGER NOT NULL);
                  CREATE TABLE {cta} (k TEXT PRIMARY KEY, state TEXT NOT NULL, outcome BLOB)",
@@ -498,37 +507,22 @@ backend!(
     connect_sqlite
 );
 
-/// A pool of 16 connections on the server that `var` names (or its local
-/// default).
-async fn server_pool<DB: sqlx::Database>(var: &str, default: &str, label: &str) -> sqlx::Pool<DB> {
+/// A pool of 16 connections on the dialect's server.
+async fn server_pool<DB: sqlx::Database>(
+    dialect: &Dialect,
+    _dir: &tempfile::TempDir,
+) -> sqlx::Pool<DB> {
+    let (var, default) = dialect.server.expect("a backend on a server");
     let url = std::env::var(var).unwrap_or_else(|_| default.to_owned());
     sqlx::pool::PoolOptions::<DB>::new()
         .max_connections(16)
         .connect(&url)
         .await
-        .unwrap_or_else(|e| panic!("{label} at {url} ({var}): {e}"))
-}
-
-async fn connect_postgres(_dir: &tempfile::TempDir) -> sqlx::PgPool {
-    server_pool(
-        "IDEM_POSTGRES_URL",
-        "postgres://postgres@127.0.0.1:5432/test",
-        "PostgreSQL",
-    )
-    .await
-}
-
-async fn connect_mariadb(_dir: &tempfile::TempDir) -> sqlx::MySqlPool {
-    server_pool(
-        "IDEM_MYSQL_URL",
-        "mysql://root@127.0.0.1:3306/test",
-        "MariaDB",
-    )
-    .await
+        .unwrap_or_else(|e| panic!("{} at {url} ({var}): {e}", dialect.label))
 }
 
 /// The SQLite store's own pool, on a file in `dir`.
-async fn connect_sqlite(dir: &tempfile::TempDir) -> sqlx::SqlitePool {
+async fn connect_sqlite(_dialect: &Dialect, dir: &tempfile::TempDir) -> sqlx::SqlitePool {
     let url = format!("sqlite://{}", dir.path().join("bench.db").display());
     let store = idem::SqliteStore::connect(&url).await.unwrap();
     store.pool().clone()
