@@ -1,4 +1,4 @@
-//! The benchmark harness of issue 8:
+//! The benchmark harness:
 //! `cargo bench --bench idem --features sqlite,postgres,mysql`.
 //!
 //! Every figure is a ratio of two measurements taken side by side in the
@@ -133,45 +133,104 @@ struct Row {
     met: Option<bool>,
 }
 
+/// What differs between the backends: their SQL, and how to connect.
+struct Dialect {
+    label: &'static str,
+    /// The variable naming the server, and the local default; `None` for
+    /// SQLite, a file.
+    server: Option<(&'static str, &'static str)>,
+    /// The n-th bind parameter.
+    param: fn(usize) -> String,
+    /// Creates the business table `{pay}` and the check-then-act table
+    /// `{cta}`.
+    tables: &'static str,
+    /// Takes and releases check-then-act's lock on a key, bound to the
+    /// statement if it has a parameter.
+    lock: &'static str,
+    unlock: &'static str,
+    /// Bulk-loads `{n}` completed records `k1..=k{n}` into `{records}` with
+    /// one INSERT ... SELECT, binding the scope, the fingerprint and the
+    /// expiry.
+    fill: &'static str,
+    /// Refreshes the planner's statistics of `{records}`, where needed.
+    analyze: Option<&'static str>,
+}
+
+/// One backend: "create payment" (one business INSERT, with or without the
+/// attribute, in record mode and in transactional mode), check-then-act,
+/// and the bulk load, on `$store` through a pool of `$db`.
 macro_rules! backend {
-    ($name:ident, $label:literal, $db:ty, $store:ty, $ph:expr) => {
+    ($name:ident, $db:ty, $store:ty, $dialect:expr, $connect:path) => {
         mod $name {
             use super::*;
 
-            /// "Create payment": one business INSERT, with or without the
-            /// attribute, in record mode and in transactional mode.
+            pub const DIALECT: Dialect = $dialect;
+
             pub struct Payments {
                 pub store: $store,
                 pub pool: sqlx::Pool<$db>,
                 pub table: String,
                 pub cta: String,
+                /// The business INSERT.
+                insert: String,
             }
 
             impl Payments {
-                fn insert_sql(&self) -> String {
-                    let (a, b) = $ph;
-                    format!(
-                        "INSERT INTO {} (pay_key, amount) VALUES ({a}, {b})",
-                        self.table
-                    )
+                pub async fn new(dir: &tempfile::TempDir, tag: &str) -> Self {
+                    Self::setup($connect(&DIALECT, dir).await, tag).await
                 }
 
-                pub async fn plain(&self, key: &str, amount: i64, body: Duration) -> Result<i64, PayError> {
-                    sqlx::query(&self.insert_sql()).bind(key).bind(amount).execute(&self.pool).await?;
+                /// The store and the tables, all of their own.
+                pub async fn setup(pool: sqlx::Pool<$db>, tag: &str) -> Self {
+                    let records = table_name(tag, "rec");
+                    let store = <$store>::new(pool.clone())
+                        .with_table_name(&records)
+                        .unwrap();
+                    store.migrate().await.unwrap();
+                    let (table, cta) = (table_name(tag, "pay"), table_name(tag, "cta"));
+                    sqlx::raw_sql(&DIALECT.tables.replace("{pay}", &table).replace("{cta}", &cta))
+                        .execute(&pool)
+                        .await
+                        .unwrap();
+                    let insert = format!(
+                        "INSERT INTO {table} (pay_key, amount) VALUES ({}, {})",
+                        Self::p(1),
+                        Self::p(2)
+                    );
+                    Payments {
+                        store,
+                        pool,
+                        table,
+                        cta,
+                        insert,
+                    }
+                }
+
+                fn p(n: usize) -> String {
+                    (DIALECT.param)(n)
+                }
+
+                /// The business INSERT on `executor`, then a body that
+                /// takes `body`.
+                async fn insert<'e, E>(&'e self, executor: E, key: &str, amount: i64, body: Duration) -> Result<i64, PayError>
+                where
+                    E: sqlx::Executor<'e, Database = $db>,
+                {
+                    sqlx::query(&self.insert).bind(key).bind(amount).execute(executor).await?;
                     if !body.is_zero() {
                         tokio::time::sleep(body).await;
                     }
                     Ok(amount)
+                }
+
+                pub async fn plain(&self, key: &str, amount: i64, body: Duration) -> Result<i64, PayError> {
+                    self.insert(&self.pool, key, amount, body).await
                 }
 
                 #[idempotent(key = key, store = self.store, scope = "bench.pay", fingerprint = amount,
                              lease = "60s", wait = "30s")]
                 pub async fn record(&self, key: &str, amount: i64, body: Duration) -> Result<i64, PayError> {
-                    sqlx::query(&self.insert_sql()).bind(key).bind(amount).execute(&self.pool).await?;
-                    if !body.is_zero() {
-                        tokio::time::sleep(body).await;
-                    }
-                    Ok(amount)
+                    self.insert(&self.pool, key, amount, body).await
                 }
 
                 pub async fn plain_tx(
@@ -181,11 +240,7 @@ macro_rules! backend {
                     amount: i64,
                     body: Duration,
                 ) -> Result<i64, PayError> {
-                    sqlx::query(&self.insert_sql()).bind(key).bind(amount).execute(&mut **tx).await?;
-                    if !body.is_zero() {
-                        tokio::time::sleep(body).await;
-                    }
-                    Ok(amount)
+                    self.insert(&mut **tx, key, amount, body).await
                 }
 
                 #[idempotent(key = key, store = self.store, tx = tx, scope = "bench.pay_tx",
@@ -197,11 +252,7 @@ macro_rules! backend {
                     amount: i64,
                     body: Duration,
                 ) -> Result<i64, PayError> {
-                    sqlx::query(&self.insert_sql()).bind(key).bind(amount).execute(&mut **tx).await?;
-                    if !body.is_zero() {
-                        tokio::time::sleep(body).await;
-                    }
-                    Ok(amount)
+                    self.insert(&mut **tx, key, amount, body).await
                 }
 
                 #[idempotent(key = key, store = self.store, scope = "bench.dup", fingerprint = amount,
@@ -235,9 +286,156 @@ macro_rules! backend {
                     };
                     done.unwrap();
                 }
+
+                /// The usual recipe: read the key, take a lock, write the
+                /// record and the business row, complete, unlock.
+                pub async fn cta_call(&self, key: &str) {
+                    let mut conn = self.pool.acquire().await.unwrap();
+                    let found: Option<Option<Vec<u8>>> = sqlx::query_scalar(&format!(
+                        "SELECT outcome FROM {} WHERE k = {}",
+                        self.cta,
+                        Self::p(1)
+                    ))
+                    .bind(key)
+                    .fetch_optional(&mut *conn)
+                    .await
+                    .unwrap();
+                    if found.is_some() {
+                        return;
+                    }
+                    let on_key = |statement: &'static str| {
+                        let query = sqlx::query(statement);
+                        if statement.contains(&Self::p(1)) {
+                            query.bind(key)
+                        } else {
+                            query
+                        }
+                    };
+                    on_key(DIALECT.lock).execute(&mut *conn).await.unwrap();
+                    sqlx::query(&format!(
+                        "INSERT INTO {} (k, state) VALUES ({}, 'in_progress')",
+                        self.cta,
+                        Self::p(1)
+                    ))
+                    .bind(key)
+                    .execute(&mut *conn)
+                    .await
+                    .unwrap();
+                    sqlx::query(&self.insert)
+                        .bind(key)
+                        .bind(500i64)
+                        .execute(&mut *conn)
+                        .await
+                        .unwrap();
+                    sqlx::query(&format!(
+                        "UPDATE {} SET state = 'completed', outcome = {} WHERE k = {}",
+                        self.cta,
+                        Self::p(1),
+                        Self::p(2)
+                    ))
+                    .bind(&b"500"[..])
+                    .bind(key)
+                    .execute(&mut *conn)
+                    .await
+                    .unwrap();
+                    on_key(DIALECT.unlock).execute(&mut *conn).await.unwrap();
+                }
             }
 
-            pub const LABEL: &str = $label;
+            impl Bench for Payments {
+                fn label(&self) -> &'static str {
+                    DIALECT.label
+                }
+                fn call(
+                    self: &Arc<Self>,
+                    mode: Mode,
+                    body: Duration,
+                ) -> impl Future<Output = ()> + Send {
+                    Payments::call(self, mode, body)
+                }
+                fn store(&self) -> Arc<dyn Store> {
+                    Arc::new(self.store.clone())
+                }
+                fn call_key(
+                    self: &Arc<Self>,
+                    mode: Mode,
+                    key: &str,
+                ) -> impl Future<Output = ()> + Send {
+                    let (this, key) = (self.clone(), key.to_owned());
+                    async move { this.call_key(mode, &key, Duration::ZERO).await }
+                }
+                fn duplicate(
+                    self: &Arc<Self>,
+                    key: &str,
+                    runs: Arc<AtomicUsize>,
+                ) -> impl Future<Output = bool> + Send {
+                    let (this, key) = (self.clone(), key.to_owned());
+                    async move {
+                        let ran = std::sync::atomic::AtomicBool::new(false);
+                        this.dup(&key, 1, &ran, &runs).await.unwrap();
+                        ran.load(Ordering::SeqCst)
+                    }
+                }
+                fn check_then_act(self: &Arc<Self>) -> impl Future<Output = ()> + Send {
+                    let this = self.clone();
+                    async move { this.cta_call(&unique("cta")).await }
+                }
+                fn fresh(&self, tag: &str) -> impl Future<Output = Self> + Send {
+                    let tag = tag.to_owned();
+                    let pool = self.pool.clone();
+                    async move { Payments::setup(pool, &tag).await }
+                }
+                fn fill(
+                    &self,
+                    scope: &str,
+                    fp: &Fingerprint,
+                    n: usize,
+                    expires_at: i64,
+                ) -> impl Future<Output = ()> + Send {
+                    let (scope, fp) = (scope.to_owned(), *fp);
+                    async move {
+                        let records = self.store.table_name();
+                        sqlx::query(
+                            &DIALECT
+                                .fill
+                                .replace("{records}", records)
+                                .replace("{n}", &n.to_string()),
+                        )
+                        .bind(scope)
+                        .bind(&fp.as_bytes()[..])
+                        .bind(expires_at)
+                        .execute(&self.pool)
+                        .await
+                        .unwrap();
+                        if let Some(analyze) = DIALECT.analyze {
+                            sqlx::raw_sql(&analyze.replace("{records}", records))
+                                .execute(&self.pool)
+                                .await
+                                .unwrap();
+                        }
+                    }
+                }
+                fn drop_tables(&self) -> impl Future<Output = ()> + Send {
+                    async move {
+                        for t in [
+                            self.store.table_name().to_owned(),
+                            self.table.clone(),
+                            self.cta.clone(),
+                        ] {
+                            sqlx::query(&format!("DROP TABLE IF EXISTS {t}"))
+                                .execute(&self.pool)
+                                .await
+                                .ok();
+                            sqlx::query(&format!(
+                                "DELETE FROM idem_migrations WHERE table_name = '{t}'"
+                            ))
+                            .execute(&self.pool)
+                            .await
+                            .ok();
+                        }
+                    }
+                }
+            }
         }
     };
 }
@@ -252,19 +450,86 @@ pub enum Mode {
 
 backend!(
     pg,
-    "PostgreSQL",
     sqlx::Postgres,
     idem::PostgresStore,
-    ("$1", "$2")
+    Dialect {
+        label: "PostgreSQL",
+        server: Some((
+            "IDEM_POSTGRES_URL",
+            "postgres://postgres@127.0.0.1:5432/test"
+        )),
+        param: |n| format!("${n}"),
+        tables: "CREATE TABLE {pay} (pay_key TEXT NOT NULL, amount BIGINT NOT NULL);
+                 CREATE TABLE {cta} (k TEXT PRIMARY KEY, state TEXT NOT NULL, outcome BYTEA)",
+        lock: "SELECT pg_advisory_lock(hashtext($1))",
+        unlock: "SELECT pg_advisory_unlock(hashtext($1))",
+        fill: "INSERT INTO \"{records}\" (scope, key, fingerprint, state, fence, outcome_kind, outcome, created_at, expires_at)
+               SELECT $1, 'k' || g, $2, 'completed', 1, 0, '\\x353030'::bytea, 0, $3 FROM generate_series(1, {n}) g",
+        analyze: Some("ANALYZE \"{records}\""),
+    },
+    server_pool
 );
-backend!(my, "MariaDB", sqlx::MySql, idem::MySqlStore, ("?", "?"));
+backend!(
+    my,
+    sqlx::MySql,
+    idem::MySqlStore,
+    Dialect {
+        label: "MariaDB",
+        server: Some(("IDEM_MYSQL_URL", "mysql://root@127.0.0.1:3306/test")),
+        param: |_| "?".to_owned(),
+        tables: "CREATE TABLE {pay} (pay_key VARCHAR(255) NOT NULL, amount BIGINT NOT NULL) ENGINE = InnoDB;
+                 CREATE TABLE {cta} (k VARCHAR(255) PRIMARY KEY, state VARCHAR(20) NOT NULL, outcome BLOB) ENGINE = InnoDB",
+        lock: "SELECT GET_LOCK(?, 10)",
+        unlock: "SELECT RELEASE_LOCK(?)",
+        // MariaDB's sequence engine stands in for generate_series.
+        fill: "INSERT INTO `{records}` (scope, `key`, fingerprint, state, fence, outcome_kind, outcome, claim_token, created_at, expires_at)
+               SELECT ?, CONCAT('k', seq), ?, 'completed', 1, 0, '500', UNHEX('00000000000000000000000000000000'), 0, ?
+               FROM seq_1_to_{n}",
+        analyze: Some("ANALYZE TABLE `{records}`"),
+    },
+    server_pool
+);
 backend!(
     lite,
-    "SQLite",
     sqlx::Sqlite,
     idem::SqliteStore,
-    ("?1", "?2")
+    Dialect {
+        label: "SQLite",
+        server: None,
+        param: |n| format!("?{n}"),
+        tables: "CREATE TABLE {pay} (pay_key TEXT NOT NULL, amount INTEGER NOT NULL);
+                 CREATE TABLE {cta} (k TEXT PRIMARY KEY, state TEXT NOT NULL, outcome BLOB)",
+        // SQLite has no named locks: the database's write lock stands in.
+        lock: "BEGIN IMMEDIATE",
+        unlock: "COMMIT",
+        fill: "WITH RECURSIVE g(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM g WHERE n < {n})
+               INSERT INTO \"{records}\" (scope, key, fingerprint, state, fence, outcome_kind, outcome, created_at, expires_at)
+               SELECT ?1, 'k' || n, ?2, 'completed', 1, 0, x'353030', 0, ?3 FROM g",
+        analyze: None,
+    },
+    connect_sqlite
 );
+
+/// A pool of 16 connections on the dialect's server.
+async fn server_pool<DB: sqlx::Database>(
+    dialect: &Dialect,
+    _dir: &tempfile::TempDir,
+) -> sqlx::Pool<DB> {
+    let (var, default) = dialect.server.expect("a backend on a server");
+    let url = std::env::var(var).unwrap_or_else(|_| default.to_owned());
+    sqlx::pool::PoolOptions::<DB>::new()
+        .max_connections(16)
+        .connect(&url)
+        .await
+        .unwrap_or_else(|e| panic!("{} at {url} ({var}): {e}", dialect.label))
+}
+
+/// The SQLite store's own pool, on a file in `dir`.
+async fn connect_sqlite(_dialect: &Dialect, dir: &tempfile::TempDir) -> sqlx::SqlitePool {
+    let url = format!("sqlite://{}", dir.path().join("bench.db").display());
+    let store = idem::SqliteStore::connect(&url).await.unwrap();
+    store.pool().clone()
+}
 
 /// What the generic measurements need from a backend.
 trait Bench: Send + Sync + Sized + 'static {
@@ -293,88 +558,6 @@ trait Bench: Send + Sync + Sized + 'static {
     /// Drops the tables.
     fn drop_tables(&self) -> impl Future<Output = ()> + Send;
 }
-
-macro_rules! bench_impl {
-    ($m:ident) => {
-        impl Bench for $m::Payments {
-            fn label(&self) -> &'static str {
-                $m::LABEL
-            }
-            fn call(
-                self: &Arc<Self>,
-                mode: Mode,
-                body: Duration,
-            ) -> impl Future<Output = ()> + Send {
-                $m::Payments::call(self, mode, body)
-            }
-            fn store(&self) -> Arc<dyn Store> {
-                Arc::new(self.store.clone())
-            }
-            fn call_key(
-                self: &Arc<Self>,
-                mode: Mode,
-                key: &str,
-            ) -> impl Future<Output = ()> + Send {
-                let (this, key) = (self.clone(), key.to_owned());
-                async move { this.call_key(mode, &key, Duration::ZERO).await }
-            }
-            fn duplicate(
-                self: &Arc<Self>,
-                key: &str,
-                runs: Arc<AtomicUsize>,
-            ) -> impl Future<Output = bool> + Send {
-                let (this, key) = (self.clone(), key.to_owned());
-                async move {
-                    let ran = std::sync::atomic::AtomicBool::new(false);
-                    this.dup(&key, 1, &ran, &runs).await.unwrap();
-                    ran.load(Ordering::SeqCst)
-                }
-            }
-            fn check_then_act(self: &Arc<Self>) -> impl Future<Output = ()> + Send {
-                let this = self.clone();
-                async move { this.cta_call(&unique("cta")).await }
-            }
-            fn fresh(&self, tag: &str) -> impl Future<Output = Self> + Send {
-                let tag = tag.to_owned();
-                let pool = self.pool.clone();
-                async move { $m::Payments::setup(pool, &tag).await }
-            }
-            fn fill(
-                &self,
-                scope: &str,
-                fp: &Fingerprint,
-                n: usize,
-                expires_at: i64,
-            ) -> impl Future<Output = ()> + Send {
-                let (scope, fp) = (scope.to_owned(), *fp);
-                async move { self.fill_records(&scope, &fp, n, expires_at).await }
-            }
-            fn drop_tables(&self) -> impl Future<Output = ()> + Send {
-                async move {
-                    for t in [
-                        self.store.table_name().to_owned(),
-                        self.table.clone(),
-                        self.cta.clone(),
-                    ] {
-                        sqlx::query(&format!("DROP TABLE IF EXISTS {t}"))
-                            .execute(&self.pool)
-                            .await
-                            .ok();
-                        sqlx::query(&format!(
-                            "DELETE FROM idem_migrations WHERE table_name = '{t}'"
-                        ))
-                        .execute(&self.pool)
-                        .await
-                        .ok();
-                    }
-                }
-            }
-        }
-    };
-}
-bench_impl!(pg);
-bench_impl!(my);
-bench_impl!(lite);
 
 /// B1: first execution throughput, attribute vs none.
 async fn b1<B: Bench>(b: &Arc<B>, rows: &mut Vec<Row>) {
@@ -740,18 +923,15 @@ async fn main_async() {
     let mut rows = Vec::new();
     let dir = tempfile::tempdir().unwrap();
     let only = std::env::var("IDEM_BENCH_ONLY").unwrap_or_default();
-    if only.is_empty() || only.contains("sqlite") {
-        each(
-            &Arc::new(lite::Payments::new(Some(&dir), "b").await),
-            &mut rows,
-        )
-        .await;
+    let wanted = |backend: &str| only.is_empty() || only.contains(backend);
+    if wanted("sqlite") {
+        each(&Arc::new(lite::Payments::new(&dir, "b").await), &mut rows).await;
     }
-    if only.is_empty() || only.contains("postgres") {
-        each(&Arc::new(pg::Payments::new(None, "b").await), &mut rows).await;
+    if wanted("postgres") {
+        each(&Arc::new(pg::Payments::new(&dir, "b").await), &mut rows).await;
     }
-    if only.is_empty() || only.contains("mariadb") {
-        each(&Arc::new(my::Payments::new(None, "b").await), &mut rows).await;
+    if wanted("mariadb") {
+        each(&Arc::new(my::Payments::new(&dir, "b").await), &mut rows).await;
     }
     b6(&mut rows).await;
     let load_after = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
@@ -855,310 +1035,4 @@ fn table_name(tag: &str, what: &str) -> String {
         std::process::id(),
         N.fetch_add(1, Ordering::Relaxed)
     )
-}
-
-fn server_url(var: &str, default: &str) -> String {
-    std::env::var(var).unwrap_or_else(|_| default.to_owned())
-}
-
-impl pg::Payments {
-    async fn new(_dir: Option<&tempfile::TempDir>, tag: &str) -> Self {
-        let url = server_url(
-            "IDEM_POSTGRES_URL",
-            "postgres://postgres@127.0.0.1:5432/test",
-        );
-        let pool = sqlx::postgres::PgPoolOptions::new()
-            .max_connections(16)
-            .connect(&url)
-            .await
-            .unwrap_or_else(|e| panic!("PostgreSQL at {url} (IDEM_POSTGRES_URL): {e}"));
-        Self::setup(pool, tag).await
-    }
-
-    async fn setup(pool: sqlx::PgPool, tag: &str) -> Self {
-        let records = table_name(tag, "rec");
-        let store = idem::PostgresStore::new(pool.clone())
-            .with_table_name(&records)
-            .unwrap();
-        store.migrate().await.unwrap();
-        let (table, cta) = (table_name(tag, "pay"), table_name(tag, "cta"));
-        sqlx::raw_sql(&format!(
-            "CREATE TABLE {table} (pay_key TEXT NOT NULL, amount BIGINT NOT NULL);
-             CREATE TABLE {cta} (k TEXT PRIMARY KEY, state TEXT NOT NULL, outcome BYTEA)"
-        ))
-        .execute(&pool)
-        .await
-        .unwrap();
-        pg::Payments {
-            store,
-            pool,
-            table,
-            cta,
-        }
-    }
-
-    async fn cta_call(&self, key: &str) {
-        let mut conn = self.pool.acquire().await.unwrap();
-        let found: Option<Option<Vec<u8>>> =
-            sqlx::query_scalar(&format!("SELECT outcome FROM {} WHERE k = $1", self.cta))
-                .bind(key)
-                .fetch_optional(&mut *conn)
-                .await
-                .unwrap();
-        if found.is_some() {
-            return;
-        }
-        sqlx::query("SELECT pg_advisory_lock(hashtext($1))")
-            .bind(key)
-            .execute(&mut *conn)
-            .await
-            .unwrap();
-        sqlx::query(&format!(
-            "INSERT INTO {} (k, state) VALUES ($1, 'in_progress')",
-            self.cta
-        ))
-        .bind(key)
-        .execute(&mut *conn)
-        .await
-        .unwrap();
-        sqlx::query(&format!(
-            "INSERT INTO {} (pay_key, amount) VALUES ($1, $2)",
-            self.table
-        ))
-        .bind(key)
-        .bind(500i64)
-        .execute(&mut *conn)
-        .await
-        .unwrap();
-        sqlx::query(&format!(
-            "UPDATE {} SET state = 'completed', outcome = $2 WHERE k = $1",
-            self.cta
-        ))
-        .bind(key)
-        .bind(&b"500"[..])
-        .execute(&mut *conn)
-        .await
-        .unwrap();
-        sqlx::query("SELECT pg_advisory_unlock(hashtext($1))")
-            .bind(key)
-            .execute(&mut *conn)
-            .await
-            .unwrap();
-    }
-
-    async fn fill_records(&self, scope: &str, fp: &Fingerprint, n: usize, expires_at: i64) {
-        sqlx::query(&format!(
-            "INSERT INTO \"{}\" (scope, key, fingerprint, state, fence, outcome_kind, outcome, created_at, expires_at)
-             SELECT $1, 'k' || g, $2, 'completed', 1, 0, '\\x353030'::bytea, 0, $3 FROM generate_series(1, $4) g",
-            self.store.table_name()
-        ))
-        .bind(scope)
-        .bind(&fp.as_bytes()[..])
-        .bind(expires_at)
-        .bind(n as i64)
-        .execute(&self.pool)
-        .await
-        .unwrap();
-        sqlx::raw_sql(&format!("ANALYZE \"{}\"", self.store.table_name()))
-            .execute(&self.pool)
-            .await
-            .unwrap();
-    }
-}
-
-impl my::Payments {
-    async fn new(_dir: Option<&tempfile::TempDir>, tag: &str) -> Self {
-        let url = server_url("IDEM_MYSQL_URL", "mysql://root@127.0.0.1:3306/test");
-        let pool = sqlx::mysql::MySqlPoolOptions::new()
-            .max_connections(16)
-            .connect(&url)
-            .await
-            .unwrap_or_else(|e| panic!("MariaDB at {url} (IDEM_MYSQL_URL): {e}"));
-        Self::setup(pool, tag).await
-    }
-
-    async fn setup(pool: sqlx::MySqlPool, tag: &str) -> Self {
-        let records = table_name(tag, "rec");
-        let store = idem::MySqlStore::new(pool.clone())
-            .with_table_name(&records)
-            .unwrap();
-        store.migrate().await.unwrap();
-        let (table, cta) = (table_name(tag, "pay"), table_name(tag, "cta"));
-        sqlx::raw_sql(&format!(
-            "CREATE TABLE {table} (pay_key VARCHAR(255) NOT NULL, amount BIGINT NOT NULL) ENGINE = InnoDB;
-             CREATE TABLE {cta} (k VARCHAR(255) PRIMARY KEY, state VARCHAR(20) NOT NULL, outcome BLOB) ENGINE = InnoDB"
-        ))
-        .execute(&pool)
-        .await
-        .unwrap();
-        my::Payments {
-            store,
-            pool,
-            table,
-            cta,
-        }
-    }
-
-    async fn cta_call(&self, key: &str) {
-        let mut conn = self.pool.acquire().await.unwrap();
-        let found: Option<Option<Vec<u8>>> =
-            sqlx::query_scalar(&format!("SELECT outcome FROM {} WHERE k = ?", self.cta))
-                .bind(key)
-                .fetch_optional(&mut *conn)
-                .await
-                .unwrap();
-        if found.is_some() {
-            return;
-        }
-        sqlx::query("SELECT GET_LOCK(?, 10)")
-            .bind(key)
-            .execute(&mut *conn)
-            .await
-            .unwrap();
-        sqlx::query(&format!(
-            "INSERT INTO {} (k, state) VALUES (?, 'in_progress')",
-            self.cta
-        ))
-        .bind(key)
-        .execute(&mut *conn)
-        .await
-        .unwrap();
-        sqlx::query(&format!(
-            "INSERT INTO {} (pay_key, amount) VALUES (?, ?)",
-            self.table
-        ))
-        .bind(key)
-        .bind(500i64)
-        .execute(&mut *conn)
-        .await
-        .unwrap();
-        sqlx::query(&format!(
-            "UPDATE {} SET state = 'completed', outcome = ? WHERE k = ?",
-            self.cta
-        ))
-        .bind(&b"500"[..])
-        .bind(key)
-        .execute(&mut *conn)
-        .await
-        .unwrap();
-        sqlx::query("SELECT RELEASE_LOCK(?)")
-            .bind(key)
-            .execute(&mut *conn)
-            .await
-            .unwrap();
-    }
-
-    async fn fill_records(&self, scope: &str, fp: &Fingerprint, n: usize, expires_at: i64) {
-        // MariaDB's sequence engine stands in for generate_series.
-        sqlx::query(&format!(
-            "INSERT INTO `{}` (scope, `key`, fingerprint, state, fence, outcome_kind, outcome, claim_token, created_at, expires_at)
-             SELECT ?, CONCAT('k', seq), ?, 'completed', 1, 0, '500', UNHEX('00000000000000000000000000000000'), 0, ?
-             FROM seq_1_to_{n}",
-            self.store.table_name()
-        ))
-        .bind(scope)
-        .bind(&fp.as_bytes()[..])
-        .bind(expires_at)
-        .execute(&self.pool)
-        .await
-        .unwrap();
-        sqlx::raw_sql(&format!("ANALYZE TABLE `{}`", self.store.table_name()))
-            .execute(&self.pool)
-            .await
-            .unwrap();
-    }
-}
-
-impl lite::Payments {
-    async fn new(dir: Option<&tempfile::TempDir>, tag: &str) -> Self {
-        let url = format!(
-            "sqlite://{}",
-            dir.unwrap().path().join("bench.db").display()
-        );
-        let store = idem::SqliteStore::connect(&url).await.unwrap();
-        Self::setup(store.pool().clone(), tag).await
-    }
-
-    async fn setup(pool: sqlx::SqlitePool, tag: &str) -> Self {
-        let records = table_name(tag, "rec");
-        let store = idem::SqliteStore::new(pool.clone())
-            .with_table_name(&records)
-            .unwrap();
-        store.migrate().await.unwrap();
-        let (table, cta) = (table_name(tag, "pay"), table_name(tag, "cta"));
-        sqlx::raw_sql(&format!(
-            "CREATE TABLE {table} (pay_key TEXT NOT NULL, amount INTEGER NOT NULL);
-             CREATE TABLE {cta} (k TEXT PRIMARY KEY, state TEXT NOT NULL, outcome BLOB)"
-        ))
-        .execute(&pool)
-        .await
-        .unwrap();
-        lite::Payments {
-            store,
-            pool,
-            table,
-            cta,
-        }
-    }
-
-    async fn cta_call(&self, key: &str) {
-        let mut conn = self.pool.acquire().await.unwrap();
-        let found: Option<Option<Vec<u8>>> =
-            sqlx::query_scalar(&format!("SELECT outcome FROM {} WHERE k = ?1", self.cta))
-                .bind(key)
-                .fetch_optional(&mut *conn)
-                .await
-                .unwrap();
-        if found.is_some() {
-            return;
-        }
-        // SQLite has no named locks: the database's write lock stands in.
-        sqlx::query("BEGIN IMMEDIATE")
-            .execute(&mut *conn)
-            .await
-            .unwrap();
-        sqlx::query(&format!(
-            "INSERT INTO {} (k, state) VALUES (?1, 'in_progress')",
-            self.cta
-        ))
-        .bind(key)
-        .execute(&mut *conn)
-        .await
-        .unwrap();
-        sqlx::query(&format!(
-            "INSERT INTO {} (pay_key, amount) VALUES (?1, ?2)",
-            self.table
-        ))
-        .bind(key)
-        .bind(500i64)
-        .execute(&mut *conn)
-        .await
-        .unwrap();
-        sqlx::query(&format!(
-            "UPDATE {} SET state = 'completed', outcome = ?2 WHERE k = ?1",
-            self.cta
-        ))
-        .bind(key)
-        .bind(&b"500"[..])
-        .execute(&mut *conn)
-        .await
-        .unwrap();
-        sqlx::query("COMMIT").execute(&mut *conn).await.unwrap();
-    }
-
-    async fn fill_records(&self, scope: &str, fp: &Fingerprint, n: usize, expires_at: i64) {
-        sqlx::query(&format!(
-            "WITH RECURSIVE g(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM g WHERE n < ?4)
-             INSERT INTO \"{}\" (scope, key, fingerprint, state, fence, outcome_kind, outcome, created_at, expires_at)
-             SELECT ?1, 'k' || n, ?2, 'completed', 1, 0, x'353030', 0, ?3 FROM g",
-            self.store.table_name()
-        ))
-        .bind(scope)
-        .bind(&fp.as_bytes()[..])
-        .bind(expires_at)
-        .bind(n as i64)
-        .execute(&self.pool)
-        .await
-        .unwrap();
-    }
 }

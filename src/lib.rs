@@ -64,6 +64,9 @@ pub mod metrics;
 mod policy;
 pub mod record;
 pub mod store;
+#[cfg(feature = "testing")]
+#[cfg_attr(docsrs, doc(cfg(feature = "testing")))]
+pub mod testing;
 mod tracked;
 
 #[cfg(feature = "mysql")]

@@ -1,11 +1,14 @@
 //! `#[idempotent]` end to end: the expanded functions against real stores.
 
+mod common;
+
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use idem::{idempotent, Error, Key, MemoryStore, Scope, SqliteStore, Store};
+use common::backend::sqlite_file;
+use idem::{idempotent, Error, Key, MemoryStore, Scope, Store};
 use serde::{Deserialize, Serialize};
 use tokio::sync::Barrier;
 
@@ -110,15 +113,9 @@ fn cmd(token: &str, amount: u64) -> PaymentCommand {
     }
 }
 
-async fn sqlite_file() -> (SqliteStore, tempfile::TempDir) {
-    let dir = tempfile::tempdir().unwrap();
-    let url = format!("sqlite://{}", dir.path().join("attr.db").display());
-    (SqliteStore::connect(&url).await.unwrap(), dir)
-}
-
 #[tokio::test]
 async fn runs_once_and_replays() {
-    let (store, _dir) = sqlite_file().await;
+    let (store, _guard) = sqlite_file::store(8).await;
     let service = Service::new(store);
     let first = service.pay(cmd("t-1", 100)).await.unwrap();
     let again = service.pay(cmd("t-1", 100)).await.unwrap();
@@ -239,7 +236,7 @@ impl Mailer for Outbox {
 
 #[tokio::test]
 async fn trait_impl_methods_and_dyn_stores() {
-    let (store, _dir) = sqlite_file().await;
+    let (store, _guard) = sqlite_file::store(8).await;
     let outbox = Outbox {
         store: Arc::new(store),
         sent: AtomicUsize::new(0),
@@ -254,7 +251,7 @@ async fn trait_impl_methods_and_dyn_stores() {
 /// SQLite database: 20 gateway calls, one answer per key.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn storm_through_the_attribute() {
-    let (store, _dir) = sqlite_file().await;
+    let (store, _guard) = sqlite_file::store(8).await;
     let service = Arc::new(Service::new(store));
     let barrier = Arc::new(Barrier::new(200));
     let mut tasks = Vec::new();

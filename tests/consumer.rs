@@ -1,5 +1,5 @@
-//! Issue 7: exactly-once effects for at-least-once message consumers, on
-//! the real RabbitMQ and real databases.
+//! Exactly-once effects for at-least-once message consumers, on the real
+//! RabbitMQ and real databases.
 //!
 //! A shop consumes `OrderPlaced` events: in one transaction it reserves the
 //! stock, writes an invoice and the "processed" marker
@@ -9,231 +9,22 @@
 //!
 //! RabbitMQ is `amqp://guest:guest@127.0.0.1:5672/%2f` unless
 //! `IDEM_AMQP_URL` says otherwise; PostgreSQL is `IDEM_POSTGRES_URL` (see
-//! `conformance/servers.rs`). A broker or server that cannot be reached
+//! `common/`). A broker or server that cannot be reached
 //! fails the test, naming its variable. Each test has a queue and tables of
 //! its own, deleted when it ends, and every wait on the broker is bounded.
 
-#[path = "conformance/servers.rs"]
-mod servers;
+mod common;
 
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use common::backend::Guard;
+use common::broker;
 use idem::consumer::{content_key, Deduplicator, Handled};
 use idem::{idempotent, AsKey, Key};
 use serde::{Deserialize, Serialize};
-
-/// The broker: connections, a queue per test, bounded waits.
-mod broker {
-    use std::time::{Duration, SystemTime, UNIX_EPOCH};
-
-    use futures::StreamExt;
-    use lapin::message::Delivery;
-    use lapin::options::{
-        BasicAckOptions, BasicConsumeOptions, BasicNackOptions, BasicPublishOptions,
-        BasicQosOptions, ConfirmSelectOptions, QueueDeclareOptions, QueueDeleteOptions,
-    };
-    use lapin::types::{AMQPValue, FieldTable};
-    use lapin::{BasicProperties, Channel, Connection, ConnectionProperties, Consumer};
-
-    /// The variable naming the broker.
-    pub const VAR: &str = "IDEM_AMQP_URL";
-    /// The longest any test waits for the broker.
-    pub const WAIT: Duration = Duration::from_secs(10);
-
-    pub fn url() -> String {
-        std::env::var(VAR).unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".to_owned())
-    }
-
-    /// A connection to `url`, or why not, naming the variable.
-    pub async fn connect_to(url: &str) -> Result<Connection, String> {
-        let why = match tokio::time::timeout(
-            WAIT,
-            Connection::connect(url, ConnectionProperties::default()),
-        )
-        .await
-        {
-            Ok(Ok(conn)) => return Ok(conn),
-            Ok(Err(err)) => err.to_string(),
-            Err(_) => format!("no answer within {} s", WAIT.as_secs()),
-        };
-        Err(format!(
-            "cannot reach RabbitMQ at {url} (set {VAR} to the URL of a reachable broker): {why}"
-        ))
-    }
-
-    /// A connection to the test broker, or a failed test.
-    pub async fn connect() -> Connection {
-        connect_to(&url())
-            .await
-            .unwrap_or_else(|why| panic!("{why}"))
-    }
-
-    /// A queue no other test, process or run uses, deleted when dropped
-    /// (and by the broker an hour after its last use, should the process
-    /// be killed).
-    pub struct Queue {
-        pub name: String,
-        publisher: Channel,
-        _conn: Connection,
-    }
-
-    impl Queue {
-        pub async fn new(tag: &str) -> Queue {
-            let nanos = SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .map(|d| d.as_nanos())
-                .unwrap_or(0);
-            let name = format!("idem-test-{tag}-{}-{nanos}", std::process::id());
-            let conn = connect().await;
-            let publisher = bounded("open a channel", conn.create_channel()).await;
-            bounded(
-                "select publisher confirms",
-                publisher.confirm_select(ConfirmSelectOptions::default()),
-            )
-            .await;
-            let mut arguments = FieldTable::default();
-            arguments.insert("x-expires".into(), AMQPValue::LongInt(3_600_000));
-            bounded(
-                "declare the queue",
-                publisher.queue_declare(
-                    name.as_str().into(),
-                    QueueDeclareOptions::default(),
-                    arguments,
-                ),
-            )
-            .await;
-            Queue {
-                name,
-                publisher,
-                _conn: conn,
-            }
-        }
-
-        /// Publishes `body` and waits for the broker's confirmation.
-        pub async fn publish(&self, body: &[u8]) {
-            let confirm = bounded(
-                "publish",
-                self.publisher.basic_publish(
-                    "".into(),
-                    self.name.as_str().into(),
-                    BasicPublishOptions::default(),
-                    body,
-                    BasicProperties::default().with_content_type("application/json".into()),
-                ),
-            )
-            .await;
-            let confirmation = bounded("the publisher confirmation", confirm).await;
-            assert!(confirmation.is_ack(), "the broker refused a message");
-        }
-
-        /// A consumer on a channel of its own on `conn`, with at most
-        /// `prefetch` unacknowledged deliveries.
-        pub async fn consume(&self, conn: &Connection, prefetch: u16) -> (Channel, Consumer) {
-            let channel = bounded("open a channel", conn.create_channel()).await;
-            bounded(
-                "set the prefetch",
-                channel.basic_qos(prefetch, BasicQosOptions::default()),
-            )
-            .await;
-            let consumer = bounded(
-                "start consuming",
-                channel.basic_consume(
-                    self.name.as_str().into(),
-                    "".into(),
-                    BasicConsumeOptions::default(),
-                    FieldTable::default(),
-                ),
-            )
-            .await;
-            (channel, consumer)
-        }
-    }
-
-    impl Drop for Queue {
-        fn drop(&mut self) {
-            let name = std::mem::take(&mut self.name);
-            let deleted = std::thread::spawn(move || {
-                let runtime = tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()
-                    .expect("a runtime");
-                runtime.block_on(async move {
-                    let conn = connect_to(&url()).await?;
-                    let channel = conn.create_channel().await.map_err(|e| e.to_string())?;
-                    let deleted = channel
-                        .queue_delete(name.as_str().into(), QueueDeleteOptions::default())
-                        .await
-                        .map_err(|e| e.to_string());
-                    conn.close(200, "done".into()).await.ok();
-                    deleted
-                })
-            })
-            .join();
-            match deleted {
-                Ok(Ok(_)) => {}
-                Ok(Err(err)) => eprintln!("deleting the test queue failed: {err}"),
-                Err(_) => eprintln!("deleting the test queue panicked"),
-            }
-        }
-    }
-
-    /// Awaits a broker operation for at most [`WAIT`], or fails the test.
-    pub async fn bounded<T, E: std::fmt::Display>(
-        what: &str,
-        op: impl std::future::Future<Output = Result<T, E>>,
-    ) -> T {
-        match tokio::time::timeout(WAIT, op).await {
-            Ok(Ok(value)) => value,
-            Ok(Err(err)) => panic!("RabbitMQ: {what}: {err}"),
-            Err(_) => panic!("RabbitMQ: {what}: no answer within {} s", WAIT.as_secs()),
-        }
-    }
-
-    /// The next delivery, within [`WAIT`].
-    pub async fn next(consumer: &mut Consumer) -> Delivery {
-        match tokio::time::timeout(WAIT, consumer.next()).await {
-            Ok(Some(Ok(delivery))) => delivery,
-            Ok(Some(Err(err))) => panic!("RabbitMQ: consuming failed: {err}"),
-            Ok(None) => panic!("RabbitMQ: the consumer was cancelled"),
-            Err(_) => panic!("RabbitMQ: no delivery within {} s", WAIT.as_secs()),
-        }
-    }
-
-    /// The next delivery if one comes within `wait`.
-    pub async fn next_within(consumer: &mut Consumer, wait: Duration) -> Option<Delivery> {
-        match tokio::time::timeout(wait, consumer.next()).await {
-            Ok(Some(Ok(delivery))) => Some(delivery),
-            Ok(Some(Err(err))) => panic!("RabbitMQ: consuming failed: {err}"),
-            Ok(None) => panic!("RabbitMQ: the consumer was cancelled"),
-            Err(_) => None,
-        }
-    }
-
-    /// Fails the test if anything is delivered within half a second.
-    pub async fn assert_drained(consumer: &mut Consumer) {
-        if let Some(delivery) = next_within(consumer, Duration::from_millis(500)).await {
-            panic!(
-                "unexpected delivery: {}",
-                String::from_utf8_lossy(&delivery.data)
-            );
-        }
-    }
-
-    pub async fn ack(delivery: &Delivery) {
-        bounded("ack", delivery.ack(BasicAckOptions::default())).await;
-    }
-
-    pub async fn requeue(delivery: &Delivery) {
-        let options = BasicNackOptions {
-            requeue: true,
-            ..BasicNackOptions::default()
-        };
-        bounded("nack", delivery.nack(options)).await;
-    }
-}
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct OrderPlaced {
@@ -317,244 +108,11 @@ pub trait Shop: Send + Sync + 'static {
     fn fail_next(&self);
 }
 
-/// A shop on one SQL database: the store, the deduplicator, and the
-/// business tables.
-macro_rules! sql_shop {
-    ($shop:ident, $db:ty, $store:ty, $param:literal, $begin:expr) => {
-        pub struct $shop {
-            store: $store,
-            dedup: Deduplicator<$store>,
-            pool: sqlx::Pool<$db>,
-            stock: String,
-            invoices: String,
-            fail_next: AtomicBool,
-            _guard: Box<dyn std::any::Any + Send + Sync>,
-        }
-
-        impl $shop {
-            async fn new(
-                store: $store,
-                pool: sqlx::Pool<$db>,
-                stock: String,
-                invoices: String,
-                retention: Duration,
-                guard: Box<dyn std::any::Any + Send + Sync>,
-            ) -> Self {
-                let shop = $shop {
-                    dedup: Deduplicator::new(store.clone(), "orders.reserve").retention(retention),
-                    store,
-                    pool,
-                    stock,
-                    invoices,
-                    fail_next: AtomicBool::new(false),
-                    _guard: guard,
-                };
-                for statement in [
-                    "CREATE TABLE {stock} (sku VARCHAR(64) PRIMARY KEY, available BIGINT NOT NULL)",
-                    "CREATE TABLE {invoices} (order_id VARCHAR(255) NOT NULL, quantity BIGINT NOT NULL)",
-                ] {
-                    sqlx::query(&shop.sql(statement))
-                        .execute(&shop.pool)
-                        .await
-                        .unwrap();
-                }
-                sqlx::query(&shop.sql("INSERT INTO {stock} (sku, available) VALUES ('apple', {p}1)"))
-                    .bind(STOCK)
-                    .execute(&shop.pool)
-                    .await
-                    .unwrap();
-                shop
-            }
-
-            fn sql(&self, template: &str) -> String {
-                template
-                    .replace("{stock}", &self.stock)
-                    .replace("{invoices}", &self.invoices)
-                    .replace("{p}", $param)
-            }
-
-            async fn begin(&self) -> Result<sqlx::Transaction<'static, $db>, sqlx::Error> {
-                match $begin {
-                    Some(statement) => self.pool.begin_with(statement).await,
-                    None => self.pool.begin().await,
-                }
-            }
-
-            /// The effects: reserve the stock, write the invoice.
-            async fn apply(
-                &self,
-                tx: &mut sqlx::Transaction<'_, $db>,
-                event: &OrderPlaced,
-            ) -> Result<i64, ShopError> {
-                sqlx::query(&self.sql(
-                    "UPDATE {stock} SET available = available - {p}1 WHERE sku = {p}2",
-                ))
-                .bind(event.quantity)
-                .bind(&event.sku)
-                .execute(&mut **tx)
-                .await?;
-                sqlx::query(&self.sql(
-                    "INSERT INTO {invoices} (order_id, quantity) VALUES ({p}1, {p}2)",
-                ))
-                .bind(&event.order_id)
-                .bind(event.quantity)
-                .execute(&mut **tx)
-                .await?;
-                if self.fail_next.swap(false, Ordering::SeqCst) {
-                    return Err(ShopError::Failed);
-                }
-                Ok(event.quantity)
-            }
-
-            /// A consumer handler made idempotent by its natural key.
-            #[idempotent(key = event.order_id, store = self.store, tx = tx, ttl = "14d",
-                         scope = "orders.reserve-by-attribute")]
-            async fn on_order_placed(
-                &self,
-                tx: &mut sqlx::Transaction<'_, $db>,
-                event: OrderPlaced,
-            ) -> Result<i64, ShopError> {
-                self.apply(tx, &event).await
-            }
-
-            /// A consumer handler made idempotent by the message's content.
-            #[idempotent(key = idem::consumer::content_key(&message)?, store = self.store,
-                         tx = tx, scope = "orders.reserve-by-content")]
-            async fn on_message(
-                &self,
-                tx: &mut sqlx::Transaction<'_, $db>,
-                message: serde_json::Value,
-            ) -> Result<i64, ShopError> {
-                let event: OrderPlaced = serde_json::from_value(message)?;
-                self.apply(tx, &event).await
-            }
-        }
-
-        impl Shop for $shop {
-            async fn handle(&self, body: &[u8], key_by: KeyBy) -> Result<Handled<i64>, ShopError> {
-                // The message as received is what identifies it: every
-                // member, in canonical form.
-                let message: serde_json::Value = serde_json::from_slice(body)?;
-                let event: OrderPlaced = serde_json::from_value(message.clone())?;
-                let key = match key_by {
-                    KeyBy::OrderId => event.order_id.to_key().map_err(idem::Error::from)?,
-                    KeyBy::Content => content_key(&message)?,
-                };
-                let mut tx = self.begin().await?;
-                let handled = self
-                    .dedup
-                    .process_in_transaction(&mut tx, &key, &message, |tx| async move {
-                        let result = self.apply(tx, &event).await;
-                        (result, tx)
-                    })
-                    .await;
-                match handled {
-                    Ok(handled) => {
-                        tx.commit().await?;
-                        Ok(handled)
-                    }
-                    Err(err) => {
-                        tx.rollback().await?;
-                        Err(err)
-                    }
-                }
-            }
-
-            async fn handle_with_attribute(&self, body: &[u8], key_by: KeyBy) -> Result<i64, ShopError> {
-                let mut tx = self.begin().await?;
-                let result = match key_by {
-                    KeyBy::OrderId => {
-                        self.on_order_placed(&mut tx, serde_json::from_slice(body)?).await
-                    }
-                    KeyBy::Content => self.on_message(&mut tx, serde_json::from_slice(body)?).await,
-                };
-                match result {
-                    Ok(value) => {
-                        tx.commit().await?;
-                        Ok(value)
-                    }
-                    Err(err) => {
-                        tx.rollback().await?;
-                        Err(err)
-                    }
-                }
-            }
-
-            async fn invoices(&self) -> i64 {
-                sqlx::query_scalar(&self.sql("SELECT COUNT(*) FROM {invoices}"))
-                    .fetch_one(&self.pool)
-                    .await
-                    .unwrap()
-            }
-
-            async fn reserved(&self) -> i64 {
-                let available: i64 =
-                    sqlx::query_scalar(&self.sql("SELECT available FROM {stock} WHERE sku = 'apple'"))
-                        .fetch_one(&self.pool)
-                        .await
-                        .unwrap();
-                STOCK - available
-            }
-
-            async fn marker(&self, key: &Key) -> Option<idem::Record> {
-                idem::Store::get(self.dedup.store(), self.dedup.scope(), key)
-                    .await
-                    .unwrap()
-            }
-
-            async fn purge(&self) -> u64 {
-                self.dedup.purge_expired(100).await.unwrap()
-            }
-
-            fn fail_next(&self) {
-                self.fail_next.store(true, Ordering::SeqCst);
-            }
-        }
-    };
-}
-
-sql_shop!(
-    SqliteShop,
-    sqlx::Sqlite,
-    idem::SqliteStore,
-    "?",
-    // A transaction that reads before it writes must hold the write lock
-    // from the start on SQLite (README: Transactional mode).
-    Some("BEGIN IMMEDIATE")
-);
-sql_shop!(
-    PostgresShop,
-    sqlx::Postgres,
-    idem::PostgresStore,
-    "$",
-    None::<&'static str>
-);
-
-/// A shop on a SQLite file of its own.
-async fn sqlite_shop(retention: Duration) -> SqliteShop {
-    let dir = tempfile::tempdir().unwrap();
-    let url = format!("sqlite://{}", dir.path().join("shop.db").display());
-    let store = idem::SqliteStore::connect(&url).await.unwrap();
-    let pool = store.pool().clone();
-    let (stock, invoices) = ("stock".to_owned(), "invoices".to_owned());
-    SqliteShop::new(store, pool, stock, invoices, retention, Box::new(dir)).await
-}
-
-/// A shop on PostgreSQL, in tables of its own dropped at the end.
-async fn postgres_shop(retention: Duration) -> PostgresShop {
-    let server = servers::Server::Postgres;
-    let servers::Db::Postgres(pool) = server.pool(16).await else {
-        unreachable!()
-    };
-    let mut tables = servers::DropTables::new(server);
-    let records = tables.add(servers::unique_table("cmrec"));
-    let stock = tables.add(servers::unique_table("cmstock"));
-    let invoices = tables.add(servers::unique_table("cminv"));
-    let store = idem::PostgresStore::new(pool.clone())
-        .with_table_name(&records)
-        .unwrap();
-    store.migrate().await.unwrap();
-    PostgresShop::new(store, pool, stock, invoices, retention, Box::new(tables)).await
+/// The statement that begins a shop's transaction: one that reads before
+/// it writes must hold the write lock from the start on SQLite (README:
+/// Transactional mode).
+fn begin_statement(backend: &str) -> Option<&'static str> {
+    (backend == "sqlite_file").then_some("BEGIN IMMEDIATE")
 }
 
 /// The cases, as plain functions of a shop.
@@ -874,56 +432,247 @@ mod cases {
     }
 }
 
-macro_rules! consumer_suite {
-    ($backend:ident, $shop:path) => {
-        mod $backend {
-            use super::*;
+common::backends!(sqlite_file, postgres => {
+    pub struct SqlShop {
+        store: backend::Store,
+        dedup: Deduplicator<backend::Store>,
+        pool: sqlx::Pool<backend::Database>,
+        stock: String,
+        invoices: String,
+        fail_next: AtomicBool,
+        _guard: Guard,
+    }
 
-            const DEFAULT: Duration = Deduplicator::<()>::DEFAULT_RETENTION;
-
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn redelivery_after_a_crash_before_the_ack_applies_the_effect_once() {
-                cases::redelivery_after_a_crash_before_the_ack($shop(DEFAULT).await).await;
+    impl SqlShop {
+        async fn new(
+            store: backend::Store,
+            pool: sqlx::Pool<backend::Database>,
+            stock: String,
+            invoices: String,
+            retention: Duration,
+            guard: Guard,
+        ) -> Self {
+            let shop = SqlShop {
+                dedup: Deduplicator::new(store.clone(), "orders.reserve").retention(retention),
+                store,
+                pool,
+                stock,
+                invoices,
+                fail_next: AtomicBool::new(false),
+                _guard: guard,
+            };
+            for statement in [
+                "CREATE TABLE {stock} (sku VARCHAR(64) PRIMARY KEY, available BIGINT NOT NULL)",
+                "CREATE TABLE {invoices} (order_id VARCHAR(255) NOT NULL, quantity BIGINT NOT NULL)",
+            ] {
+                sqlx::query(&shop.sql(statement))
+                    .execute(&shop.pool)
+                    .await
+                    .unwrap();
             }
+            sqlx::query(&shop.sql("INSERT INTO {stock} (sku, available) VALUES ('apple', {p}1)"))
+                .bind(STOCK)
+                .execute(&shop.pool)
+                .await
+                .unwrap();
+            shop
+        }
 
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn a_failed_handler_leaves_nothing_and_the_redelivery_succeeds() {
-                cases::a_failed_handler_leaves_nothing_and_the_redelivery_succeeds(
-                    $shop(DEFAULT).await,
-                )
-                .await;
-            }
+        fn sql(&self, template: &str) -> String {
+            template
+                .replace("{stock}", &self.stock)
+                .replace("{invoices}", &self.invoices)
+                .replace("{p}1", &backend::param(1))
+                .replace("{p}2", &backend::param(2))
+        }
 
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn content_hash_dedupes_re_encoded_events_only() {
-                cases::content_hash_dedupes_re_encoded_events_only($shop(DEFAULT).await).await;
-            }
-
-            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-            async fn eight_consumers_with_duplicates_apply_each_effect_once() {
-                cases::eight_consumers_with_duplicates_apply_each_effect_once($shop(DEFAULT).await)
-                    .await;
-            }
-
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn the_attribute_on_consumer_handlers() {
-                cases::the_attribute_on_consumer_handlers($shop(DEFAULT).await).await;
-            }
-
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn markers_are_kept_for_the_retention_then_purged() {
-                cases::markers_are_kept_for_the_retention_then_purged(
-                    $shop(DEFAULT).await,
-                    $shop(Duration::from_millis(300)).await,
-                )
-                .await;
+        async fn begin(&self) -> Result<sqlx::Transaction<'static, backend::Database>, sqlx::Error> {
+            match begin_statement(backend::NAME) {
+                Some(statement) => self.pool.begin_with(statement).await,
+                None => self.pool.begin().await,
             }
         }
-    };
-}
 
-consumer_suite!(sqlite, sqlite_shop);
-consumer_suite!(postgres, postgres_shop);
+        /// The effects: reserve the stock, write the invoice.
+        async fn apply(
+            &self,
+            tx: &mut sqlx::Transaction<'_, backend::Database>,
+            event: &OrderPlaced,
+        ) -> Result<i64, ShopError> {
+            sqlx::query(&self.sql(
+                "UPDATE {stock} SET available = available - {p}1 WHERE sku = {p}2",
+            ))
+            .bind(event.quantity)
+            .bind(&event.sku)
+            .execute(&mut **tx)
+            .await?;
+            sqlx::query(&self.sql(
+                "INSERT INTO {invoices} (order_id, quantity) VALUES ({p}1, {p}2)",
+            ))
+            .bind(&event.order_id)
+            .bind(event.quantity)
+            .execute(&mut **tx)
+            .await?;
+            if self.fail_next.swap(false, Ordering::SeqCst) {
+                return Err(ShopError::Failed);
+            }
+            Ok(event.quantity)
+        }
+
+        /// A consumer handler made idempotent by its natural key.
+        #[idempotent(key = event.order_id, store = self.store, tx = tx, ttl = "14d",
+                     scope = "orders.reserve-by-attribute")]
+        async fn on_order_placed(
+            &self,
+            tx: &mut sqlx::Transaction<'_, backend::Database>,
+            event: OrderPlaced,
+        ) -> Result<i64, ShopError> {
+            self.apply(tx, &event).await
+        }
+
+        /// A consumer handler made idempotent by the message's content.
+        #[idempotent(key = idem::consumer::content_key(&message)?, store = self.store,
+                     tx = tx, scope = "orders.reserve-by-content")]
+        async fn on_message(
+            &self,
+            tx: &mut sqlx::Transaction<'_, backend::Database>,
+            message: serde_json::Value,
+        ) -> Result<i64, ShopError> {
+            let event: OrderPlaced = serde_json::from_value(message)?;
+            self.apply(tx, &event).await
+        }
+    }
+
+    impl Shop for SqlShop {
+        async fn handle(&self, body: &[u8], key_by: KeyBy) -> Result<Handled<i64>, ShopError> {
+            // The message as received is what identifies it: every
+            // member, in canonical form.
+            let message: serde_json::Value = serde_json::from_slice(body)?;
+            let event: OrderPlaced = serde_json::from_value(message.clone())?;
+            let key = match key_by {
+                KeyBy::OrderId => event.order_id.to_key().map_err(idem::Error::from)?,
+                KeyBy::Content => content_key(&message)?,
+            };
+            let mut tx = self.begin().await?;
+            let handled = self
+                .dedup
+                .process_in_transaction(&mut tx, &key, &message, |tx| async move {
+                    let result = self.apply(tx, &event).await;
+                    (result, tx)
+                })
+                .await;
+            match handled {
+                Ok(handled) => {
+                    tx.commit().await?;
+                    Ok(handled)
+                }
+                Err(err) => {
+                    tx.rollback().await?;
+                    Err(err)
+                }
+            }
+        }
+
+        async fn handle_with_attribute(&self, body: &[u8], key_by: KeyBy) -> Result<i64, ShopError> {
+            let mut tx = self.begin().await?;
+            let result = match key_by {
+                KeyBy::OrderId => {
+                    self.on_order_placed(&mut tx, serde_json::from_slice(body)?).await
+                }
+                KeyBy::Content => self.on_message(&mut tx, serde_json::from_slice(body)?).await,
+            };
+            match result {
+                Ok(value) => {
+                    tx.commit().await?;
+                    Ok(value)
+                }
+                Err(err) => {
+                    tx.rollback().await?;
+                    Err(err)
+                }
+            }
+        }
+
+        async fn invoices(&self) -> i64 {
+            sqlx::query_scalar(&self.sql("SELECT COUNT(*) FROM {invoices}"))
+                .fetch_one(&self.pool)
+                .await
+                .unwrap()
+        }
+
+        async fn reserved(&self) -> i64 {
+            let available: i64 =
+                sqlx::query_scalar(&self.sql("SELECT available FROM {stock} WHERE sku = 'apple'"))
+                    .fetch_one(&self.pool)
+                    .await
+                    .unwrap();
+            STOCK - available
+        }
+
+        async fn marker(&self, key: &Key) -> Option<idem::Record> {
+            idem::Store::get(self.dedup.store(), self.dedup.scope(), key)
+                .await
+                .unwrap()
+        }
+
+        async fn purge(&self) -> u64 {
+            self.dedup.purge_expired(100).await.unwrap()
+        }
+
+        fn fail_next(&self) {
+            self.fail_next.store(true, Ordering::SeqCst);
+        }
+    }
+
+    /// A shop in tables of its own, dropped at the end (on SQLite, a file
+    /// of its own), keeping its markers for `retention`.
+    async fn shop(retention: Duration) -> SqlShop {
+        let (store, mut guard) = backend::store(16).await;
+        let pool = store.pool().clone();
+        let (stock, invoices) = (guard.table("cmstock"), guard.table("cminv"));
+        SqlShop::new(store, pool, stock, invoices, retention, guard).await
+    }
+
+    const DEFAULT: Duration = Deduplicator::<()>::DEFAULT_RETENTION;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn redelivery_after_a_crash_before_the_ack_applies_the_effect_once() {
+        cases::redelivery_after_a_crash_before_the_ack(shop(DEFAULT).await).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_failed_handler_leaves_nothing_and_the_redelivery_succeeds() {
+        cases::a_failed_handler_leaves_nothing_and_the_redelivery_succeeds(
+            shop(DEFAULT).await,
+        )
+        .await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn content_hash_dedupes_re_encoded_events_only() {
+        cases::content_hash_dedupes_re_encoded_events_only(shop(DEFAULT).await).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn eight_consumers_with_duplicates_apply_each_effect_once() {
+        cases::eight_consumers_with_duplicates_apply_each_effect_once(shop(DEFAULT).await)
+            .await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_attribute_on_consumer_handlers() {
+        cases::the_attribute_on_consumer_handlers(shop(DEFAULT).await).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn markers_are_kept_for_the_retention_then_purged() {
+        cases::markers_are_kept_for_the_retention_then_purged(
+            shop(DEFAULT).await,
+            shop(Duration::from_millis(300)).await,
+        )
+        .await;
+    }
+});
 
 #[tokio::test]
 async fn an_unreachable_broker_fails_naming_the_variable() {

@@ -1,4 +1,4 @@
-//! Issue 4: entity mode (the domain-model token pattern) and upserts.
+//! Entity mode (the domain-model token pattern) and upserts.
 //!
 //! The business table carries the UNIQUE idempotency token; there is no
 //! records table. Each case runs on SQLite, PostgreSQL and MariaDB, each in
@@ -19,8 +19,7 @@
 //! - a scope with a principal is refused, since rows are found by token
 //!   alone.
 
-#[path = "conformance/servers.rs"]
-mod servers;
+mod common;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -132,880 +131,610 @@ impl Gateway {
     }
 }
 
-/// A namespace of its own on a test server, dropped at the end of the test.
-pub struct Namespace {
-    pub name: String,
-    drop: Option<(servers::Server, String)>,
-    _dir: Option<tempfile::TempDir>,
+/// The tables of the cases, in each backend's SQL.
+fn tables(backend: &str) -> &'static str {
+    match backend {
+        "sqlite_file" => SQLITE_TABLES,
+        "postgres" => POSTGRES_TABLES,
+        "mysql" => MYSQL_TABLES,
+        other => panic!("no tables for {other}"),
+    }
 }
 
-impl Drop for Namespace {
-    fn drop(&mut self) {
-        let Some((server, statement)) = self.drop.take() else {
-            return;
-        };
-        // A connection of its own, on a thread of its own, so that it
-        // works from any runtime, or none.
-        let dropped = std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .expect("a runtime");
-            runtime.block_on(async move {
-                use sqlx::Connection;
-                let url = server.url();
-                match server {
-                    servers::Server::Postgres => {
-                        let mut conn = sqlx::PgConnection::connect(&url).await?;
-                        // A connection left in a transaction fails the drop
-                        // rather than hanging it.
-                        sqlx::raw_sql("SET lock_timeout = '10s'")
-                            .execute(&mut conn)
-                            .await?;
-                        sqlx::raw_sql(&statement).execute(&mut conn).await?;
-                    }
-                    servers::Server::MySql => {
-                        let mut conn = sqlx::MySqlConnection::connect(&url).await?;
-                        sqlx::raw_sql("SET SESSION lock_wait_timeout = 10")
-                            .execute(&mut conn)
-                            .await?;
-                        sqlx::raw_sql(&statement).execute(&mut conn).await?;
-                    }
-                }
-                Ok::<_, sqlx::Error>(())
+const SQLITE_TABLES: &str = "
+    CREATE TABLE payments (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        idempotency_token TEXT NOT NULL UNIQUE,
+        amount INTEGER NOT NULL,
+        charge INTEGER NOT NULL,
+        request_hash TEXT
+    );
+    CREATE TABLE orders (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        token TEXT NOT NULL UNIQUE,
+        amount INTEGER NOT NULL,
+        charge INTEGER NOT NULL
+    );
+    CREATE TABLE subscriptions (
+        user_id INTEGER PRIMARY KEY,
+        plan TEXT NOT NULL,
+        seats INTEGER NOT NULL
+    );
+    CREATE TABLE memberships (
+        user_id INTEGER NOT NULL,
+        team_id INTEGER NOT NULL,
+        PRIMARY KEY (user_id, team_id)
+    );
+";
+
+const POSTGRES_TABLES: &str = "
+    CREATE TABLE payments (
+        id BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+        idempotency_token TEXT NOT NULL UNIQUE,
+        amount BIGINT NOT NULL,
+        charge BIGINT NOT NULL,
+        request_hash TEXT
+    );
+    CREATE TABLE orders (
+        id BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+        token TEXT NOT NULL UNIQUE,
+        amount BIGINT NOT NULL,
+        charge BIGINT NOT NULL
+    );
+    CREATE TABLE subscriptions (
+        user_id BIGINT PRIMARY KEY,
+        plan TEXT NOT NULL,
+        seats BIGINT NOT NULL
+    );
+    CREATE TABLE memberships (
+        user_id BIGINT NOT NULL,
+        team_id BIGINT NOT NULL,
+        PRIMARY KEY (user_id, team_id)
+    );
+";
+
+// The default, case-insensitive collation: sqlx 0.8 does not decode a
+// `_bin` column into a `String`.
+const MYSQL_TABLES: &str = "
+    CREATE TABLE payments (
+        id BIGINT AUTO_INCREMENT PRIMARY KEY,
+        idempotency_token VARCHAR(255) CHARACTER SET ascii NOT NULL UNIQUE,
+        amount BIGINT NOT NULL,
+        charge BIGINT NOT NULL,
+        request_hash CHAR(64) CHARACTER SET ascii
+    ) ENGINE = InnoDB;
+    CREATE TABLE orders (
+        id BIGINT AUTO_INCREMENT PRIMARY KEY,
+        token VARCHAR(255) CHARACTER SET ascii NOT NULL UNIQUE,
+        amount BIGINT NOT NULL,
+        charge BIGINT NOT NULL
+    ) ENGINE = InnoDB;
+    CREATE TABLE subscriptions (
+        user_id BIGINT PRIMARY KEY,
+        plan VARCHAR(64) NOT NULL,
+        seats BIGINT NOT NULL
+    ) ENGINE = InnoDB;
+    CREATE TABLE memberships (
+        user_id BIGINT NOT NULL,
+        team_id BIGINT NOT NULL,
+        PRIMARY KEY (user_id, team_id)
+    ) ENGINE = InnoDB;
+";
+
+// Each case in a namespace of its own: a database file, a schema, a
+// database, dropped when the case ends.
+common::backends!(sqlite_file, postgres, mysql => {
+    use common::namespace::Namespace;
+    use idem::{idempotent, Key};
+
+    type Pool = sqlx::Pool<backend::Database>;
+
+    /// A namespace of the case's own, with the tables.
+    async fn namespace() -> Namespace {
+        let ns = backend::namespace("entity").await;
+        let pool = backend::pool(&ns, 1).await;
+        sqlx::raw_sql(tables(backend::NAME))
+            .execute(&pool)
+            .await
+            .unwrap();
+        pool.close().await;
+        ns
+    }
+
+    pub struct Payments {
+        pub pool: Pool,
+        pub gateway: Gateway,
+        /// Another pool on the same database, for writers that
+        /// do not take the lock.
+        pub rogue: Option<Pool>,
+    }
+
+    impl Payments {
+        fn new(pool: Pool) -> Self {
+            Payments {
+                pool,
+                gateway: Gateway::default(),
+                rogue: None,
+            }
+        }
+
+        #[idempotent(key = cmd.token, store = self.pool, entity, wait = "60s")]
+        pub async fn pay(&self, cmd: &Charge) -> Result<Payment, PayError> {
+            let charge = self.gateway.charge(&cmd.token).await?;
+            if let Some(rogue) = &self.rogue {
+                sqlx::query(&format!(
+                    "INSERT INTO payments (idempotency_token, amount, charge) VALUES ({}, {}, -1)",
+                    backend::param(1),
+                    backend::param(2),
+                ))
+                .bind(&cmd.token)
+                .bind(cmd.amount)
+                .execute(rogue)
+                .await
+                .unwrap();
+            }
+            Ok(Payment {
+                id: 0,
+                token: cmd.token.clone(),
+                amount: cmd.amount,
+                charge,
+                request_hash: None,
             })
+        }
+
+        #[idempotent(key = cmd.token, store = self.pool, entity, fail_fast)]
+        pub async fn pay_or_fail_fast(&self, cmd: &Charge) -> Result<Payment, PayError> {
+            unreachable!("only called while another call holds {}", cmd.token)
+        }
+
+        #[idempotent(key = cmd.token, store = self.pool, entity)]
+        pub async fn order(&self, cmd: &Charge) -> Result<Order, PayError> {
+            let charge = self.gateway.charge(&cmd.token).await?;
+            Ok(Order {
+                id: 0,
+                token: cmd.token.clone(),
+                amount: cmd.amount,
+                charge,
+            })
+        }
+
+        #[idempotent(key = cmd.token, store = self.pool, entity)]
+        pub async fn pay_under_another_token(
+            &self,
+            cmd: &Charge,
+        ) -> Result<Payment, PayError> {
+            Ok(Payment {
+                id: 0,
+                token: format!("{}-other", cmd.token),
+                amount: cmd.amount,
+                charge: 0,
+                request_hash: None,
+            })
+        }
+    }
+
+    async fn count(pool: &Pool, table: &str) -> i64 {
+        sqlx::query_scalar(&format!("SELECT COUNT(*) FROM {table}"))
+            .fetch_one(pool)
+            .await
+            .unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_stored_token_is_returned_without_running_the_body() {
+        let ns = namespace().await;
+        let service = Payments::new(backend::pool(&ns, 4).await);
+        let first = service.pay(&charge("t-1", 500)).await.unwrap();
+        assert_eq!(first.token, "t-1");
+        assert!(first.id > 0, "the generated id is read back: {first:?}");
+        let fingerprint = idem::Fingerprint::of(&(&charge("t-1", 500),)).unwrap();
+        assert_eq!(first.request_hash, Some(fingerprint.to_hex()));
+        for _ in 0..3 {
+            assert_eq!(service.pay(&charge("t-1", 500)).await.unwrap(), first);
+        }
+        assert_eq!(service.gateway.runs("t-1"), 1);
+        assert_eq!(count(&service.pool, "payments").await, 1);
+        let found: Option<Payment> =
+            idem::entity::find(&service.pool, &Key::new("t-1").unwrap())
+                .await
+                .unwrap();
+        assert_eq!(found, Some(first));
+    }
+
+    #[tokio::test]
+    async fn a_token_reused_with_another_payload_is_refused_given_a_hash_column() {
+        let ns = namespace().await;
+        let service = Payments::new(backend::pool(&ns, 4).await);
+        service.pay(&charge("t-2", 500)).await.unwrap();
+        let err = service.pay(&charge("t-2", 900)).await.unwrap_err();
+        assert!(
+            matches!(err, PayError::Idem(idem::Error::KeyReused)),
+            "{err:?}"
+        );
+        assert_eq!(service.gateway.runs("t-2"), 1);
+        assert_eq!(count(&service.pool, "payments").await, 1);
+    }
+
+    #[tokio::test]
+    async fn a_token_reused_without_a_hash_column_returns_the_existing_row() {
+        let ns = namespace().await;
+        let service = Payments::new(backend::pool(&ns, 4).await);
+        let first = service.order(&charge("t-3", 500)).await.unwrap();
+        let other = service.order(&charge("t-3", 900)).await.unwrap();
+        assert_eq!(other, first);
+        assert_eq!(other.amount, 500);
+        assert_eq!(service.gateway.runs("t-3"), 1);
+        assert_eq!(count(&service.pool, "orders").await, 1);
+    }
+
+    #[tokio::test]
+    async fn a_body_error_stores_nothing_and_the_retry_runs() {
+        let ns = namespace().await;
+        let service = Payments::new(backend::pool(&ns, 4).await);
+        service.gateway.fail_next.store(true, Ordering::SeqCst);
+        let err = service.pay(&charge("t-4", 500)).await.unwrap_err();
+        assert!(matches!(err, PayError::Unavailable), "{err:?}");
+        assert_eq!(count(&service.pool, "payments").await, 0);
+        let paid = service.pay(&charge("t-4", 500)).await.unwrap();
+        assert_eq!(service.pay(&charge("t-4", 500)).await.unwrap(), paid);
+        assert_eq!(service.gateway.runs("t-4"), 2);
+        assert_eq!(count(&service.pool, "payments").await, 1);
+    }
+
+    #[tokio::test]
+    async fn an_entity_under_another_token_is_refused() {
+        let ns = namespace().await;
+        let service = Payments::new(backend::pool(&ns, 4).await);
+        let err = service
+            .pay_under_another_token(&charge("t-5", 500))
+            .await
+            .unwrap_err();
+        let PayError::Idem(idem::Error::Config(message)) = &err else {
+            panic!("{err:?}");
+        };
+        assert!(
+            message.contains("\"t-5-other\" is not the call's key \"t-5\""),
+            "{message}"
+        );
+        assert_eq!(count(&service.pool, "payments").await, 0);
+    }
+
+    #[tokio::test]
+    async fn invalid_keys_and_names_fail_before_any_run() {
+        let ns = namespace().await;
+        let service = Payments::new(backend::pool(&ns, 4).await);
+        let err = service.pay(&charge("has space", 1)).await.unwrap_err();
+        assert!(
+            matches!(err, PayError::Idem(idem::Error::InvalidKey(_))),
+            "{err:?}"
+        );
+        let err = idem::entity::upsert(
+            &service.pool,
+            &Subscription {
+                user_id: 1,
+                plan: "basic".into(),
+                seats: 1,
+            },
+            &["email"],
+        )
+        .await
+        .unwrap_err();
+        assert!(err.to_string().contains("\"email\" is not among"), "{err}");
+        assert_eq!(service.gateway.total_runs(), 0);
+    }
+
+    /// Rows are found by token alone, so a principal cannot narrow
+    /// them: the call is refused before the body runs, not widened
+    /// to every tenant.
+    #[tokio::test]
+    async fn a_scope_with_a_principal_is_refused_not_widened() {
+        let ns = namespace().await;
+        let service = Payments::new(backend::pool(&ns, 4).await);
+        let first = service.pay(&charge("t-6", 500)).await.unwrap();
+        let scope = idem::Scope::new("payments.pay").with_principal("tenant-b");
+        let call = idem::Call::new(scope, "t-6", &charge("t-6", 500));
+        let err = idem::entity::run(&service.pool, call, async {
+            service.gateway.charge("t-6").await?;
+            Ok::<_, PayError>(first.clone())
         })
-        .join();
-        match dropped {
-            Ok(Ok(())) => {}
-            Ok(Err(err)) => eprintln!("dropping the test namespace failed: {err}"),
-            Err(_) => eprintln!("dropping the test namespace panicked"),
-        }
-    }
-}
-
-mod sqlite_fixture {
-    use std::str::FromStr;
-
-    use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions};
-
-    use super::*;
-
-    pub async fn namespace() -> Namespace {
-        let dir = tempfile::tempdir().unwrap();
-        let name = format!("sqlite://{}", dir.path().join("entity.db").display());
-        let ns = Namespace {
-            name,
-            drop: None,
-            _dir: Some(dir),
+        .await
+        .unwrap_err();
+        let PayError::Idem(idem::Error::Config(message)) = &err else {
+            panic!("{err:?}");
         };
-        let pool = pool(&ns, 1).await;
-        sqlx::raw_sql(
-            "CREATE TABLE payments (
-                id INTEGER PRIMARY KEY AUTOINCREMENT,
-                idempotency_token TEXT NOT NULL UNIQUE,
-                amount INTEGER NOT NULL,
-                charge INTEGER NOT NULL,
-                request_hash TEXT
-            );
-            CREATE TABLE orders (
-                id INTEGER PRIMARY KEY AUTOINCREMENT,
-                token TEXT NOT NULL UNIQUE,
-                amount INTEGER NOT NULL,
-                charge INTEGER NOT NULL
-            );
-            CREATE TABLE subscriptions (
-                user_id INTEGER PRIMARY KEY,
-                plan TEXT NOT NULL,
-                seats INTEGER NOT NULL
-            );
-            CREATE TABLE memberships (
-                user_id INTEGER NOT NULL,
-                team_id INTEGER NOT NULL,
-                PRIMARY KEY (user_id, team_id)
-            );",
-        )
-        .execute(&pool)
-        .await
-        .unwrap();
-        pool.close().await;
-        ns
+        assert!(message.contains("the principal \"tenant-b\""), "{message}");
+        assert_eq!(service.gateway.runs("t-6"), 1);
+        assert_eq!(count(&service.pool, "payments").await, 1);
     }
 
-    pub async fn pool(ns: &Namespace, max: u32) -> SqlitePool {
-        let options = SqliteConnectOptions::from_str(&ns.name)
-            .unwrap()
-            .create_if_missing(true)
-            .journal_mode(SqliteJournalMode::Wal)
-            .busy_timeout(Duration::from_secs(10));
-        SqlitePoolOptions::new()
-            .max_connections(max)
-            .acquire_timeout(Duration::from_secs(60))
-            .connect_with(options)
-            .await
-            .unwrap()
-    }
-}
-
-#[cfg(feature = "postgres")]
-mod postgres_fixture {
-    use std::str::FromStr;
-
-    use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
-
-    use super::*;
-    use servers::Server;
-
-    /// A schema of its own; the pools put it first on their search path.
-    pub async fn namespace() -> Namespace {
-        // Fails the test, naming IDEM_POSTGRES_URL, if the server is down.
-        let probe = Server::Postgres.pool(1).await;
-        let name = servers::unique_table("pg_entity");
-        probe.execute(&format!("CREATE SCHEMA \"{name}\"")).await;
-        let ns = Namespace {
-            drop: Some((
-                Server::Postgres,
-                format!("DROP SCHEMA IF EXISTS \"{name}\" CASCADE"),
-            )),
-            name,
-            _dir: None,
-        };
-        let pool = pool(&ns, 1).await;
-        sqlx::raw_sql(
-            "CREATE TABLE payments (
-                id BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-                idempotency_token TEXT NOT NULL UNIQUE,
-                amount BIGINT NOT NULL,
-                charge BIGINT NOT NULL,
-                request_hash TEXT
-            );
-            CREATE TABLE orders (
-                id BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-                token TEXT NOT NULL UNIQUE,
-                amount BIGINT NOT NULL,
-                charge BIGINT NOT NULL
-            );
-            CREATE TABLE subscriptions (
-                user_id BIGINT PRIMARY KEY,
-                plan TEXT NOT NULL,
-                seats BIGINT NOT NULL
-            );
-            CREATE TABLE memberships (
-                user_id BIGINT NOT NULL,
-                team_id BIGINT NOT NULL,
-                PRIMARY KEY (user_id, team_id)
-            );",
-        )
-        .execute(&pool)
-        .await
-        .unwrap();
-        pool.close().await;
-        ns
-    }
-
-    pub async fn pool(ns: &Namespace, max: u32) -> PgPool {
-        let options = PgConnectOptions::from_str(&Server::Postgres.url())
-            .unwrap()
-            .application_name(&ns.name)
-            .options([("search_path", ns.name.as_str())]);
-        PgPoolOptions::new()
-            .max_connections(max)
-            .acquire_timeout(Duration::from_secs(60))
-            .connect_with(options)
-            .await
-            .unwrap()
-    }
-
-    /// Kills every connection of the namespace's pools; answers how many.
-    pub async fn kill_connections(ns: &Namespace) -> usize {
-        let admin = PgPoolOptions::new()
-            .max_connections(1)
-            .connect(&Server::Postgres.url())
-            .await
-            .unwrap();
-        let killed: Vec<bool> = sqlx::query_scalar(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity
-             WHERE application_name = $1 AND pid <> pg_backend_pid()",
-        )
-        .bind(&ns.name)
-        .fetch_all(&admin)
-        .await
-        .unwrap();
-        admin.close().await;
-        killed.len()
-    }
-
-    /// Holds a lock that lets the namespace's tables be read, not written,
-    /// until the returned transaction ends.
-    pub async fn block_writes(ns: &Namespace) -> sqlx::Transaction<'static, sqlx::Postgres> {
-        let admin = PgPoolOptions::new()
-            .max_connections(1)
-            .connect(&Server::Postgres.url())
-            .await
-            .unwrap();
-        let mut tx = admin.begin().await.unwrap();
-        sqlx::query(&format!(
-            "LOCK TABLE \"{}\".payments IN EXCLUSIVE MODE",
-            ns.name
-        ))
-        .execute(&mut *tx)
-        .await
-        .unwrap();
-        tx
-    }
-}
-
-#[cfg(feature = "mysql")]
-mod mysql_fixture {
-    use std::str::FromStr;
-
-    use sqlx::mysql::{MySqlConnectOptions, MySqlPool, MySqlPoolOptions};
-
-    use super::*;
-    use servers::Server;
-
-    /// A database of its own.
-    pub async fn namespace() -> Namespace {
-        // Fails the test, naming IDEM_MYSQL_URL, if the server is down.
-        let probe = Server::MySql.pool(1).await;
-        let name = servers::unique_table("my_entity");
-        probe.execute(&format!("CREATE DATABASE `{name}`")).await;
-        let ns = Namespace {
-            drop: Some((Server::MySql, format!("DROP DATABASE IF EXISTS `{name}`"))),
-            name,
-            _dir: None,
-        };
-        let pool = pool(&ns, 1).await;
-        // The default, case-insensitive collation: sqlx 0.8 does not decode
-        // a `_bin` column into a `String`.
-        sqlx::raw_sql(
-            "CREATE TABLE payments (
-                id BIGINT AUTO_INCREMENT PRIMARY KEY,
-                idempotency_token VARCHAR(255) CHARACTER SET ascii NOT NULL UNIQUE,
-                amount BIGINT NOT NULL,
-                charge BIGINT NOT NULL,
-                request_hash CHAR(64) CHARACTER SET ascii
-            ) ENGINE = InnoDB;
-            CREATE TABLE orders (
-                id BIGINT AUTO_INCREMENT PRIMARY KEY,
-                token VARCHAR(255) CHARACTER SET ascii NOT NULL UNIQUE,
-                amount BIGINT NOT NULL,
-                charge BIGINT NOT NULL
-            ) ENGINE = InnoDB;
-            CREATE TABLE subscriptions (
-                user_id BIGINT PRIMARY KEY,
-                plan VARCHAR(64) NOT NULL,
-                seats BIGINT NOT NULL
-            ) ENGINE = InnoDB;
-            CREATE TABLE memberships (
-                user_id BIGINT NOT NULL,
-                team_id BIGINT NOT NULL,
-                PRIMARY KEY (user_id, team_id)
-            ) ENGINE = InnoDB;",
-        )
-        .execute(&pool)
-        .await
-        .unwrap();
-        pool.close().await;
-        ns
-    }
-
-    pub async fn pool(ns: &Namespace, max: u32) -> MySqlPool {
-        let options = MySqlConnectOptions::from_str(&Server::MySql.url())
-            .unwrap()
-            .database(&ns.name);
-        MySqlPoolOptions::new()
-            .max_connections(max)
-            .acquire_timeout(Duration::from_secs(60))
-            .connect_with(options)
-            .await
-            .unwrap()
-    }
-
-    /// Kills every connection of the namespace's pools; answers how many.
-    pub async fn kill_connections(ns: &Namespace) -> usize {
-        let admin = MySqlPoolOptions::new()
-            .max_connections(1)
-            .connect(&Server::MySql.url())
-            .await
-            .unwrap();
-        let ids: Vec<i64> = sqlx::query_scalar(
-            "SELECT CAST(id AS SIGNED) FROM information_schema.processlist
-             WHERE db = ? AND id <> CONNECTION_ID()",
-        )
-        .bind(&ns.name)
-        .fetch_all(&admin)
-        .await
-        .unwrap();
-        for id in &ids {
-            // A session that ended meanwhile is no error of the test.
-            let _ = sqlx::raw_sql(&format!("KILL {id}")).execute(&admin).await;
-        }
-        admin.close().await;
-        ids.len()
-    }
-
-    /// Holds a lock that lets the payments table be read, not written,
-    /// until the returned connection is dropped.
-    pub async fn block_writes(ns: &Namespace) -> sqlx::pool::PoolConnection<sqlx::MySql> {
-        let admin = MySqlPoolOptions::new()
-            .max_connections(1)
-            .connect(&Server::MySql.url())
-            .await
-            .unwrap();
-        let mut conn = admin.acquire().await.unwrap();
-        sqlx::raw_sql(&format!("LOCK TABLES `{}`.payments READ", ns.name))
-            .execute(&mut *conn)
-            .await
-            .unwrap();
-        conn
-    }
-}
-
-macro_rules! entity_suite {
-    (
-        $backend:ident,
-        $db:ty,
-        $fixture:ident,
-        params: ($first:literal, $second:literal),
-        lost_race: #[$lost_race:meta],
-        case_insensitive: #[$case_insensitive:meta],
-        killable: #[$killable:meta]
-    ) => {
-        mod $backend {
-            use super::*;
-            use idem::{idempotent, Key};
-
-            type Pool = sqlx::Pool<$db>;
-
-            pub struct Payments {
-                pub pool: Pool,
-                pub gateway: Gateway,
-                /// Another pool on the same database, for writers that
-                /// do not take the lock.
-                pub rogue: Option<Pool>,
-            }
-
-            impl Payments {
-                fn new(pool: Pool) -> Self {
-                    Payments {
-                        pool,
-                        gateway: Gateway::default(),
-                        rogue: None,
-                    }
-                }
-
-                #[idempotent(key = cmd.token, store = self.pool, entity, wait = "60s")]
-                pub async fn pay(&self, cmd: &Charge) -> Result<Payment, PayError> {
-                    let charge = self.gateway.charge(&cmd.token).await?;
-                    if let Some(rogue) = &self.rogue {
-                        sqlx::query(concat!(
-                            "INSERT INTO payments (idempotency_token, amount, charge) VALUES (",
-                            $first,
-                            ", ",
-                            $second,
-                            ", -1)"
-                        ))
-                        .bind(&cmd.token)
-                        .bind(cmd.amount)
-                        .execute(rogue)
-                        .await
-                        .unwrap();
-                    }
-                    Ok(Payment {
-                        id: 0,
-                        token: cmd.token.clone(),
-                        amount: cmd.amount,
-                        charge,
-                        request_hash: None,
-                    })
-                }
-
-                #[idempotent(key = cmd.token, store = self.pool, entity, fail_fast)]
-                pub async fn pay_or_fail_fast(&self, cmd: &Charge) -> Result<Payment, PayError> {
-                    unreachable!("only called while another call holds {}", cmd.token)
-                }
-
-                #[idempotent(key = cmd.token, store = self.pool, entity)]
-                pub async fn order(&self, cmd: &Charge) -> Result<Order, PayError> {
-                    let charge = self.gateway.charge(&cmd.token).await?;
-                    Ok(Order {
-                        id: 0,
-                        token: cmd.token.clone(),
-                        amount: cmd.amount,
-                        charge,
-                    })
-                }
-
-                #[idempotent(key = cmd.token, store = self.pool, entity)]
-                pub async fn pay_under_another_token(
-                    &self,
-                    cmd: &Charge,
-                ) -> Result<Payment, PayError> {
-                    Ok(Payment {
-                        id: 0,
-                        token: format!("{}-other", cmd.token),
-                        amount: cmd.amount,
-                        charge: 0,
-                        request_hash: None,
-                    })
-                }
-            }
-
-            async fn count(pool: &Pool, table: &str) -> i64 {
-                sqlx::query_scalar(&format!("SELECT COUNT(*) FROM {table}"))
-                    .fetch_one(pool)
-                    .await
-                    .unwrap()
-            }
-
-            #[tokio::test]
-            async fn a_stored_token_is_returned_without_running_the_body() {
-                let ns = $fixture::namespace().await;
-                let service = Payments::new($fixture::pool(&ns, 4).await);
-                let first = service.pay(&charge("t-1", 500)).await.unwrap();
-                assert_eq!(first.token, "t-1");
-                assert!(first.id > 0, "the generated id is read back: {first:?}");
-                let fingerprint = idem::Fingerprint::of(&(&charge("t-1", 500),)).unwrap();
-                assert_eq!(first.request_hash, Some(fingerprint.to_hex()));
-                for _ in 0..3 {
-                    assert_eq!(service.pay(&charge("t-1", 500)).await.unwrap(), first);
-                }
-                assert_eq!(service.gateway.runs("t-1"), 1);
-                assert_eq!(count(&service.pool, "payments").await, 1);
-                let found: Option<Payment> =
-                    idem::entity::find(&service.pool, &Key::new("t-1").unwrap())
-                        .await
-                        .unwrap();
-                assert_eq!(found, Some(first));
-            }
-
-            #[tokio::test]
-            async fn a_token_reused_with_another_payload_is_refused_given_a_hash_column() {
-                let ns = $fixture::namespace().await;
-                let service = Payments::new($fixture::pool(&ns, 4).await);
-                service.pay(&charge("t-2", 500)).await.unwrap();
-                let err = service.pay(&charge("t-2", 900)).await.unwrap_err();
-                assert!(
-                    matches!(err, PayError::Idem(idem::Error::KeyReused)),
-                    "{err:?}"
-                );
-                assert_eq!(service.gateway.runs("t-2"), 1);
-                assert_eq!(count(&service.pool, "payments").await, 1);
-            }
-
-            #[tokio::test]
-            async fn a_token_reused_without_a_hash_column_returns_the_existing_row() {
-                let ns = $fixture::namespace().await;
-                let service = Payments::new($fixture::pool(&ns, 4).await);
-                let first = service.order(&charge("t-3", 500)).await.unwrap();
-                let other = service.order(&charge("t-3", 900)).await.unwrap();
-                assert_eq!(other, first);
-                assert_eq!(other.amount, 500);
-                assert_eq!(service.gateway.runs("t-3"), 1);
-                assert_eq!(count(&service.pool, "orders").await, 1);
-            }
-
-            #[tokio::test]
-            async fn a_body_error_stores_nothing_and_the_retry_runs() {
-                let ns = $fixture::namespace().await;
-                let service = Payments::new($fixture::pool(&ns, 4).await);
-                service.gateway.fail_next.store(true, Ordering::SeqCst);
-                let err = service.pay(&charge("t-4", 500)).await.unwrap_err();
-                assert!(matches!(err, PayError::Unavailable), "{err:?}");
-                assert_eq!(count(&service.pool, "payments").await, 0);
-                let paid = service.pay(&charge("t-4", 500)).await.unwrap();
-                assert_eq!(service.pay(&charge("t-4", 500)).await.unwrap(), paid);
-                assert_eq!(service.gateway.runs("t-4"), 2);
-                assert_eq!(count(&service.pool, "payments").await, 1);
-            }
-
-            #[tokio::test]
-            async fn an_entity_under_another_token_is_refused() {
-                let ns = $fixture::namespace().await;
-                let service = Payments::new($fixture::pool(&ns, 4).await);
-                let err = service
-                    .pay_under_another_token(&charge("t-5", 500))
-                    .await
-                    .unwrap_err();
-                let PayError::Idem(idem::Error::Config(message)) = &err else {
-                    panic!("{err:?}");
-                };
-                assert!(
-                    message.contains("\"t-5-other\" is not the call's key \"t-5\""),
-                    "{message}"
-                );
-                assert_eq!(count(&service.pool, "payments").await, 0);
-            }
-
-            #[tokio::test]
-            async fn invalid_keys_and_names_fail_before_any_run() {
-                let ns = $fixture::namespace().await;
-                let service = Payments::new($fixture::pool(&ns, 4).await);
-                let err = service.pay(&charge("has space", 1)).await.unwrap_err();
-                assert!(
-                    matches!(err, PayError::Idem(idem::Error::InvalidKey(_))),
-                    "{err:?}"
-                );
-                let err = idem::entity::upsert(
-                    &service.pool,
-                    &Subscription {
-                        user_id: 1,
-                        plan: "basic".into(),
-                        seats: 1,
-                    },
-                    &["email"],
-                )
-                .await
-                .unwrap_err();
-                assert!(err.to_string().contains("\"email\" is not among"), "{err}");
-                assert_eq!(service.gateway.total_runs(), 0);
-            }
-
-            /// Rows are found by token alone, so a principal cannot narrow
-            /// them: the call is refused before the body runs, not widened
-            /// to every tenant.
-            #[tokio::test]
-            async fn a_scope_with_a_principal_is_refused_not_widened() {
-                let ns = $fixture::namespace().await;
-                let service = Payments::new($fixture::pool(&ns, 4).await);
-                let first = service.pay(&charge("t-6", 500)).await.unwrap();
-                let scope = idem::Scope::new("payments.pay").with_principal("tenant-b");
-                let call = idem::Call::new(scope, "t-6", &charge("t-6", 500));
-                let err = idem::entity::run(&service.pool, call, async {
-                    service.gateway.charge("t-6").await?;
-                    Ok::<_, PayError>(first.clone())
+    /// 200 concurrent first calls over 10 tokens, through a pool
+    /// of 8: one run and one row per token, one answer per token.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn storm_runs_each_token_once() {
+        const CALLS: usize = 200;
+        const TOKENS: usize = 10;
+        let ns = namespace().await;
+        let service = Arc::new(Payments::new(backend::pool(&ns, 8).await));
+        *service.gateway.delay.lock().unwrap() = Duration::from_millis(20);
+        let barrier = Arc::new(Barrier::new(CALLS));
+        let tasks: Vec<_> = (0..CALLS)
+            .map(|i| {
+                let (service, barrier) = (service.clone(), barrier.clone());
+                tokio::spawn(async move {
+                    let token = format!("storm-{}", i % TOKENS);
+                    barrier.wait().await;
+                    let payment = service.pay(&charge(&token, 42)).await;
+                    (token, payment)
                 })
-                .await
-                .unwrap_err();
-                let PayError::Idem(idem::Error::Config(message)) = &err else {
-                    panic!("{err:?}");
-                };
-                assert!(message.contains("the principal \"tenant-b\""), "{message}");
-                assert_eq!(service.gateway.runs("t-6"), 1);
-                assert_eq!(count(&service.pool, "payments").await, 1);
-            }
-
-            /// 200 concurrent first calls over 10 tokens, through a pool
-            /// of 8: one run and one row per token, one answer per token.
-            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-            async fn storm_runs_each_token_once() {
-                const CALLS: usize = 200;
-                const TOKENS: usize = 10;
-                let ns = $fixture::namespace().await;
-                let service = Arc::new(Payments::new($fixture::pool(&ns, 8).await));
-                *service.gateway.delay.lock().unwrap() = Duration::from_millis(20);
-                let barrier = Arc::new(Barrier::new(CALLS));
-                let tasks: Vec<_> = (0..CALLS)
-                    .map(|i| {
-                        let (service, barrier) = (service.clone(), barrier.clone());
-                        tokio::spawn(async move {
-                            let token = format!("storm-{}", i % TOKENS);
-                            barrier.wait().await;
-                            let payment = service.pay(&charge(&token, 42)).await;
-                            (token, payment)
-                        })
-                    })
-                    .collect();
-                let mut answers: HashMap<String, Vec<Payment>> = HashMap::new();
-                for task in tasks {
-                    let (token, payment) = task.await.unwrap();
-                    let payment = payment.unwrap_or_else(|e| panic!("{token}: {e:?}"));
-                    answers.entry(token).or_default().push(payment);
-                }
-                assert_eq!(answers.len(), TOKENS);
-                for (token, payments) in &answers {
-                    assert_eq!(service.gateway.runs(token), 1, "{token} ran more than once");
-                    assert_eq!(payments.len(), CALLS / TOKENS);
-                    assert!(
-                        payments.iter().all(|p| p == &payments[0]),
-                        "{token}: {payments:?}"
-                    );
-                    assert_eq!(&payments[0].token, token);
-                }
-                assert_eq!(service.gateway.total_runs(), TOKENS);
-                assert_eq!(count(&service.pool, "payments").await, TOKENS as i64);
-            }
-
-            /// A call dropped while its body runs (so while it holds the
-            /// token's lock) leaves no lock behind: meanwhile a duplicate
-            /// fails fast, afterwards another pool runs the token.
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn a_dropped_call_frees_the_token() {
-                let ns = $fixture::namespace().await;
-                let first = Arc::new(Payments::new($fixture::pool(&ns, 2).await));
-                first.gateway.stall.store(true, Ordering::SeqCst);
-                let running = {
-                    let first = first.clone();
-                    tokio::spawn(async move { first.pay(&charge("t-6", 500)).await })
-                };
-                while first.gateway.runs("t-6") == 0 {
-                    tokio::time::sleep(Duration::from_millis(1)).await;
-                }
-                let other = Payments::new($fixture::pool(&ns, 2).await);
-                let err = other
-                    .pay_or_fail_fast(&charge("t-6", 500))
-                    .await
-                    .unwrap_err();
-                assert!(
-                    matches!(err, PayError::Idem(idem::Error::InProgress { .. })),
-                    "{err:?}"
-                );
-
-                running.abort();
-                assert!(running.await.unwrap_err().is_cancelled());
-                let paid =
-                    tokio::time::timeout(Duration::from_secs(20), other.pay(&charge("t-6", 500)))
-                        .await
-                        .expect("the token is still locked after its call was dropped")
-                        .unwrap();
-                assert_eq!(paid.token, "t-6");
-                assert_eq!(other.gateway.runs("t-6"), 1);
-                assert_eq!(count(&other.pool, "payments").await, 1);
-                // The first pool still works, and replays.
-                first.gateway.stall.store(false, Ordering::SeqCst);
-                assert_eq!(first.pay(&charge("t-6", 500)).await.unwrap(), paid);
-            }
-
-            /// The claim outlives the connections: with every connection
-            /// of the service killed while its body runs, a retry is told
-            /// the call is in progress (it never runs the body), and the
-            /// body's row is stored once.
-            #[$killable]
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn a_killed_connection_never_lets_a_retry_run_the_body_again() {
-                let ns = $fixture::namespace().await;
-                let service = Arc::new(Payments::new($fixture::pool(&ns, 4).await));
-                *service.gateway.delay.lock().unwrap() = Duration::from_millis(1_500);
-                let running = {
-                    let service = service.clone();
-                    tokio::spawn(async move { service.pay(&charge("t-k", 500)).await })
-                };
-                while service.gateway.runs("t-k") == 0 {
-                    tokio::time::sleep(Duration::from_millis(1)).await;
-                }
-                let mut killed = 0;
-                for _ in 0..5 {
-                    killed += $fixture::kill_connections(&ns).await;
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
-                assert!(killed > 0, "no connection was killed");
-                let other = Payments::new($fixture::pool(&ns, 2).await);
-                let err = other
-                    .pay_or_fail_fast(&charge("t-k", 500))
-                    .await
-                    .unwrap_err();
-                assert!(
-                    matches!(err, PayError::Idem(idem::Error::InProgress { .. })),
-                    "{err:?}"
-                );
-                let paid = running.await.unwrap().unwrap();
-                assert_eq!(other.pay(&charge("t-k", 500)).await.unwrap(), paid);
-                assert_eq!(service.gateway.runs("t-k"), 1);
-                assert_eq!(count(&other.pool, "payments").await, 1);
-            }
-
-            /// The body ran, then inserting its row fails (the table is
-            /// locked, and the inserting connections are killed): the
-            /// insert is tried again until it lands, and nothing is handed
-            /// back meanwhile, so the body never runs twice.
-            #[$killable]
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn a_failed_insert_is_retried_before_anything_is_released() {
-                let ns = $fixture::namespace().await;
-                let service = Arc::new(Payments::new($fixture::pool(&ns, 4).await));
-                let lock = $fixture::block_writes(&ns).await;
-                let running = {
-                    let service = service.clone();
-                    tokio::spawn(async move { service.pay(&charge("t-i", 500)).await })
-                };
-                while service.gateway.runs("t-i") == 0 {
-                    tokio::time::sleep(Duration::from_millis(1)).await;
-                }
-                let mut killed = 0;
-                for _ in 0..5 {
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                    killed += $fixture::kill_connections(&ns).await;
-                }
-                assert!(killed > 0, "no connection was killed");
-                drop(lock);
-                let paid = tokio::time::timeout(Duration::from_secs(30), running)
-                    .await
-                    .expect("the insert never landed")
-                    .unwrap()
-                    .unwrap();
-                assert_eq!(service.pay(&charge("t-i", 500)).await.unwrap(), paid);
-                assert_eq!(service.gateway.runs("t-i"), 1);
-                assert_eq!(count(&service.pool, "payments").await, 1);
-            }
-
-            /// A writer that skips the claim stores the token while the
-            /// body runs: the insert loses on the UNIQUE constraint and the
-            /// writer's row is returned.
-            #[$lost_race]
-            #[tokio::test]
-            async fn the_unique_constraint_is_the_last_line_of_defense() {
-                let ns = $fixture::namespace().await;
-                let mut service = Payments::new($fixture::pool(&ns, 2).await);
-                service.rogue = Some($fixture::pool(&ns, 1).await);
-                let paid = service.pay(&charge("t-7", 500)).await.unwrap();
-                assert_eq!(paid.charge, -1, "not the rogue writer's row: {paid:?}");
-                assert_eq!(paid.request_hash, None);
-                assert_eq!(count(&service.pool, "payments").await, 1);
-            }
-
-            /// A token column that ignores case would answer one key
-            /// with another key's row: that is refused.
-            #[$case_insensitive]
-            #[tokio::test]
-            async fn a_row_under_a_token_that_differs_from_the_key_is_refused() {
-                let ns = $fixture::namespace().await;
-                let service = Payments::new($fixture::pool(&ns, 2).await);
-                service.order(&charge("T-9", 500)).await.unwrap();
-                let err = service.order(&charge("t-9", 500)).await.unwrap_err();
-                let PayError::Idem(idem::Error::Config(message)) = &err else {
-                    panic!("{err:?}");
-                };
-                assert!(message.contains("holds the token Ok(\"T-9\")"), "{message}");
-                assert_eq!(service.gateway.total_runs(), 1);
-            }
-
-            #[tokio::test]
-            async fn duplicates_are_unique_violations() {
-                let ns = $fixture::namespace().await;
-                let pool = $fixture::pool(&ns, 1).await;
-                let insert =
-                    "INSERT INTO subscriptions (user_id, plan, seats) VALUES (7, 'basic', 1)";
-                sqlx::query(insert).execute(&pool).await.unwrap();
-                let err = sqlx::query(insert).execute(&pool).await.unwrap_err();
-                assert!(idem::is_unique_violation(&err), "{err:?}");
-                let err = sqlx::query(
-                    "INSERT INTO subscriptions (user_id, plan, seats) VALUES (8, NULL, 1)",
-                )
-                .execute(&pool)
-                .await
-                .unwrap_err();
-                assert!(!idem::is_unique_violation(&err), "{err:?}");
-            }
-
-            #[tokio::test]
-            async fn upsert_creates_then_updates_and_repeats_converge() {
-                let ns = $fixture::namespace().await;
-                let pool = $fixture::pool(&ns, 2).await;
-                let basic = Subscription {
-                    user_id: 1,
-                    plan: "basic".into(),
-                    seats: 1,
-                };
-                let stored = idem::entity::upsert(&pool, &basic, &["user_id"])
-                    .await
-                    .unwrap();
-                assert_eq!(stored, basic);
-                let pro = Subscription {
-                    plan: "pro".into(),
-                    seats: 5,
-                    ..basic.clone()
-                };
-                for _ in 0..3 {
-                    let stored = idem::entity::upsert(&pool, &pro, &["user_id"])
-                        .await
-                        .unwrap();
-                    assert_eq!(stored, pro);
-                }
-                let rows: Vec<Subscription> = sqlx::query_as("SELECT * FROM subscriptions")
-                    .fetch_all(&pool)
-                    .await
-                    .unwrap();
-                assert_eq!(rows, vec![pro.clone()]);
-                // Every column a key: nothing to update, the row is still
-                // answered.
-                let member = Membership {
-                    user_id: 1,
-                    team_id: 2,
-                };
-                for _ in 0..2 {
-                    let same = idem::entity::upsert(&pool, &member, &["user_id", "team_id"])
-                        .await
-                        .unwrap();
-                    assert_eq!(same, member);
-                }
-                assert_eq!(count(&pool, "memberships").await, 1);
-            }
-
-            /// 100 concurrent upserts over 5 users: one row per user, and
-            /// every caller gets that row.
-            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-            async fn upsert_storm_leaves_one_row_per_key() {
-                const CALLS: usize = 100;
-                const USERS: usize = 5;
-                let ns = $fixture::namespace().await;
-                let pool = $fixture::pool(&ns, 8).await;
-                let barrier = Arc::new(Barrier::new(CALLS));
-                let tasks: Vec<_> = (0..CALLS)
-                    .map(|i| {
-                        let (pool, barrier) = (pool.clone(), barrier.clone());
-                        tokio::spawn(async move {
-                            let user = (i % USERS) as i64;
-                            let wanted = Subscription {
-                                user_id: user,
-                                plan: format!("plan-{user}"),
-                                seats: user * 10,
-                            };
-                            barrier.wait().await;
-                            let stored = idem::entity::upsert(&pool, &wanted, &["user_id"])
-                                .await
-                                .unwrap_or_else(|e| panic!("user {user}: {e}"));
-                            (wanted, stored)
-                        })
-                    })
-                    .collect();
-                for task in tasks {
-                    let (wanted, stored) = task.await.unwrap();
-                    assert_eq!(stored, wanted);
-                }
-                let rows: Vec<Subscription> =
-                    sqlx::query_as("SELECT * FROM subscriptions ORDER BY user_id")
-                        .fetch_all(&pool)
-                        .await
-                        .unwrap();
-                assert_eq!(rows.len(), USERS);
-                for (user, row) in rows.iter().enumerate() {
-                    assert_eq!(row.user_id, user as i64);
-                    assert_eq!(row.plan, format!("plan-{user}"));
-                }
-            }
+            })
+            .collect();
+        let mut answers: HashMap<String, Vec<Payment>> = HashMap::new();
+        for task in tasks {
+            let (token, payment) = task.await.unwrap();
+            let payment = payment.unwrap_or_else(|e| panic!("{token}: {e:?}"));
+            answers.entry(token).or_default().push(payment);
         }
-    };
-}
+        assert_eq!(answers.len(), TOKENS);
+        for (token, payments) in &answers {
+            assert_eq!(service.gateway.runs(token), 1, "{token} ran more than once");
+            assert_eq!(payments.len(), CALLS / TOKENS);
+            assert!(
+                payments.iter().all(|p| p == &payments[0]),
+                "{token}: {payments:?}"
+            );
+            assert_eq!(&payments[0].token, token);
+        }
+        assert_eq!(service.gateway.total_runs(), TOKENS);
+        assert_eq!(count(&service.pool, "payments").await, TOKENS as i64);
+    }
 
-// Only the MariaDB tables compare tokens case-insensitively; an embedded
-// SQLite database has no connections to kill.
-entity_suite!(
-    sqlite,
-    sqlx::Sqlite,
-    sqlite_fixture,
-    params: ("?1", "?2"),
-    lost_race: #[cfg(all())],
-    case_insensitive: #[cfg(any())],
-    killable: #[cfg(any())]
-);
-#[cfg(feature = "postgres")]
-entity_suite!(
-    postgres,
-    sqlx::Postgres,
-    postgres_fixture,
-    params: ("$1", "$2"),
-    lost_race: #[cfg(all())],
-    case_insensitive: #[cfg(any())],
-    killable: #[cfg(all())]
-);
-#[cfg(feature = "mysql")]
-entity_suite!(
-    mysql,
-    sqlx::MySql,
-    mysql_fixture,
-    params: ("?", "?"),
-    lost_race: #[cfg(all())],
-    case_insensitive: #[cfg(all())],
-    killable: #[cfg(all())]
-);
+    /// A call dropped while its body runs (so while it holds the
+    /// token's lock) leaves no lock behind: meanwhile a duplicate
+    /// fails fast, afterwards another pool runs the token.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_dropped_call_frees_the_token() {
+        let ns = namespace().await;
+        let first = Arc::new(Payments::new(backend::pool(&ns, 2).await));
+        first.gateway.stall.store(true, Ordering::SeqCst);
+        let running = {
+            let first = first.clone();
+            tokio::spawn(async move { first.pay(&charge("t-6", 500)).await })
+        };
+        while first.gateway.runs("t-6") == 0 {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        let other = Payments::new(backend::pool(&ns, 2).await);
+        let err = other
+            .pay_or_fail_fast(&charge("t-6", 500))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(err, PayError::Idem(idem::Error::InProgress { .. })),
+            "{err:?}"
+        );
+
+        running.abort();
+        assert!(running.await.unwrap_err().is_cancelled());
+        let paid =
+            tokio::time::timeout(Duration::from_secs(20), other.pay(&charge("t-6", 500)))
+                .await
+                .expect("the token is still locked after its call was dropped")
+                .unwrap();
+        assert_eq!(paid.token, "t-6");
+        assert_eq!(other.gateway.runs("t-6"), 1);
+        assert_eq!(count(&other.pool, "payments").await, 1);
+        // The first pool still works, and replays.
+        first.gateway.stall.store(false, Ordering::SeqCst);
+        assert_eq!(first.pay(&charge("t-6", 500)).await.unwrap(), paid);
+    }
+
+    // An embedded SQLite database has no connections to kill.
+    backend::if_server! {
+        /// The claim outlives the connections: with every connection
+        /// of the service killed while its body runs, a retry is told
+        /// the call is in progress (it never runs the body), and the
+        /// body's row is stored once.
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn a_killed_connection_never_lets_a_retry_run_the_body_again() {
+            let ns = namespace().await;
+            let service = Arc::new(Payments::new(backend::pool(&ns, 4).await));
+            *service.gateway.delay.lock().unwrap() = Duration::from_millis(1_500);
+            let running = {
+                let service = service.clone();
+                tokio::spawn(async move { service.pay(&charge("t-k", 500)).await })
+            };
+            while service.gateway.runs("t-k") == 0 {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            let mut killed = 0;
+            for _ in 0..5 {
+                killed += ns.kill_connections().await;
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            assert!(killed > 0, "no connection was killed");
+            let other = Payments::new(backend::pool(&ns, 2).await);
+            let err = other
+                .pay_or_fail_fast(&charge("t-k", 500))
+                .await
+                .unwrap_err();
+            assert!(
+                matches!(err, PayError::Idem(idem::Error::InProgress { .. })),
+                "{err:?}"
+            );
+            let paid = running.await.unwrap().unwrap();
+            assert_eq!(other.pay(&charge("t-k", 500)).await.unwrap(), paid);
+            assert_eq!(service.gateway.runs("t-k"), 1);
+            assert_eq!(count(&other.pool, "payments").await, 1);
+        }
+
+        /// The body ran, then inserting its row fails (the table is
+        /// locked, and the inserting connections are killed): the
+        /// insert is tried again until it lands, and nothing is handed
+        /// back meanwhile, so the body never runs twice.
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn a_failed_insert_is_retried_before_anything_is_released() {
+            let ns = namespace().await;
+            let service = Arc::new(Payments::new(backend::pool(&ns, 4).await));
+            let lock = ns.block_writes("payments").await;
+            let running = {
+                let service = service.clone();
+                tokio::spawn(async move { service.pay(&charge("t-i", 500)).await })
+            };
+            while service.gateway.runs("t-i") == 0 {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            let mut killed = 0;
+            for _ in 0..5 {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                killed += ns.kill_connections().await;
+            }
+            assert!(killed > 0, "no connection was killed");
+            drop(lock);
+            let paid = tokio::time::timeout(Duration::from_secs(30), running)
+                .await
+                .expect("the insert never landed")
+                .unwrap()
+                .unwrap();
+            assert_eq!(service.pay(&charge("t-i", 500)).await.unwrap(), paid);
+            assert_eq!(service.gateway.runs("t-i"), 1);
+            assert_eq!(count(&service.pool, "payments").await, 1);
+        }
+    }
+
+    /// A writer that skips the claim stores the token while the
+    /// body runs: the insert loses on the UNIQUE constraint and the
+    /// writer's row is returned.
+    #[tokio::test]
+    async fn the_unique_constraint_is_the_last_line_of_defense() {
+        let ns = namespace().await;
+        let mut service = Payments::new(backend::pool(&ns, 2).await);
+        service.rogue = Some(backend::pool(&ns, 1).await);
+        let paid = service.pay(&charge("t-7", 500)).await.unwrap();
+        assert_eq!(paid.charge, -1, "not the rogue writer's row: {paid:?}");
+        assert_eq!(paid.request_hash, None);
+        assert_eq!(count(&service.pool, "payments").await, 1);
+    }
+
+    // Only the MariaDB tables compare tokens case-insensitively.
+    backend::if_mysql! {
+        /// A token column that ignores case would answer one key
+        /// with another key's row: that is refused.
+        #[tokio::test]
+        async fn a_row_under_a_token_that_differs_from_the_key_is_refused() {
+            let ns = namespace().await;
+            let service = Payments::new(backend::pool(&ns, 2).await);
+            service.order(&charge("T-9", 500)).await.unwrap();
+            let err = service.order(&charge("t-9", 500)).await.unwrap_err();
+            let PayError::Idem(idem::Error::Config(message)) = &err else {
+                panic!("{err:?}");
+            };
+            assert!(message.contains("holds the token Ok(\"T-9\")"), "{message}");
+            assert_eq!(service.gateway.total_runs(), 1);
+        }
+    }
+
+    #[tokio::test]
+    async fn duplicates_are_unique_violations() {
+        let ns = namespace().await;
+        let pool = backend::pool(&ns, 1).await;
+        let insert =
+            "INSERT INTO subscriptions (user_id, plan, seats) VALUES (7, 'basic', 1)";
+        sqlx::query(insert).execute(&pool).await.unwrap();
+        let err = sqlx::query(insert).execute(&pool).await.unwrap_err();
+        assert!(idem::is_unique_violation(&err), "{err:?}");
+        let err = sqlx::query(
+            "INSERT INTO subscriptions (user_id, plan, seats) VALUES (8, NULL, 1)",
+        )
+        .execute(&pool)
+        .await
+        .unwrap_err();
+        assert!(!idem::is_unique_violation(&err), "{err:?}");
+    }
+
+    #[tokio::test]
+    async fn upsert_creates_then_updates_and_repeats_converge() {
+        let ns = namespace().await;
+        let pool = backend::pool(&ns, 2).await;
+        let basic = Subscription {
+            user_id: 1,
+            plan: "basic".into(),
+            seats: 1,
+        };
+        let stored = idem::entity::upsert(&pool, &basic, &["user_id"])
+            .await
+            .unwrap();
+        assert_eq!(stored, basic);
+        let pro = Subscription {
+            plan: "pro".into(),
+            seats: 5,
+            ..basic.clone()
+        };
+        for _ in 0..3 {
+            let stored = idem::entity::upsert(&pool, &pro, &["user_id"])
+                .await
+                .unwrap();
+            assert_eq!(stored, pro);
+        }
+        let rows: Vec<Subscription> = sqlx::query_as("SELECT * FROM subscriptions")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+        assert_eq!(rows, vec![pro.clone()]);
+        // Every column a key: nothing to update, the row is still
+        // answered.
+        let member = Membership {
+            user_id: 1,
+            team_id: 2,
+        };
+        for _ in 0..2 {
+            let same = idem::entity::upsert(&pool, &member, &["user_id", "team_id"])
+                .await
+                .unwrap();
+            assert_eq!(same, member);
+        }
+        assert_eq!(count(&pool, "memberships").await, 1);
+    }
+
+    /// 100 concurrent upserts over 5 users: one row per user, and
+    /// every caller gets that row.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn upsert_storm_leaves_one_row_per_key() {
+        const CALLS: usize = 100;
+        const USERS: usize = 5;
+        let ns = namespace().await;
+        let pool = backend::pool(&ns, 8).await;
+        let barrier = Arc::new(Barrier::new(CALLS));
+        let tasks: Vec<_> = (0..CALLS)
+            .map(|i| {
+                let (pool, barrier) = (pool.clone(), barrier.clone());
+                tokio::spawn(async move {
+                    let user = (i % USERS) as i64;
+                    let wanted = Subscription {
+                        user_id: user,
+                        plan: format!("plan-{user}"),
+                        seats: user * 10,
+                    };
+                    barrier.wait().await;
+                    let stored = idem::entity::upsert(&pool, &wanted, &["user_id"])
+                        .await
+                        .unwrap_or_else(|e| panic!("user {user}: {e}"));
+                    (wanted, stored)
+                })
+            })
+            .collect();
+        for task in tasks {
+            let (wanted, stored) = task.await.unwrap();
+            assert_eq!(stored, wanted);
+        }
+        let rows: Vec<Subscription> =
+            sqlx::query_as("SELECT * FROM subscriptions ORDER BY user_id")
+                .fetch_all(&pool)
+                .await
+                .unwrap();
+        assert_eq!(rows.len(), USERS);
+        for (user, row) in rows.iter().enumerate() {
+            assert_eq!(row.user_id, user as i64);
+            assert_eq!(row.plan, format!("plan-{user}"));
+        }
+    }
+});

@@ -1,7 +1,8 @@
 //! What an operator (or a test suite) does beside the flow:
 //!
-//! - `Store::forget` frees a key whatever its state, on every store, and a
-//!   forgotten claim's owner cannot write over what comes next;
+//! (`Store::forget` on every store is in the conformance suite,
+//! `idem::testing`.)
+//!
 //! - `with_migrations_table` keeps the migration bookkeeping where it is
 //!   told to;
 //! - `PassThroughStore` records nothing, so every call runs;
@@ -9,20 +10,18 @@
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
 
 use idem::engine::{run, Call};
-use idem::{Begin, BeginRequest, ClaimToken, Error, Fingerprint, Key, Outcome, OutcomeKind};
-use idem::{MemoryStore, PassThroughStore, Scope, SqliteStore, Store};
+use idem::{Error, Key};
+use idem::{PassThroughStore, Scope, SqliteStore, Store};
 
-#[path = "conformance/servers.rs"]
-mod servers;
+mod common;
 
 #[path = "../examples/idem_admin.rs"]
 #[allow(dead_code)] // its `main` is the example's, not this test's
 mod idem_admin;
 
-use servers::{unique_table, DropTables, Server};
+use common::servers::{unique_table, DropTables, Server};
 
 /// Runs `key` once through the engine, counting body runs in `runs`.
 async fn charge<S: Store + ?Sized>(store: &S, key: &str, runs: &AtomicU32) -> u32 {
@@ -32,91 +31,6 @@ async fn charge<S: Store + ?Sized>(store: &S, key: &str, runs: &AtomicU32) -> u3
     })
     .await
     .expect("the call succeeds")
-}
-
-/// Forgetting a completed key makes the next call run again; forgetting
-/// a key nobody used says so.
-async fn forget_frees_a_completed_key<S: Store + ?Sized>(store: &S) {
-    let runs = AtomicU32::new(0);
-    let key = format!("forget-{}", std::process::id());
-    assert_eq!(charge(store, &key, &runs).await, 1);
-    assert_eq!(charge(store, &key, &runs).await, 1, "replayed, not run");
-    let scope = Scope::new("operator::charge");
-    let parsed = Key::new(key.as_str()).unwrap();
-    assert!(store.get(&scope, &parsed).await.unwrap().is_some());
-    assert!(
-        store.forget(&scope, &parsed).await.unwrap(),
-        "there was a record"
-    );
-    assert!(store.get(&scope, &parsed).await.unwrap().is_none());
-    assert_eq!(
-        charge(store, &key, &runs).await,
-        2,
-        "runs again after forget"
-    );
-    let unused = Key::new("never-used").unwrap();
-    assert!(!store.forget(&scope, &unused).await.unwrap());
-}
-
-/// A claim forgotten while its body runs cannot complete, renew or release
-/// over the claim that follows it.
-async fn forgotten_owner_cannot_write<S: Store + ?Sized>(store: &S) {
-    let scope = Scope::new("operator::stuck");
-    let key = Key::new(format!("stuck-{}", std::process::id())).unwrap();
-    let fingerprint = Fingerprint::of(&1u8).unwrap();
-    let request = |token| BeginRequest {
-        scope: &scope,
-        key: &key,
-        fingerprint: &fingerprint,
-        token,
-        lease: Duration::from_secs(30),
-        ttl: Duration::from_secs(60),
-    };
-    let Begin::Claimed(stuck) = store.begin(&request(ClaimToken::new())).await.unwrap() else {
-        panic!("the first claim is granted");
-    };
-    assert!(store.forget(&scope, &key).await.unwrap());
-    let Begin::Claimed(next) = store.begin(&request(ClaimToken::new())).await.unwrap() else {
-        panic!("a forgotten key is claimed at once, lease or not");
-    };
-    let outcome = Outcome {
-        kind: OutcomeKind::Ok,
-        body: b"1".to_vec(),
-    };
-    assert!(matches!(
-        store.complete(&stuck, &outcome).await,
-        Err(Error::LeaseLost)
-    ));
-    assert!(matches!(store.renew(&stuck).await, Err(Error::LeaseLost)));
-    assert!(matches!(store.release(&stuck).await, Err(Error::LeaseLost)));
-    store.complete(&next, &outcome).await.unwrap();
-}
-
-async fn forget_cases<S: Store + ?Sized>(store: &S) {
-    forget_frees_a_completed_key(store).await;
-    forgotten_owner_cannot_write(store).await;
-}
-
-#[tokio::test]
-async fn memory_forget() {
-    forget_cases(&MemoryStore::new()).await;
-}
-
-#[tokio::test]
-async fn sqlite_forget() {
-    forget_cases(&SqliteStore::connect("sqlite::memory:").await.unwrap()).await;
-}
-
-#[tokio::test]
-async fn postgres_forget() {
-    let (store, _db, _guard) = servers::postgres_store(4).await;
-    forget_cases(&store).await;
-}
-
-#[tokio::test]
-async fn mysql_forget() {
-    let (store, _db, _guard) = servers::mysql_store(4).await;
-    forget_cases(&store).await;
 }
 
 #[tokio::test]

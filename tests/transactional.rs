@@ -3,8 +3,7 @@
 //! commit or roll back together. Each case runs on SQLite, PostgreSQL and
 //! MariaDB, each in tables of its own.
 
-#[path = "conformance/servers.rs"]
-mod servers;
+mod common;
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -29,282 +28,245 @@ pub struct Gate {
     open: Notify,
 }
 
-macro_rules! transactional_suite {
-    ($backend:ident, $db:ty, $store:ty, $placeholders:expr, $setup:expr) => {
-        mod $backend {
-            use super::*;
-            use idem::{idempotent, Key, Scope, Store};
+common::backends!(sqlite_file, postgres, mysql => {
+    use idem::{idempotent, Key, Scope, Store};
 
-            pub struct Orders {
-                pub store: $store,
-                pub pool: sqlx::Pool<$db>,
-                pub table: String,
-                pub runs: AtomicUsize,
-                pub fail_next: AtomicBool,
-                pub _guard: Box<dyn std::any::Any + Send + Sync>,
-            }
-
-            impl Orders {
-                fn sql(&self, template: &str) -> String {
-                    let (a, b) = $placeholders;
-                    template
-                        .replace("{t}", &self.table)
-                        .replace("{a}", a)
-                        .replace("{b}", b)
-                }
-
-                #[idempotent(key = key, store = self.store, tx = tx, fingerprint = item, scope = "orders.create")]
-                pub async fn create(
-                    &self,
-                    tx: &mut sqlx::Transaction<'_, $db>,
-                    key: &str,
-                    item: &str,
-                    gate: Option<&Gate>,
-                ) -> Result<String, OrderError> {
-                    let run = self.runs.fetch_add(1, Ordering::SeqCst) + 1;
-                    sqlx::query(&self.sql("INSERT INTO {t} (order_key, item) VALUES ({a}, {b})"))
-                        .bind(key)
-                        .bind(item)
-                        .execute(&mut **tx)
-                        .await?;
-                    if let Some(gate) = gate {
-                        gate.reached.notify_one();
-                        gate.open.notified().await;
-                    }
-                    if self.fail_next.swap(false, Ordering::SeqCst) {
-                        return Err(OrderError::Failed);
-                    }
-                    Ok(format!("{item} #{run}"))
-                }
-
-                async fn rows(&self, key: &str) -> i64 {
-                    sqlx::query_scalar(&self.sql("SELECT COUNT(*) FROM {t} WHERE order_key = {a}"))
-                        .bind(key)
-                        .fetch_one(&self.pool)
-                        .await
-                        .unwrap()
-                }
-
-                async fn record(&self, key: &str) -> Option<idem::Record> {
-                    self.store
-                        .get(&Scope::new("orders.create"), &Key::new(key).unwrap())
-                        .await
-                        .unwrap()
-                }
-
-                fn runs(&self) -> usize {
-                    self.runs.load(Ordering::SeqCst)
-                }
-            }
-
-            async fn orders() -> Arc<Orders> {
-                let (store, pool, table, guard): ($store, sqlx::Pool<$db>, String, Box<dyn std::any::Any + Send + Sync>) =
-                    $setup.await;
-                sqlx::raw_sql(&format!(
-                    "CREATE TABLE {table} (order_key VARCHAR(255) NOT NULL, item VARCHAR(255) NOT NULL)"
-                ))
-                .execute(&pool)
-                .await
-                .unwrap();
-                Arc::new(Orders {
-                    store,
-                    pool,
-                    table,
-                    runs: AtomicUsize::new(0),
-                    fail_next: AtomicBool::new(false),
-                    _guard: guard,
-                })
-            }
-
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn failure_then_rollback_leaves_nothing_and_the_retry_runs() {
-                let orders = orders().await;
-                orders.fail_next.store(true, Ordering::SeqCst);
-                let mut tx = orders.pool.begin().await.unwrap();
-                let err = orders.create(&mut tx, "k1", "widget", None).await.unwrap_err();
-                assert!(matches!(err, OrderError::Failed), "{err:?}");
-                tx.rollback().await.unwrap();
-                assert_eq!(orders.rows("k1").await, 0);
-                assert!(orders.record("k1").await.is_none());
-
-                let mut tx = orders.pool.begin().await.unwrap();
-                let ok = orders.create(&mut tx, "k1", "widget", None).await.unwrap();
-                tx.commit().await.unwrap();
-                assert_eq!(ok, "widget #2");
-                assert_eq!((orders.rows("k1").await, orders.runs()), (1, 2));
-            }
-
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn commit_keeps_both_and_the_retry_replays() {
-                let orders = orders().await;
-                let mut tx = orders.pool.begin().await.unwrap();
-                let first = orders.create(&mut tx, "k2", "widget", None).await.unwrap();
-                // Not visible outside the transaction before the commit.
-                assert!(orders.record("k2").await.is_none());
-                tx.commit().await.unwrap();
-                assert_eq!(orders.rows("k2").await, 1);
-                let record = orders.record("k2").await.expect("the record committed with the row");
-                assert_eq!(record.state, idem::State::Completed);
-
-                let mut tx = orders.pool.begin().await.unwrap();
-                let again = orders.create(&mut tx, "k2", "widget", None).await.unwrap();
-                tx.commit().await.unwrap();
-                assert_eq!(again, first);
-                assert_eq!((orders.rows("k2").await, orders.runs()), (1, 1));
-
-                // Another payload under the same key is refused.
-                let mut tx = orders.pool.begin().await.unwrap();
-                let err = orders.create(&mut tx, "k2", "gadget", None).await.unwrap_err();
-                assert!(matches!(err, OrderError::Idem(idem::Error::KeyReused)), "{err:?}");
-            }
-
-            /// Starts a first transaction that holds its claim inside the
-            /// body, and a second one with the same key, which must block.
-            async fn race(
-                orders: &Arc<Orders>,
-                key: &'static str,
-            ) -> (
-                Arc<Gate>,
-                tokio::task::JoinHandle<Result<String, OrderError>>,
-                tokio::task::JoinHandle<Result<String, OrderError>>,
-            ) {
-                let gate = Arc::new(Gate::default());
-                let (o, g) = (orders.clone(), gate.clone());
-                let first = tokio::spawn(async move {
-                    let mut tx = o.pool.begin().await?;
-                    let r = o.create(&mut tx, key, "widget", Some(&g)).await;
-                    if r.is_ok() {
-                        tx.commit().await?;
-                    } else {
-                        tx.rollback().await?;
-                    }
-                    r
-                });
-                gate.reached.notified().await;
-                let o = orders.clone();
-                let second = tokio::spawn(async move {
-                    let mut tx = o.pool.begin().await?;
-                    let r = o.create(&mut tx, key, "widget", None).await;
-                    if r.is_ok() {
-                        tx.commit().await?;
-                    }
-                    r
-                });
-                tokio::time::sleep(Duration::from_millis(300)).await;
-                assert!(!second.is_finished(), "the duplicate must wait for the first transaction");
-                assert_eq!(orders.runs(), 1);
-                (gate, first, second)
-            }
-
-            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-            async fn concurrent_duplicate_waits_then_replays() {
-                let orders = orders().await;
-                let (gate, first, second) = race(&orders, "k3").await;
-                gate.open.notify_one();
-                let first = first.await.unwrap().unwrap();
-                let second = second.await.unwrap().unwrap();
-                assert_eq!(first, second);
-                assert_eq!((orders.rows("k3").await, orders.runs()), (1, 1));
-            }
-
-            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-            async fn concurrent_duplicate_runs_when_the_first_rolls_back() {
-                let orders = orders().await;
-                orders.fail_next.store(true, Ordering::SeqCst);
-                let (gate, first, second) = race(&orders, "k4").await;
-                gate.open.notify_one();
-                assert!(matches!(first.await.unwrap(), Err(OrderError::Failed)));
-                let second = second.await.unwrap().unwrap();
-                assert_eq!(second, "widget #2");
-                assert_eq!((orders.rows("k4").await, orders.runs()), (1, 2));
-            }
-
-            /// A record-mode owner (body 300 ms, lease 1.5 s) and a duplicate
-            /// in transactional mode: the duplicate waits with plain reads
-            /// and holds no lock on the record, so the owner's completion
-            /// lands at once and the duplicate replays it. (A waiter whose
-            /// claim attempt locked the row stalled the completion until the
-            /// lease lapsed, then ran the body a second time.)
-            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-            async fn waiting_duplicate_holds_no_lock_the_owner_needs() {
-                let orders = orders().await;
-                let key = "k6";
-                let policy = idem::Policy::new().lease(Duration::from_millis(1_500));
-                let owner = {
-                    let o = orders.clone();
-                    tokio::spawn(async move {
-                        idem::run(
-                            &o.store,
-                            idem::Call::new("orders.create", key, &"widget").with_policy(policy),
-                            async {
-                                let run = o.runs.fetch_add(1, Ordering::SeqCst) + 1;
-                                tokio::time::sleep(Duration::from_millis(300)).await;
-                                Ok::<_, OrderError>(format!("widget #{run}"))
-                            },
-                        )
-                        .await
-                    })
-                };
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                let mut tx = orders.pool.begin().await.unwrap();
-                let duplicate = orders.create(&mut tx, key, "widget", None).await.unwrap();
-                tx.commit().await.unwrap();
-                let owner = owner.await.unwrap().unwrap();
-                assert_eq!(owner, "widget #1");
-                assert_eq!(duplicate, owner);
-                assert_eq!(orders.runs(), 1, "the body ran twice");
-            }
-
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn dropped_transaction_lets_the_retry_run() {
-                let orders = orders().await;
-                {
-                    let mut tx = orders.pool.begin().await.unwrap();
-                    orders.create(&mut tx, "k5", "widget", None).await.unwrap();
-                    // A crash before the commit: the transaction is dropped.
-                }
-                assert!(orders.record("k5").await.is_none());
-                let mut tx = orders.pool.begin().await.unwrap();
-                let retry = orders.create(&mut tx, "k5", "widget", None).await.unwrap();
-                tx.commit().await.unwrap();
-                assert_eq!(retry, "widget #2");
-                assert_eq!((orders.rows("k5").await, orders.runs()), (1, 2));
-            }
-        }
-    };
-}
-
-transactional_suite!(sqlite, sqlx::Sqlite, idem::SqliteStore, ("?", "?"), async {
-    let dir = tempfile::tempdir().unwrap();
-    let url = format!("sqlite://{}", dir.path().join("tx.db").display());
-    let store = idem::SqliteStore::connect(&url).await.unwrap();
-    let pool = store.pool().clone();
-    let guard: Box<dyn std::any::Any + Send + Sync> = Box::new(dir);
-    (store, pool, "orders".to_owned(), guard)
-});
-
-transactional_suite!(
-    postgres,
-    sqlx::Postgres,
-    idem::PostgresStore,
-    ("$1", "$2"),
-    async {
-        let server = servers::Server::Postgres;
-        let servers::Db::Postgres(pool) = server.pool(8).await else {
-            unreachable!()
-        };
-        let mut tables = servers::DropTables::new(server);
-        let records = tables.add(servers::unique_table("txrec"));
-        let orders = tables.add(servers::unique_table("txord"));
-        let store = idem::PostgresStore::new(pool.clone())
-            .with_table_name(&records)
-            .unwrap();
-        store.migrate().await.unwrap();
-        let guard: Box<dyn std::any::Any + Send + Sync> = Box::new(tables);
-        (store, pool, orders, guard)
+    pub struct Orders {
+        pub store: backend::Store,
+        pub pool: sqlx::Pool<backend::Database>,
+        pub table: String,
+        pub runs: AtomicUsize,
+        pub fail_next: AtomicBool,
+        pub _guard: common::backend::Guard,
     }
-);
 
+    impl Orders {
+        fn sql(&self, template: &str) -> String {
+            template
+                .replace("{t}", &self.table)
+                .replace("{a}", &backend::param(1))
+                .replace("{b}", &backend::param(2))
+        }
+
+        #[idempotent(key = key, store = self.store, tx = tx, fingerprint = item, scope = "orders.create")]
+        pub async fn create(
+            &self,
+            tx: &mut sqlx::Transaction<'_, backend::Database>,
+            key: &str,
+            item: &str,
+            gate: Option<&Gate>,
+        ) -> Result<String, OrderError> {
+            let run = self.runs.fetch_add(1, Ordering::SeqCst) + 1;
+            sqlx::query(&self.sql("INSERT INTO {t} (order_key, item) VALUES ({a}, {b})"))
+                .bind(key)
+                .bind(item)
+                .execute(&mut **tx)
+                .await?;
+            if let Some(gate) = gate {
+                gate.reached.notify_one();
+                gate.open.notified().await;
+            }
+            if self.fail_next.swap(false, Ordering::SeqCst) {
+                return Err(OrderError::Failed);
+            }
+            Ok(format!("{item} #{run}"))
+        }
+
+        async fn rows(&self, key: &str) -> i64 {
+            sqlx::query_scalar(&self.sql("SELECT COUNT(*) FROM {t} WHERE order_key = {a}"))
+                .bind(key)
+                .fetch_one(&self.pool)
+                .await
+                .unwrap()
+        }
+
+        async fn record(&self, key: &str) -> Option<idem::Record> {
+            self.store
+                .get(&Scope::new("orders.create"), &Key::new(key).unwrap())
+                .await
+                .unwrap()
+        }
+
+        fn runs(&self) -> usize {
+            self.runs.load(Ordering::SeqCst)
+        }
+    }
+
+    async fn orders() -> Arc<Orders> {
+        let (store, mut guard) = backend::store(8).await;
+        let pool = store.pool().clone();
+        let table = guard.table("txord");
+        sqlx::raw_sql(&format!(
+            "CREATE TABLE {table} (order_key VARCHAR(255) NOT NULL, item VARCHAR(255) NOT NULL)"
+        ))
+        .execute(&pool)
+        .await
+        .unwrap();
+        Arc::new(Orders {
+            store,
+            pool,
+            table,
+            runs: AtomicUsize::new(0),
+            fail_next: AtomicBool::new(false),
+            _guard: guard,
+        })
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn failure_then_rollback_leaves_nothing_and_the_retry_runs() {
+        let orders = orders().await;
+        orders.fail_next.store(true, Ordering::SeqCst);
+        let mut tx = orders.pool.begin().await.unwrap();
+        let err = orders.create(&mut tx, "k1", "widget", None).await.unwrap_err();
+        assert!(matches!(err, OrderError::Failed), "{err:?}");
+        tx.rollback().await.unwrap();
+        assert_eq!(orders.rows("k1").await, 0);
+        assert!(orders.record("k1").await.is_none());
+
+        let mut tx = orders.pool.begin().await.unwrap();
+        let ok = orders.create(&mut tx, "k1", "widget", None).await.unwrap();
+        tx.commit().await.unwrap();
+        assert_eq!(ok, "widget #2");
+        assert_eq!((orders.rows("k1").await, orders.runs()), (1, 2));
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn commit_keeps_both_and_the_retry_replays() {
+        let orders = orders().await;
+        let mut tx = orders.pool.begin().await.unwrap();
+        let first = orders.create(&mut tx, "k2", "widget", None).await.unwrap();
+        // Not visible outside the transaction before the commit.
+        assert!(orders.record("k2").await.is_none());
+        tx.commit().await.unwrap();
+        assert_eq!(orders.rows("k2").await, 1);
+        let record = orders.record("k2").await.expect("the record committed with the row");
+        assert_eq!(record.state, idem::State::Completed);
+
+        let mut tx = orders.pool.begin().await.unwrap();
+        let again = orders.create(&mut tx, "k2", "widget", None).await.unwrap();
+        tx.commit().await.unwrap();
+        assert_eq!(again, first);
+        assert_eq!((orders.rows("k2").await, orders.runs()), (1, 1));
+
+        // Another payload under the same key is refused.
+        let mut tx = orders.pool.begin().await.unwrap();
+        let err = orders.create(&mut tx, "k2", "gadget", None).await.unwrap_err();
+        assert!(matches!(err, OrderError::Idem(idem::Error::KeyReused)), "{err:?}");
+    }
+
+    /// Starts a first transaction that holds its claim inside the
+    /// body, and a second one with the same key, which must block.
+    async fn race(
+        orders: &Arc<Orders>,
+        key: &'static str,
+    ) -> (
+        Arc<Gate>,
+        tokio::task::JoinHandle<Result<String, OrderError>>,
+        tokio::task::JoinHandle<Result<String, OrderError>>,
+    ) {
+        let gate = Arc::new(Gate::default());
+        let (o, g) = (orders.clone(), gate.clone());
+        let first = tokio::spawn(async move {
+            let mut tx = o.pool.begin().await?;
+            let r = o.create(&mut tx, key, "widget", Some(&g)).await;
+            if r.is_ok() {
+                tx.commit().await?;
+            } else {
+                tx.rollback().await?;
+            }
+            r
+        });
+        gate.reached.notified().await;
+        let o = orders.clone();
+        let second = tokio::spawn(async move {
+            let mut tx = o.pool.begin().await?;
+            let r = o.create(&mut tx, key, "widget", None).await;
+            if r.is_ok() {
+                tx.commit().await?;
+            }
+            r
+        });
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(!second.is_finished(), "the duplicate must wait for the first transaction");
+        assert_eq!(orders.runs(), 1);
+        (gate, first, second)
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn concurrent_duplicate_waits_then_replays() {
+        let orders = orders().await;
+        let (gate, first, second) = race(&orders, "k3").await;
+        gate.open.notify_one();
+        let first = first.await.unwrap().unwrap();
+        let second = second.await.unwrap().unwrap();
+        assert_eq!(first, second);
+        assert_eq!((orders.rows("k3").await, orders.runs()), (1, 1));
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn concurrent_duplicate_runs_when_the_first_rolls_back() {
+        let orders = orders().await;
+        orders.fail_next.store(true, Ordering::SeqCst);
+        let (gate, first, second) = race(&orders, "k4").await;
+        gate.open.notify_one();
+        assert!(matches!(first.await.unwrap(), Err(OrderError::Failed)));
+        let second = second.await.unwrap().unwrap();
+        assert_eq!(second, "widget #2");
+        assert_eq!((orders.rows("k4").await, orders.runs()), (1, 2));
+    }
+
+    /// A record-mode owner (body 300 ms, lease 1.5 s) and a duplicate
+    /// in transactional mode: the duplicate waits with plain reads
+    /// and holds no lock on the record, so the owner's completion
+    /// lands at once and the duplicate replays it. (A waiter whose
+    /// claim attempt locked the row stalled the completion until the
+    /// lease lapsed, then ran the body a second time.)
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn waiting_duplicate_holds_no_lock_the_owner_needs() {
+        let orders = orders().await;
+        let key = "k6";
+        let policy = idem::Policy::new().lease(Duration::from_millis(1_500));
+        let owner = {
+            let o = orders.clone();
+            tokio::spawn(async move {
+                idem::run(
+                    &o.store,
+                    idem::Call::new("orders.create", key, &"widget").with_policy(policy),
+                    async {
+                        let run = o.runs.fetch_add(1, Ordering::SeqCst) + 1;
+                        tokio::time::sleep(Duration::from_millis(300)).await;
+                        Ok::<_, OrderError>(format!("widget #{run}"))
+                    },
+                )
+                .await
+            })
+        };
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let mut tx = orders.pool.begin().await.unwrap();
+        let duplicate = orders.create(&mut tx, key, "widget", None).await.unwrap();
+        tx.commit().await.unwrap();
+        let owner = owner.await.unwrap().unwrap();
+        assert_eq!(owner, "widget #1");
+        assert_eq!(duplicate, owner);
+        assert_eq!(orders.runs(), 1, "the body ran twice");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn dropped_transaction_lets_the_retry_run() {
+        let orders = orders().await;
+        {
+            let mut tx = orders.pool.begin().await.unwrap();
+            orders.create(&mut tx, "k5", "widget", None).await.unwrap();
+            // A crash before the commit: the transaction is dropped.
+        }
+        assert!(orders.record("k5").await.is_none());
+        let mut tx = orders.pool.begin().await.unwrap();
+        let retry = orders.create(&mut tx, "k5", "widget", None).await.unwrap();
+        tx.commit().await.unwrap();
+        assert_eq!(retry, "widget #2");
+        assert_eq!((orders.rows("k5").await, orders.runs()), (1, 2));
+    }
+});
 /// MariaDB with `innodb_snapshot_isolation=ON` (the default of newer
 /// releases) refuses a locking write of a row changed since the
 /// transaction's snapshot (error 1020). A duplicate whose transaction
@@ -313,10 +275,8 @@ transactional_suite!(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mariadb_snapshot_isolation_replays() {
     use sqlx::Connection;
-    let (store, db, _guard) = servers::mysql_store(4).await;
-    let servers::Db::MySql(pool) = &db else {
-        unreachable!()
-    };
+    let (store, _guard) = common::backend::mysql::store(4).await;
+    let pool = store.pool();
     let table = store.table_name().to_owned();
     let store = &store;
     let key = "snapshot";
@@ -359,19 +319,3 @@ async fn mariadb_snapshot_isolation_replays() {
     tx.rollback().await.unwrap();
     assert_eq!(replayed.unwrap(), second);
 }
-
-transactional_suite!(mysql, sqlx::MySql, idem::MySqlStore, ("?", "?"), async {
-    let server = servers::Server::MySql;
-    let servers::Db::MySql(pool) = server.pool(8).await else {
-        unreachable!()
-    };
-    let mut tables = servers::DropTables::new(server);
-    let records = tables.add(servers::unique_table("txrec"));
-    let orders = tables.add(servers::unique_table("txord"));
-    let store = idem::MySqlStore::new(pool.clone())
-        .with_table_name(&records)
-        .unwrap();
-    store.migrate().await.unwrap();
-    let guard: Box<dyn std::any::Any + Send + Sync> = Box::new(tables);
-    (store, pool, orders, guard)
-});

@@ -8,8 +8,8 @@
 //! every fenced write (renewal, completion, release) names the claim's
 //! [`ClaimToken`](crate::record::ClaimToken), which never repeats.
 //! The answer to a duplicate is computed by [`record::decide`](crate::record::decide)
-//! so that all backends behave the same; the shared conformance suite in the
-//! repository's `tests/` holds each of them to it.
+//! so that all backends behave the same; the conformance suite (`idem::testing`,
+//! feature `testing`) holds each of them, and stores of your own, to it.
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -8,9 +8,6 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use axum::Router;
 
-#[path = "../conformance/servers.rs"]
-mod servers;
-
 /// Emits one `#[tokio::test]` per case and store: `sqlite::case` and
 /// `postgres::case` each await `case(store)` on a store of their own (a
 /// temporary SQLite file; a PostgreSQL table dropped when the test ends).
@@ -39,20 +36,13 @@ macro_rules! on_each_store {
 pub(crate) use on_each_store;
 
 /// A store on a SQLite file of its own, removed with the guard.
-pub async fn sqlite_store() -> (idem::SqliteStore, tempfile::TempDir) {
-    let dir = tempfile::tempdir().expect("a temporary directory");
-    let url = format!("sqlite://{}", dir.path().join("idem.db").display());
-    let store = idem::SqliteStore::connect(&url)
-        .await
-        .expect("open the SQLite file");
-    (store, dir)
+pub async fn sqlite_store() -> (idem::SqliteStore, crate::common::backend::Guard) {
+    crate::common::backend::sqlite_file::store(8).await
 }
 
 /// A store on a PostgreSQL table of its own, dropped with the guard.
-pub async fn postgres_store() -> (idem::PostgresStore, impl Drop) {
-    let (store, db, tables) = servers::postgres_store(8).await;
-    drop(db);
-    (store, tables)
+pub async fn postgres_store() -> (idem::PostgresStore, crate::common::backend::Guard) {
+    crate::common::backend::postgres::store(8).await
 }
 
 /// A running server, and a client that follows no redirect.

@@ -16,8 +16,7 @@
 //! than the time left on the lease), which is what "exactly once" can
 //! promise: an outage longer than the lease lets the claim lapse.
 
-#[path = "conformance/servers.rs"]
-mod servers;
+mod common;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -411,56 +410,34 @@ async fn dropped_during_the_claim_blocks_nothing<S: Store + Clone + 'static>(sto
     assert_eq!(retried, 1, "the dropped caller's body never ran");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn every_fault_point_on_memory() {
-    let store = idem::MemoryStore::new();
-    matrix("memory", || async { store.clone() }).await;
-}
+common::backends!(memory, sqlite_file, postgres, mysql => {
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn every_fault_point() {
+        let (store, _guard) = backend::store(20).await;
+        matrix(backend::NAME, || async { store.clone() }).await;
+    }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn every_fault_point_on_sqlite() {
-    let dir = tempfile::tempdir().expect("a temporary directory");
-    let url = format!("sqlite://{}", dir.path().join("idem.db").display());
-    let store = idem::SqliteStore::connect(&url)
-        .await
-        .expect("open the SQLite file");
-    matrix("sqlite", || async { store.clone() }).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn every_fault_point_on_postgres() {
-    let (store, _db, _guard) = servers::postgres_store(20).await;
-    matrix("postgres", || async { store.clone() }).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn every_fault_point_on_mysql() {
-    let (store, _db, _guard) = servers::mysql_store(20).await;
-    matrix("mysql", || async { store.clone() }).await;
-}
-
-/// The transactional matrix on one backend: every point of the flow that
-/// runs on the caller's connection (look, claim, completion, release) and
-/// every fault kind; two clients per point retry in transactions of their
-/// own. The body writes its business row in the caller's transaction, so
-/// the effect is that row: exactly one is committed per key, and every
-/// client's answer is its value.
-macro_rules! transactional_matrix {
-    ($name:ident, $db:ty, $placeholders:literal, $make:expr) => {
+    backend::if_sql! {
+        /// The transactional matrix: every point of the flow that runs on the
+        /// caller's connection (look, claim, completion, release) and every
+        /// fault kind; two clients per point retry in transactions of their
+        /// own. The body writes its business row in the caller's transaction,
+        /// so the effect is that row: exactly one is committed per key, and
+        /// every client's answer is its value.
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-        async fn $name() {
-            let (store, pool, rows, _guard): (_, sqlx::Pool<$db>, String, Box<dyn std::any::Any>) =
-                $make.await;
+        async fn every_transactional_fault_point() {
+            let (store, mut guard) = backend::store(40).await;
+            let pool = store.pool().clone();
+            let rows = guard.table("faultrows");
             sqlx::raw_sql(&format!(
                 "CREATE TABLE {rows} (run_key VARCHAR(255) NOT NULL, value BIGINT NOT NULL)"
             ))
             .execute(&pool)
             .await
             .unwrap();
-            let insert = format!(
-                "INSERT INTO {rows} (run_key, value) VALUES {}",
-                $placeholders
-            );
+            let (first, second) = (backend::param(1), backend::param(2));
+            let insert = format!("INSERT INTO {rows} (run_key, value) VALUES ({first}, {second})");
+            let select = format!("SELECT value FROM {rows} WHERE run_key = {first}");
             let mut points = Vec::new();
             for point in [Point::Begin, Point::Peek, Point::Complete, Point::Release] {
                 for kind in KINDS {
@@ -470,16 +447,7 @@ macro_rules! transactional_matrix {
                     let runs = Arc::new(AtomicUsize::new(0));
                     let fail_first = point == Point::Release;
                     let started = Instant::now();
-                    let select = format!(
-                        "SELECT value FROM {} WHERE run_key = {}",
-                        rows_table(&insert),
-                        $placeholders
-                            .split(',')
-                            .next()
-                            .unwrap()
-                            .trim_start_matches('(')
-                    );
-                    let (check_pool, check_key) = (pool.clone(), key.clone());
+                    let (check_pool, check_key, select) = (pool.clone(), key.clone(), select.clone());
                     let client = move |delay: Duration| {
                         let (store, pool, insert, key, runs) = (
                             store.clone(),
@@ -513,9 +481,7 @@ macro_rules! transactional_matrix {
                                             .await;
                                         let result = match written {
                                             Err(err) => Err(TestError::from(Error::store(err))),
-                                            Ok(_) if fail_first && n == 1 => {
-                                                Err(TestError::Transient)
-                                            }
+                                            Ok(_) if fail_first && n == 1 => Err(TestError::Transient),
                                             Ok(_) => Ok(value),
                                         };
                                         (result, conn)
@@ -553,62 +519,5 @@ macro_rules! transactional_matrix {
             }
             futures::future::join_all(points).await;
         }
-    };
-}
-
-/// The table an insert statement writes.
-fn rows_table(insert: &str) -> &str {
-    insert
-        .trim_start_matches("INSERT INTO ")
-        .split(' ')
-        .next()
-        .unwrap()
-}
-
-transactional_matrix!(
-    every_transactional_fault_point_on_sqlite,
-    sqlx::Sqlite,
-    "(?1, ?2)",
-    async {
-        let dir = tempfile::tempdir().expect("a temporary directory");
-        let url = format!("sqlite://{}", dir.path().join("idem.db").display());
-        let store = idem::SqliteStore::connect(&url)
-            .await
-            .expect("open the SQLite file");
-        let pool = store.pool().clone();
-        let guard: Box<dyn std::any::Any> = Box::new(dir);
-        (store, pool, "fault_rows".to_owned(), guard)
     }
-);
-
-transactional_matrix!(
-    every_transactional_fault_point_on_postgres,
-    sqlx::Postgres,
-    "($1, $2)",
-    async {
-        let (store, db, mut guard) = servers::postgres_store(40).await;
-        let servers::Db::Postgres(pool) = &db else {
-            unreachable!()
-        };
-        let rows = guard.add(servers::unique_table("faultrows"));
-        let pool = pool.clone();
-        let guard: Box<dyn std::any::Any> = Box::new((db, guard));
-        (store, pool, rows, guard)
-    }
-);
-
-transactional_matrix!(
-    every_transactional_fault_point_on_mysql,
-    sqlx::MySql,
-    "(?, ?)",
-    async {
-        let (store, db, mut guard) = servers::mysql_store(40).await;
-        let servers::Db::MySql(pool) = &db else {
-            unreachable!()
-        };
-        let rows = guard.add(servers::unique_table("faultrows"));
-        let pool = pool.clone();
-        let guard: Box<dyn std::any::Any> = Box::new((db, guard));
-        (store, pool, rows, guard)
-    }
-);
+});

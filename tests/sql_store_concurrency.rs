@@ -1,4 +1,4 @@
-//! Issue 3: the PostgreSQL and MariaDB/MySQL stores under real concurrency.
+//! The PostgreSQL and MariaDB/MySQL stores under real concurrency.
 //!
 //! - 500 concurrent calls over 25 keys through a pool of 16 connections run
 //!   each body exactly once (counted in a table the body writes), and every
@@ -9,21 +9,21 @@
 //!   some on those very keys, run.
 #![cfg(any(feature = "postgres", feature = "mysql"))]
 
-#[path = "conformance/servers.rs"]
-mod servers;
+mod common;
 
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use common::backend::Guard;
+use common::servers::{Db, Server};
 use idem::{run, Call, Error, Key, Policy, Scope, Store};
-use servers::{Db, DropTables, Server};
 use tokio::sync::Barrier;
 
 const CALLS: usize = 500;
 const KEYS: usize = 25;
 const PROCESSES: usize = 4;
-const SCOPE: &str = "sql_storm.charge";
+const SCOPE: &str = "sql_store_concurrency.charge";
 
 /// Set in the children of a storm across processes: what to do, as
 /// `records_table runs_table results_table start_at_millis child_index`.
@@ -101,8 +101,8 @@ async fn assert_one_run_per_key(db: &Db, runs: &str, results: &[(String, i64)]) 
     }
 }
 
-async fn storm_in_one_process(store: Arc<dyn Store>, db: Db, mut guard: DropTables) {
-    let runs = guard.add(servers::unique_table("runs"));
+async fn storm_in_one_process(store: Arc<dyn Store>, db: Db, mut guard: Guard) {
+    let runs = guard.table("runs");
     db.create_runs_table(&runs).await;
     let results = storm(store, &db, &runs, "one", CALLS).await;
     assert_one_run_per_key(&db, &runs, &results).await;
@@ -121,14 +121,11 @@ fn now_millis() -> i64 {
 /// children migrate concurrently), starts the children of `test` with a
 /// common start time, waits for them, and checks the runs and results.
 async fn storm_across_processes(server: Server, test: &str) {
-    if let Ok(spec) = std::env::var(CHILD_VAR) {
-        return storm_child(server, &spec).await;
-    }
     let db = server.pool(4).await;
-    let mut guard = DropTables::new(server);
-    let records = guard.add(servers::unique_table("procs"));
-    let runs = guard.add(servers::unique_table("runs"));
-    let results = guard.add(servers::unique_table("results"));
+    let mut guard = Guard::tables(server);
+    let records = guard.table("procs");
+    let runs = guard.table("runs");
+    let results = guard.table("results");
     db.create_runs_table(&runs).await;
     db.execute(&format!(
         "CREATE TABLE {} (run_key VARCHAR(255) NOT NULL, run BIGINT NOT NULL, child INT NOT NULL)",
@@ -201,36 +198,20 @@ async fn storm_across_processes(server: Server, test: &str) {
     );
 }
 
-/// A child: migrates the shared records table (racing its siblings), waits
-/// for the common start, fires its share of the storm, and writes each
-/// call's result for the parent.
-async fn storm_child(server: Server, spec: &str) {
+/// A child: migrates the shared records table (racing its siblings) with
+/// `open`, which answers the store and its pool, waits for the common
+/// start, fires its share of the storm, and writes each call's result for
+/// the parent.
+async fn storm_child<F>(spec: &str, open: impl FnOnce(String) -> F)
+where
+    F: std::future::Future<Output = (Arc<dyn Store>, Db)>,
+{
     let parts: Vec<&str> = spec.split(' ').collect();
     let [records, runs, results, start_at, child] = parts[..] else {
         panic!("{CHILD_VAR}={spec:?}: expected 5 fields")
     };
     let (start_at, child): (i64, usize) = (start_at.parse().unwrap(), child.parse().unwrap());
-    let db = server.pool(8).await;
-    let store: Arc<dyn Store> = match &db {
-        #[cfg(feature = "postgres")]
-        Db::Postgres(pool) => {
-            let store = idem::PostgresStore::new(pool.clone())
-                .with_table_name(records)
-                .unwrap();
-            store.migrate().await.expect("migrate concurrently");
-            Arc::new(store)
-        }
-        #[cfg(feature = "mysql")]
-        Db::MySql(pool) => {
-            let store = idem::MySqlStore::new(pool.clone())
-                .with_table_name(records)
-                .unwrap();
-            store.migrate().await.expect("migrate concurrently");
-            Arc::new(store)
-        }
-        #[allow(unreachable_patterns)]
-        _ => unreachable!("no store for {server:?} in this build"),
-    };
+    let (store, db) = open(records.to_owned()).await;
     let wait = start_at - now_millis();
     assert!(wait > 0, "the child started after the common start time");
     tokio::time::sleep(Duration::from_millis(wait as u64)).await;
@@ -324,9 +305,8 @@ async fn purge_while_claiming(store: Arc<dyn Store>, db: Db, table: &str) {
         EXPIRED as i64
     );
 
-    let runs = servers::unique_table("runs");
-    let mut guard = DropTables::new(db.server());
-    guard.add(runs.clone());
+    let mut guard = Guard::tables(db.server());
+    let runs = guard.table("runs");
     db.create_runs_table(&runs).await;
     let barrier = Arc::new(Barrier::new(CONTESTED + FRESH + 1));
     let claims: Vec<_> = (0..CONTESTED + FRESH)
@@ -404,48 +384,32 @@ async fn purge_while_claiming(store: Arc<dyn Store>, db: Db, table: &str) {
     assert_eq!(store.purge_expired(PURGE_BATCH).await.unwrap(), 0);
 }
 
-#[cfg(feature = "postgres")]
-mod postgres {
-    use super::*;
-
+common::backends!(postgres, mysql => {
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async fn storm_through_a_pool_of_16() {
-        let (store, db, guard) = servers::postgres_store(16).await;
+        let (store, guard) = backend::store(16).await;
+        let db = backend::db(&store);
         storm_in_one_process(Arc::new(store), db, guard).await;
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async fn storm_across_processes() {
-        super::storm_across_processes(Server::Postgres, "postgres::storm_across_processes").await;
+        if let Ok(spec) = std::env::var(CHILD_VAR) {
+            return storm_child(&spec, |records| async move {
+                let store = backend::store_at(&records, 8).await;
+                let db = backend::db(&store);
+                (Arc::new(store) as Arc<dyn Store>, db)
+            })
+            .await;
+        }
+        let test = common::test_name(concat!(module_path!(), "::storm_across_processes"));
+        super::storm_across_processes(backend::SERVER, test).await;
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async fn purge_while_claiming() {
-        let (store, db, _guard) = servers::postgres_store(16).await;
-        let table = store.table_name().to_owned();
+        let (store, _guard) = backend::store(16).await;
+        let (db, table) = (backend::db(&store), store.table_name().to_owned());
         super::purge_while_claiming(Arc::new(store), db, &table).await;
     }
-}
-
-#[cfg(feature = "mysql")]
-mod mysql {
-    use super::*;
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-    async fn storm_through_a_pool_of_16() {
-        let (store, db, guard) = servers::mysql_store(16).await;
-        storm_in_one_process(Arc::new(store), db, guard).await;
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-    async fn storm_across_processes() {
-        super::storm_across_processes(Server::MySql, "mysql::storm_across_processes").await;
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-    async fn purge_while_claiming() {
-        let (store, db, _guard) = servers::mysql_store(16).await;
-        let table = store.table_name().to_owned();
-        super::purge_while_claiming(Arc::new(store), db, &table).await;
-    }
-}
+});

@@ -1,123 +1,142 @@
-//! The store conformance suite: plain async functions, each taking a fresh
-//! store, run against every backend by `store_conformance!`.
+//! The store conformance suite, for anyone who writes a [`Store`].
+//!
+//! Every store built into this crate passes the same cases: claim and
+//! replay, payload mismatch, a duplicate in progress, lease takeover with
+//! fencing, release, ttl expiry, purge, a dropped caller, scoping, and a
+//! storm of concurrent calls (see the functions below). A store of your own
+//! is done when it passes them too, on the real backend.
+//!
+//! Each case is a plain `async fn` that takes a fresh store and panics
+//! when the store breaks the contract. [`store_conformance!`](crate::store_conformance)
+//! turns them into tests: one `#[test]` per case, each on a store of its
+//! own, run on a multi-thread tokio runtime of 4 workers (as
+//! `#[tokio::test(flavor = "multi_thread", worker_threads = 4)]` would).
+//! Call a case yourself to run it in a harness of your own.
+//!
+//! Every case works on keys that no other case, process or run uses, so
+//! that stores on one database (one table, even) can run the cases in
+//! parallel and again and again. The cases sleep for a few hundred
+//! milliseconds where leases and ttls must lapse; the slowest takes about
+//! a second.
+//!
+//! ```
+//! // tests/store_conformance.rs of a crate with a store of its own; the
+//! // memory store stands in for it here.
+//! use idem::MemoryStore as MyStore;
+//!
+//! // A future yielding the store, and a guard dropped when the case ends
+//! // (a temporary directory, a table to drop; `()` for none).
+//! idem::store_conformance!(my_store, async { (MyStore::new(), ()) });
+//! # fn main() {}
+//! ```
+//!
+//! Enabled by the `testing` feature, which is meant for dev-dependencies:
+//!
+//! ```toml
+//! [dev-dependencies]
+//! idem = { version = "0.1", features = ["testing"] }
+//! ```
+
+mod support;
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::future::Future;
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
-use idem::{
-    run, Begin, BeginRequest, Call, ClaimToken, Error, Key, Outcome, OutcomeKind, Policy, Scope,
-    State, Store,
-};
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use tokio::sync::{oneshot, Barrier};
 
-/// The error type of the operations under test.
-#[derive(Debug, Serialize, Deserialize, PartialEq)]
-pub enum TestError {
-    #[serde(skip)]
-    Idem(#[allow(dead_code)] IdemError),
-    Transient,
-    Declined(String),
-}
+use self::support::{
+    call, charge, claim_directly, fresh_key, pay, pay_slowly, Receipt, Runs, TestError,
+};
+use crate::engine::{run, Call};
+use crate::error::Error;
+use crate::fingerprint::Fingerprint;
+use crate::key::{Key, Scope};
+use crate::policy::Policy;
+use crate::record::{Outcome, OutcomeKind, State};
+use crate::store::Store;
 
-/// `idem::Error` is not `PartialEq`; tests compare by variant.
-#[derive(Debug)]
-pub struct IdemError(pub Error);
+/// Emits the [store conformance suite](crate::testing) for one store: a
+/// module named `$backend` with one `#[test]` per case.
+///
+/// `$make` is a future yielding `(store, guard)`: the store under test, and
+/// whatever keeps its resources alive (a temporary directory, a guard that
+/// drops the store's table), dropped when the case ends; `()` for nothing.
+/// It is evaluated afresh for every case, in the new module, which sees the
+/// items of the module around it. Each test builds a multi-thread tokio
+/// runtime of 4 workers and runs the case on it, so the crate needs no
+/// tokio of its own.
+///
+/// ```
+/// use idem::MemoryStore;
+///
+/// // `memory::execute_once_then_replay`, `memory::storm_runs_each_key_once`, ...
+/// idem::store_conformance!(memory, async { (MemoryStore::new(), ()) });
+/// # fn main() {}
+/// ```
+#[macro_export]
+#[cfg_attr(docsrs, doc(cfg(feature = "testing")))]
+macro_rules! store_conformance {
+    ($backend:ident, $make:expr $(,)?) => {
+        mod $backend {
+            #[allow(unused_imports)]
+            use super::*;
 
-impl PartialEq for IdemError {
-    fn eq(&self, other: &Self) -> bool {
-        std::mem::discriminant(&self.0) == std::mem::discriminant(&other.0)
-    }
-}
-
-impl From<Error> for TestError {
-    fn from(e: Error) -> Self {
-        TestError::Idem(IdemError(e))
-    }
-}
-
-impl TestError {
-    fn idem(&self) -> Option<&Error> {
-        match self {
-            TestError::Idem(IdemError(e)) => Some(e),
-            _ => None,
+            $crate::store_conformance!(@cases $make;
+                execute_once_then_replay,
+                fingerprint_ignores_field_order,
+                key_reused_with_other_payload,
+                in_progress_duplicate_waits_then_replays,
+                fail_fast_reports_in_progress,
+                transient_error_released_then_retried,
+                replayable_error_replayed,
+                ttl_expiry_frees_the_key,
+                purge_removes_only_expired,
+                lease_takeover_fences_the_old_owner,
+                zombie_completion_after_release_is_refused,
+                purged_claim_cannot_touch_the_next_one,
+                live_owner_keeps_its_claim,
+                ttl_shorter_than_lease_keeps_the_claim,
+                dropped_caller_hands_the_key_back,
+                unbounded_wait_is_accepted,
+                scopes_do_not_collide,
+                invalid_keys_rejected,
+                forget_frees_the_key,
+                forgotten_owner_is_fenced_out,
+                storm_runs_each_key_once,
+            );
         }
-    }
+    };
+    (@cases $make:expr; $($case:ident),* $(,)?) => {$(
+        #[test]
+        fn $case() {
+            $crate::testing::__block_on(async {
+                let (store, _guard) = $make.await;
+                $crate::testing::$case(store).await;
+            });
+        }
+    )*};
 }
 
-/// A unique key, so cases may share a database.
-pub fn fresh_key(tag: &str) -> String {
-    static N: AtomicUsize = AtomicUsize::new(0);
-    format!(
-        "{tag}-{}-{}-{}",
-        std::process::id(),
-        SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .unwrap()
-            .as_millis(),
-        N.fetch_add(1, Ordering::Relaxed)
-    )
+/// Runs one case as `#[tokio::test(flavor = "multi_thread", worker_threads
+/// = 4)]` would. Not a public API: what [`store_conformance!`] expands to.
+///
+/// [`store_conformance!`]: crate::store_conformance
+#[doc(hidden)]
+pub fn __block_on<F: Future<Output = ()>>(case: F) {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(4)
+        .enable_all()
+        .build()
+        .expect("a tokio runtime for the conformance case")
+        .block_on(case)
 }
 
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
-pub struct Charge {
-    pub amount: u64,
-    pub currency: String,
-}
-
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
-pub struct Receipt {
-    pub run: usize,
-    pub amount: u64,
-}
-
-fn charge(amount: u64) -> Charge {
-    Charge {
-        amount,
-        currency: "EUR".into(),
-    }
-}
-
-fn call(scope: &str, key: &str, payload: &Charge, policy: Policy) -> Call {
-    Call::new(scope, key, payload).with_policy(policy)
-}
-
-/// Counts body runs and numbers them, so every result is distinguishable.
-#[derive(Clone, Default)]
-pub struct Runs(Arc<AtomicUsize>);
-
-impl Runs {
-    fn next(&self) -> usize {
-        self.0.fetch_add(1, Ordering::SeqCst) + 1
-    }
-    pub fn count(&self) -> usize {
-        self.0.load(Ordering::SeqCst)
-    }
-}
-
-async fn pay<S: Store + ?Sized>(
-    store: &S,
-    key: &str,
-    payload: &Charge,
-    policy: Policy,
-    runs: &Runs,
-) -> Result<Receipt, TestError> {
-    let amount = payload.amount;
-    run(
-        store,
-        call("payments.charge", key, payload, policy),
-        async {
-            Ok(Receipt {
-                run: runs.next(),
-                amount,
-            })
-        },
-    )
-    .await
-}
-
+/// The first call with a key runs the body and stores its result; every
+/// later call with the key and the same payload gets that result back
+/// without running the body. The record is completed, with fence 1.
 pub async fn execute_once_then_replay<S: Store>(store: S) {
     let key = fresh_key("once");
     let runs = Runs::default();
@@ -141,6 +160,9 @@ pub async fn execute_once_then_replay<S: Store>(store: S) {
     assert!(record.outcome.is_some());
 }
 
+/// The payload's fingerprint is that of its canonical JSON: the same value
+/// built with members in another order replays, another value is
+/// [`Error::KeyReused`].
 pub async fn fingerprint_ignores_field_order<S: Store>(store: S) {
     #[derive(Serialize)]
     struct AmountFirst {
@@ -193,6 +215,8 @@ pub async fn fingerprint_ignores_field_order<S: Store>(store: S) {
     assert!(matches!(err.idem(), Some(Error::KeyReused)), "{err:?}");
 }
 
+/// A key sent again with another payload is [`Error::KeyReused`], without
+/// running the body; the original payload still replays.
 pub async fn key_reused_with_other_payload<S: Store>(store: S) {
     let key = fresh_key("reuse");
     let runs = Runs::default();
@@ -212,6 +236,9 @@ pub async fn key_reused_with_other_payload<S: Store>(store: S) {
     assert_eq!(runs.count(), 1);
 }
 
+/// A duplicate that arrives while the first call runs waits (the policy
+/// allows 10 s), is woken promptly when the first call completes, and gets
+/// its result; the body ran once.
 pub async fn in_progress_duplicate_waits_then_replays<S: Store>(store: S) {
     let key = fresh_key("wait");
     let runs = Runs::default();
@@ -259,6 +286,8 @@ pub async fn in_progress_duplicate_waits_then_replays<S: Store>(store: S) {
     );
 }
 
+/// A duplicate that may not wait is told [`Error::InProgress`], with a
+/// non-zero `retry_after`, while the first call runs.
 pub async fn fail_fast_reports_in_progress<S: Store>(store: S) {
     let key = fresh_key("fast");
     let runs = Runs::default();
@@ -293,6 +322,8 @@ pub async fn fail_fast_reports_in_progress<S: Store>(store: S) {
     assert_eq!(runs.count(), 1);
 }
 
+/// A body error that is not replayable releases the key (no record is
+/// left): the retry runs the body again, and its result is then replayed.
 pub async fn transient_error_released_then_retried<S: Store>(store: S) {
     let key = fresh_key("transient");
     let runs = Runs::default();
@@ -327,13 +358,16 @@ pub async fn transient_error_released_then_retried<S: Store>(store: S) {
     assert_eq!(runs.count(), 2);
 }
 
+/// A body error marked replayable (through
+/// [`Call::replaying`](crate::engine::Call::replaying)) is stored and
+/// replayed like a result: the body ran once.
 pub async fn replayable_error_replayed<S: Store>(store: S) {
     let key = fresh_key("declined");
     let runs = Runs::default();
     let payload = charge(10);
     let attempt = || {
         let runs = runs.clone();
-        run(
+        crate::engine::run(
             &store,
             call("op.declined", &key, &payload, Policy::new())
                 .replaying(|e: &TestError| matches!(e, TestError::Declined(_))),
@@ -352,6 +386,8 @@ pub async fn replayable_error_replayed<S: Store>(store: S) {
     assert_eq!(runs.count(), 1);
 }
 
+/// Once its ttl has passed, a record no longer counts: the key runs again,
+/// even with another payload.
 pub async fn ttl_expiry_frees_the_key<S: Store>(store: S) {
     let key = fresh_key("ttl");
     let runs = Runs::default();
@@ -368,6 +404,8 @@ pub async fn ttl_expiry_frees_the_key<S: Store>(store: S) {
     assert_eq!(runs.count(), 2);
 }
 
+/// [`Store::purge_expired`] deletes the expired records, in batches, and
+/// keeps the live ones; a second purge finds nothing.
 pub async fn purge_removes_only_expired<S: Store>(store: S) {
     let runs = Runs::default();
     let short = Policy::new().ttl(Duration::from_millis(200));
@@ -404,30 +442,6 @@ pub async fn purge_removes_only_expired<S: Store>(store: S) {
     assert_eq!(store.purge_expired(3).await.unwrap(), 0);
 }
 
-/// A claim taken straight from the store, with a fresh token: an owner
-/// that never renews (a crashed or stopped process).
-async fn claim_directly<S: Store>(
-    store: &S,
-    scope: &Scope,
-    key: &Key,
-    fingerprint: &idem::Fingerprint,
-    lease: Duration,
-    ttl: Duration,
-) -> idem::Claim {
-    let request = BeginRequest {
-        scope,
-        key,
-        fingerprint,
-        token: ClaimToken::new(),
-        lease,
-        ttl,
-    };
-    match store.begin(&request).await.unwrap() {
-        Begin::Claimed(claim) => claim,
-        other => panic!("not claimed: {other:?}"),
-    }
-}
-
 /// An owner that stops renewing (a crashed or stopped process: here a
 /// claim taken straight from the store, which nobody renews) is taken over
 /// once its lease lapses. While the new owner still runs, everything the
@@ -442,7 +456,7 @@ pub async fn lease_takeover_fences_the_old_owner<S: Store>(store: S) {
     );
     let runs = Runs::default();
     let payload = charge(9);
-    let fingerprint = idem::Fingerprint::of(&payload).unwrap();
+    let fingerprint = Fingerprint::of(&payload).unwrap();
     let zombie = claim_directly(
         &store,
         &scope,
@@ -520,7 +534,7 @@ pub async fn zombie_completion_after_release_is_refused<S: Store>(store: S) {
         Key::new(key.as_str()).unwrap(),
     );
     let (a_payload, c_payload) = (charge(1), charge(2));
-    let a_fingerprint = idem::Fingerprint::of(&a_payload).unwrap();
+    let a_fingerprint = Fingerprint::of(&a_payload).unwrap();
     let (lease, ttl) = (Duration::from_millis(150), Duration::from_secs(60));
     let a_claim = claim_directly(&store, &scope, &k, &a_fingerprint, lease, ttl).await;
     assert_eq!(a_claim.fence, 1);
@@ -572,6 +586,65 @@ pub async fn zombie_completion_after_release_is_refused<S: Store>(store: S) {
     assert_eq!(runs.count(), 1);
 }
 
+/// [`Store::forget`] deletes a completed record, so the next call runs
+/// again; forgetting a key without a record answers `false`.
+pub async fn forget_frees_the_key<S: Store>(store: S) {
+    let key = fresh_key("forget");
+    let runs = Runs::default();
+    let policy = Policy::new();
+    let first = pay(&store, &key, &charge(5), policy, &runs).await.unwrap();
+    assert_eq!(
+        pay(&store, &key, &charge(5), policy, &runs).await.unwrap(),
+        first
+    );
+    let (scope, k) = (
+        Scope::new("payments.charge"),
+        Key::new(key.as_str()).unwrap(),
+    );
+    assert!(
+        store.forget(&scope, &k).await.unwrap(),
+        "there was a record"
+    );
+    assert!(store.get(&scope, &k).await.unwrap().is_none());
+    let again = pay(&store, &key, &charge(5), policy, &runs).await.unwrap();
+    assert_eq!(again.run, 2, "a forgotten key runs again");
+    let never = Key::new(fresh_key("never").as_str()).unwrap();
+    assert!(!store.forget(&scope, &never).await.unwrap());
+}
+
+/// A claim forgotten while its owner runs: the key is claimed again at
+/// once, and the old owner's completion, renewal and release are refused.
+pub async fn forgotten_owner_is_fenced_out<S: Store>(store: S) {
+    let key = fresh_key("forgotten");
+    let (scope, k) = (
+        Scope::new("payments.charge"),
+        Key::new(key.as_str()).unwrap(),
+    );
+    let fingerprint = Fingerprint::of(&charge(1)).unwrap();
+    let (lease, ttl) = (Duration::from_secs(30), Duration::from_secs(60));
+    let stuck = claim_directly(&store, &scope, &k, &fingerprint, lease, ttl).await;
+    assert!(store.forget(&scope, &k).await.unwrap());
+    let next = claim_directly(&store, &scope, &k, &fingerprint, lease, ttl).await;
+    let outcome = Outcome {
+        kind: OutcomeKind::Ok,
+        body: b"{\"run\":1,\"amount\":1}".to_vec(),
+    };
+    let lost = |r: Result<(), Error>| matches!(r, Err(Error::LeaseLost));
+    assert!(
+        lost(store.complete(&stuck, &outcome).await),
+        "the forgotten owner completed"
+    );
+    assert!(
+        lost(store.renew(&stuck).await),
+        "the forgotten owner renewed"
+    );
+    assert!(
+        lost(store.release(&stuck).await),
+        "the forgotten owner released"
+    );
+    store.complete(&next, &outcome).await.unwrap();
+}
+
 /// After a record expired and was purged, a new claim (fence 1 again)
 /// refuses everything the purged claim presents.
 pub async fn purged_claim_cannot_touch_the_next_one<S: Store>(store: S) {
@@ -580,7 +653,7 @@ pub async fn purged_claim_cannot_touch_the_next_one<S: Store>(store: S) {
         Scope::new("payments.charge"),
         Key::new(key.as_str()).unwrap(),
     );
-    let fingerprint = idem::Fingerprint::of(&charge(1)).unwrap();
+    let fingerprint = Fingerprint::of(&charge(1)).unwrap();
     let short = Duration::from_millis(100);
     let old_claim = claim_directly(&store, &scope, &k, &fingerprint, short, short).await;
     tokio::time::sleep(Duration::from_millis(200)).await;
@@ -682,27 +755,6 @@ pub async fn ttl_shorter_than_lease_keeps_the_claim<S: Store>(store: S) {
     assert_eq!(runs.count(), 1);
 }
 
-async fn pay_slowly<S: Store + ?Sized>(
-    store: &S,
-    key: &str,
-    payload: &Charge,
-    policy: Policy,
-    runs: &Runs,
-    pause: Duration,
-) -> Result<Receipt, TestError> {
-    let amount = payload.amount;
-    run(
-        store,
-        call("payments.charge", key, payload, policy),
-        async {
-            let n = runs.next();
-            tokio::time::sleep(pause).await;
-            Ok(Receipt { run: n, amount })
-        },
-    )
-    .await
-}
-
 /// A caller dropped while its body runs (a client gone, a timeout) hands
 /// its claim back at once: the retry runs without waiting for the lease.
 pub async fn dropped_caller_hands_the_key_back<S: Store>(store: S) {
@@ -753,6 +805,8 @@ pub async fn unbounded_wait_is_accepted<S: Store>(store: S) {
     assert_eq!(runs.count(), 1);
 }
 
+/// One key in different scopes, and in one scope with different
+/// principals, names different records.
 pub async fn scopes_do_not_collide<S: Store>(store: S) {
     let key = fresh_key("scoped");
     let runs = Runs::default();
@@ -777,6 +831,8 @@ pub async fn scopes_do_not_collide<S: Store>(store: S) {
     assert_eq!(results, vec![1, 1, 2, 2, 3, 3, 4, 4]);
 }
 
+/// Empty, too long and non-visible-ASCII keys are [`Error::InvalidKey`],
+/// before the body could run.
 pub async fn invalid_keys_rejected<S: Store>(store: S) {
     let runs = Runs::default();
     let too_long = "k".repeat(256);
@@ -792,6 +848,8 @@ pub async fn invalid_keys_rejected<S: Store>(store: S) {
     assert_eq!(runs.count(), 0);
 }
 
+/// 200 concurrent calls over 20 keys, on tasks of their own: one body run
+/// per key, and every caller of a key gets that run's result.
 pub async fn storm_runs_each_key_once<S: Store + Clone + 'static>(store: S) {
     const CALLS: usize = 200;
     const KEYS: usize = 20;

@@ -1,9 +1,9 @@
-//! Soak: the payments example app under retrying clients while its
-//! database connections are killed, on PostgreSQL and MariaDB/MySQL, with
-//! the HTTP idempotency layer on and off.
+//! A soak of the payments example app: retrying clients while its database
+//! connections are killed, on PostgreSQL and MariaDB/MySQL, with the HTTP
+//! idempotency layer on and off.
 //!
 //! Each case starts the real service (its modules are compiled in, as in
-//! `tests/payments.rs`) on an ephemeral port of 127.0.0.1, in a schema
+//! `tests/payments_example.rs`) on an ephemeral port of 127.0.0.1, in a schema
 //! (PostgreSQL) or a database (MariaDB) of its own, dropped at the end.
 //! Clients behave like real ones: every logical payment has its own
 //! `Idempotency-Key`; a request has a timeout; a timeout, a 5xx or a 409
@@ -24,14 +24,14 @@
 //!
 //! `IDEM_SOAK_SECS` sets the load phase per case (default 8 s); the drain
 //! that follows is bounded too. The figures of each case are printed
-//! (`cargo test --all-features --test soak -- --nocapture`).
+//! (`cargo test --all-features --test payments_killed_connections --
+//! --nocapture`).
 
 #[path = "../examples/payments/main.rs"]
 #[allow(dead_code)]
 mod payments;
 
-#[path = "conformance/servers.rs"]
-mod servers;
+mod common;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt;
@@ -39,6 +39,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use common::namespace::Namespace;
+use common::servers::{Db, Server};
 use payments::app::{self, App};
 use payments::db::{Backend, Database};
 use payments::gateway::{Gateway, Ledger};
@@ -46,8 +48,6 @@ use payments::random::random_unit;
 use payments::service::Payments;
 use reqwest::header::CONTENT_TYPE;
 use serde_json::{json, Value};
-use servers::{Db, Server};
-use sqlx::Executor;
 
 /// Concurrent clients per case.
 const CLIENTS: usize = 12;
@@ -93,58 +93,19 @@ fn uniform(low: f64, high: f64) -> f64 {
 
 // ------------------------------------------------------------ namespace
 
-/// A schema (PostgreSQL) or a database (MariaDB) of one case, with an
-/// administrative pool that kills the app's connections and reads its
-/// tables; dropped at the end.
-struct Namespace {
-    server: Server,
-    /// The schema or database; also the app's `application_name` on
-    /// PostgreSQL.
-    name: String,
-    /// What the app connects with.
-    app_url: String,
-    admin: Db,
-    /// Connections never killed: the gateway ledger's.
+/// The namespace of one case (a PostgreSQL schema, a MariaDB database),
+/// with the connections the killer spares: the gateway ledger's.
+struct Soaked {
+    ns: Namespace,
     spared: Arc<Mutex<HashSet<i64>>>,
 }
 
-impl Namespace {
-    async fn new(server: Server) -> Namespace {
-        // Fails the test, naming the server's variable, if it is down.
-        let admin = server.pool(2).await;
-        let name = servers::unique_table("soak");
-        let app_url = match server {
-            Server::Postgres => {
-                admin.execute(&format!("CREATE SCHEMA \"{name}\"")).await;
-                let base = server.url();
-                let separator = if base.contains('?') { '&' } else { '?' };
-                format!(
-                    "{base}{separator}options=-c%20search_path%3D{name}&application_name={name}"
-                )
-            }
-            Server::MySql => {
-                admin.execute(&format!("CREATE DATABASE `{name}`")).await;
-                let mut url = reqwest::Url::parse(&server.url()).unwrap();
-                url.set_path(&name);
-                url.to_string()
-            }
-        };
-        Namespace {
-            server,
-            name,
-            app_url,
-            admin,
+impl Soaked {
+    async fn new(server: Server) -> Soaked {
+        Soaked {
+            ns: Namespace::on(server, "soak").await,
             spared: Arc::default(),
         }
-    }
-
-    /// `table` of this namespace, qualified.
-    fn table(&self, table: &str) -> String {
-        format!(
-            "{}.{}",
-            self.admin.ident(&self.name),
-            self.admin.ident(table)
-        )
     }
 
     /// The gateway's ledger, on a pool whose connections are spared.
@@ -167,10 +128,10 @@ impl Namespace {
                     .expect("the ledger's pool connects")
             };
         }
-        match self.server {
+        match self.ns.server() {
             Server::Postgres => {
                 // Another application name, too: the ledger is not the app.
-                let url = format!("{}_ledger", self.app_url);
+                let url = format!("{}_ledger", self.ns.url());
                 Ledger::Postgres(spared_pool!(
                     sqlx::postgres::PgPoolOptions,
                     &url,
@@ -179,7 +140,7 @@ impl Namespace {
             }
             Server::MySql => Ledger::MySql(spared_pool!(
                 sqlx::mysql::MySqlPoolOptions,
-                &self.app_url,
+                self.ns.url(),
                 "SELECT CAST(CONNECTION_ID() AS SIGNED)"
             )),
         }
@@ -187,50 +148,14 @@ impl Namespace {
 
     /// The app's open connections, the ledger's left out.
     async fn app_connections(&self) -> Result<Vec<i64>, sqlx::Error> {
-        let ids: Vec<i64> = match &self.admin {
-            Db::Postgres(pool) => {
-                sqlx::query_scalar(
-                    "SELECT pid::bigint FROM pg_stat_activity \
-                     WHERE datname = current_database() AND pid <> pg_backend_pid() \
-                     AND application_name = $1",
-                )
-                .bind(&self.name)
-                .fetch_all(pool)
-                .await?
-            }
-            Db::MySql(pool) => {
-                sqlx::query_scalar(
-                    "SELECT CAST(ID AS SIGNED) FROM information_schema.PROCESSLIST \
-                     WHERE DB = ? AND ID <> CONNECTION_ID()",
-                )
-                .bind(&self.name)
-                .fetch_all(pool)
-                .await?
-            }
-        };
+        let ids = self.ns.connections().await?;
         let spared = self.spared.lock().unwrap();
         Ok(ids.into_iter().filter(|id| !spared.contains(id)).collect())
     }
 
-    /// Kills the connection `id`; answers whether it was there to kill.
-    async fn kill(&self, id: i64) -> bool {
-        match &self.admin {
-            Db::Postgres(pool) => sqlx::query_scalar("SELECT pg_terminate_backend($1::int)")
-                .bind(id)
-                .fetch_one(pool)
-                .await
-                .unwrap_or(false),
-            // `KILL` takes no parameter; the id is the server's integer.
-            Db::MySql(pool) => pool
-                .execute(format!("KILL CONNECTION {id}").as_str())
-                .await
-                .is_ok(),
-        }
-    }
-
     /// The reference of every charge the gateway made.
     async fn charges(&self) -> Vec<String> {
-        let sql = format!("SELECT reference FROM {}", self.table("gateway_charges"));
+        let sql = format!("SELECT reference FROM {}", self.ns.table("gateway_charges"));
         self.strings(&sql).await
     }
 
@@ -238,9 +163,9 @@ impl Namespace {
     async fn payments(&self) -> Vec<(String, String)> {
         let sql = format!(
             "SELECT idempotency_token, id FROM {}",
-            self.table("payments")
+            self.ns.table("payments")
         );
-        let rows = match &self.admin {
+        let rows = match self.ns.admin() {
             Db::Postgres(pool) => sqlx::query_as(&sql).fetch_all(pool).await,
             Db::MySql(pool) => sqlx::query_as(&sql).fetch_all(pool).await,
         };
@@ -248,7 +173,7 @@ impl Namespace {
     }
 
     async fn strings(&self, sql: &str) -> Vec<String> {
-        let rows = match &self.admin {
+        let rows = match self.ns.admin() {
             Db::Postgres(pool) => sqlx::query_scalar(sql).fetch_all(pool).await,
             Db::MySql(pool) => sqlx::query_scalar(sql).fetch_all(pool).await,
         };
@@ -271,39 +196,6 @@ impl Namespace {
     }
 }
 
-impl Drop for Namespace {
-    fn drop(&mut self) {
-        let (server, name) = (self.server, self.name.clone());
-        // A connection of its own, on a thread of its own, from any runtime.
-        let dropped = std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap();
-            runtime.block_on(async move {
-                use sqlx::Connection;
-                let url = server.url();
-                match server {
-                    Server::Postgres => {
-                        let mut conn = sqlx::PgConnection::connect(&url).await?;
-                        let sql = format!("DROP SCHEMA IF EXISTS \"{name}\" CASCADE");
-                        sqlx::raw_sql(&sql).execute(&mut conn).await.map(drop)
-                    }
-                    Server::MySql => {
-                        let mut conn = sqlx::MySqlConnection::connect(&url).await?;
-                        let sql = format!("DROP DATABASE IF EXISTS `{name}`");
-                        sqlx::raw_sql(&sql).execute(&mut conn).await.map(drop)
-                    }
-                }
-            })
-        })
-        .join();
-        if !matches!(dropped, Ok(Ok(()))) {
-            eprintln!("dropping the soak namespace failed: {dropped:?}");
-        }
-    }
-}
-
 // ------------------------------------------------------------------ app
 
 /// The app, serving on 127.0.0.1.
@@ -316,12 +208,12 @@ struct RunningApp {
 impl RunningApp {
     /// Opens the app's database as `payments serve` does, then puts the
     /// gateway on the spared ledger, and serves.
-    async fn start(ns: &Namespace, http_layer: bool) -> RunningApp {
+    async fn start(ns: &Soaked, http_layer: bool) -> RunningApp {
         let Database {
             backend,
             store,
             description,
-        } = payments::db::connect(&ns.app_url, GATEWAY_LATENCY, 0.0)
+        } = payments::db::connect(ns.ns.url(), GATEWAY_LATENCY, 0.0)
             .await
             .expect("the app opens its database");
         let gateway = Arc::new(Gateway {
@@ -559,7 +451,7 @@ async fn client(
 // --------------------------------------------------------------- killer
 
 /// Kills the app's connections at random until `stop`; answers how many.
-async fn killer(ns: Arc<Namespace>, stop: Instant) -> usize {
+async fn killer(ns: Arc<Soaked>, stop: Instant) -> usize {
     let mut kills = 0;
     loop {
         let pause = uniform(KILL_EVERY_MS.0, KILL_EVERY_MS.1);
@@ -580,7 +472,7 @@ async fn killer(ns: Arc<Namespace>, stop: Instant) -> usize {
             vec![ids[(random_unit() * ids.len() as f64) as usize % ids.len()]]
         };
         for id in victims {
-            kills += usize::from(ns.kill(id).await);
+            kills += usize::from(ns.ns.kill(id).await);
         }
     }
 }
@@ -742,13 +634,10 @@ impl fmt::Display for Report {
 async fn soak(server: Server, http_layer: bool) {
     let case = format!(
         "{} with the HTTP layer {}",
-        match server {
-            Server::Postgres => "PostgreSQL",
-            Server::MySql => "MariaDB/MySQL",
-        },
+        server.name(),
         if http_layer { "on" } else { "off" }
     );
-    let ns = Arc::new(Namespace::new(server).await);
+    let ns = Arc::new(Soaked::new(server).await);
     let app = RunningApp::start(&ns, http_layer).await;
 
     let traffic = Arc::new(Traffic::default());
@@ -788,21 +677,22 @@ async fn soak(server: Server, http_layer: bool) {
     );
 }
 
-macro_rules! soak_cases {
-    ($($name:ident: $server:expr, http_layer: $layer:literal;)*) => {$(
-        #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-        async fn $name() {
-            let bound = soak_duration() + DRAIN + Duration::from_secs(60);
-            tokio::time::timeout(bound, soak($server, $layer))
-                .await
-                .expect("the soak case ended within its bound");
-        }
-    )*};
-}
+common::backends!(postgres, mysql => {
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn with_the_http_layer() {
+        within_bound(soak(backend::SERVER, true)).await;
+    }
 
-soak_cases! {
-    postgres_with_the_http_layer: Server::Postgres, http_layer: true;
-    postgres_entity_mode_alone: Server::Postgres, http_layer: false;
-    mysql_with_the_http_layer: Server::MySql, http_layer: true;
-    mysql_entity_mode_alone: Server::MySql, http_layer: false;
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn entity_mode_alone() {
+        within_bound(soak(backend::SERVER, false)).await;
+    }
+});
+
+/// Fails a case that outlasts its load phase and drain by a minute.
+async fn within_bound(case: impl std::future::Future<Output = ()>) {
+    let bound = soak_duration() + DRAIN + Duration::from_secs(60);
+    tokio::time::timeout(bound, case)
+        .await
+        .expect("the soak case ended within its bound");
 }

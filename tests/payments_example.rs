@@ -1,5 +1,5 @@
-//! Issue 6: the payments example app, driven over HTTP on SQLite,
-//! PostgreSQL and MariaDB/MySQL.
+//! The payments example app, driven over HTTP on SQLite, PostgreSQL and
+//! MariaDB/MySQL.
 //!
 //! The app's modules are compiled into this test (`#[path]`), so each case
 //! starts the real service on an ephemeral port of 127.0.0.1 and talks to
@@ -18,14 +18,15 @@
 #[allow(dead_code)]
 mod payments;
 
-#[path = "conformance/servers.rs"]
-mod servers;
+mod common;
 
 use std::collections::HashSet;
+use std::future::Future;
 use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
 
+use common::namespace::Namespace;
 use payments::app::{self, Config};
 use reqwest::header::{HeaderMap, CONTENT_TYPE, RETRY_AFTER};
 use reqwest::StatusCode;
@@ -88,99 +89,11 @@ async fn spawn_instance(args: &[&str]) -> Process {
     }
 }
 
-/// A database of its own for one test, dropped at the end: a SQLite file
-/// in a temporary directory, a PostgreSQL schema (the URL puts it first on
-/// the search path), or a MariaDB/MySQL database.
-struct Database {
-    url: String,
-    /// The server and the statement that drops the namespace.
-    drop: Option<(servers::Server, String)>,
-    _dir: Option<tempfile::TempDir>,
-}
-
-impl Database {
-    async fn sqlite() -> Database {
-        let dir = tempfile::tempdir().unwrap();
-        Database {
-            url: format!("sqlite://{}", dir.path().join("payments.db").display()),
-            drop: None,
-            _dir: Some(dir),
-        }
-    }
-
-    async fn postgres() -> Database {
-        // Fails the test, naming IDEM_POSTGRES_URL, if the server is down.
-        let probe = servers::Server::Postgres.pool(1).await;
-        let schema = servers::unique_table("pay");
-        probe.execute(&format!("CREATE SCHEMA \"{schema}\"")).await;
-        let base = servers::Server::Postgres.url();
-        let separator = if base.contains('?') { '&' } else { '?' };
-        Database {
-            url: format!("{base}{separator}options=-c%20search_path%3D{schema}"),
-            drop: Some((
-                servers::Server::Postgres,
-                format!("DROP SCHEMA IF EXISTS \"{schema}\" CASCADE"),
-            )),
-            _dir: None,
-        }
-    }
-
-    async fn mysql() -> Database {
-        // Fails the test, naming IDEM_MYSQL_URL, if the server is down.
-        let probe = servers::Server::MySql.pool(1).await;
-        let name = servers::unique_table("pay");
-        probe.execute(&format!("CREATE DATABASE `{name}`")).await;
-        let mut url = reqwest::Url::parse(&servers::Server::MySql.url()).unwrap();
-        url.set_path(&name);
-        Database {
-            url: url.to_string(),
-            drop: Some((
-                servers::Server::MySql,
-                format!("DROP DATABASE IF EXISTS `{name}`"),
-            )),
-            _dir: None,
-        }
-    }
-}
-
-impl Drop for Database {
-    fn drop(&mut self) {
-        let Some((server, statement)) = self.drop.take() else {
-            return;
-        };
-        // A connection of its own, on a thread of its own, from any runtime.
-        let dropped = std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap();
-            runtime.block_on(async move {
-                use sqlx::Connection;
-                let url = server.url();
-                match server {
-                    servers::Server::Postgres => {
-                        let mut conn = sqlx::PgConnection::connect(&url).await?;
-                        sqlx::raw_sql(&statement).execute(&mut conn).await.map(drop)
-                    }
-                    servers::Server::MySql => {
-                        let mut conn = sqlx::MySqlConnection::connect(&url).await?;
-                        sqlx::raw_sql(&statement).execute(&mut conn).await.map(drop)
-                    }
-                }
-            })
-        })
-        .join();
-        if !matches!(dropped, Ok(Ok(()))) {
-            eprintln!("dropping the test namespace failed: {dropped:?}");
-        }
-    }
-}
-
 /// The service's defaults for tests: a fast gateway that never fails.
-fn config(db: &Database) -> Config {
+fn config(db: &Namespace) -> Config {
     Config {
         addr: ([127, 0, 0, 1], 0).into(),
-        database_url: db.url.clone(),
+        database_url: db.url().to_owned(),
         http_layer: true,
         gateway_latency: Duration::from_millis(10),
         gateway_failure_rate: 0.0,
@@ -368,7 +281,7 @@ fn assert_one_charge_per_key(charges: &[Value], keys: usize) {
 
 // ---------------------------------------------------------------- cases
 
-async fn create_then_replay(db: Database) {
+async fn create_then_replay(db: Namespace) {
     let (server, api) = start(config(&db)).await;
     let body = card(2500, "4242 4242 4242 4242");
     let first = api.pay("order-1", &body).await;
@@ -415,7 +328,7 @@ async fn create_then_replay(db: Database) {
     server.stop().await.unwrap();
 }
 
-async fn invalid_requests_are_400_and_store_nothing(db: Database) {
+async fn invalid_requests_are_400_and_store_nothing(db: Namespace) {
     let (server, api) = start(config(&db)).await;
     let missing_key = api.pay_raw(None, &card(100, VISA).to_string()).await;
     missing_key.assert_problem(400);
@@ -451,7 +364,7 @@ async fn invalid_requests_are_400_and_store_nothing(db: Database) {
     server.stop().await.unwrap();
 }
 
-async fn reused_key_is_422(db: Database) {
+async fn reused_key_is_422(db: Namespace) {
     let (server, api) = start(config(&db)).await;
     let first = api.pay("reused", &card(1000, VISA)).await;
     assert_eq!(first.status, StatusCode::CREATED);
@@ -462,7 +375,7 @@ async fn reused_key_is_422(db: Database) {
     server.stop().await.unwrap();
 }
 
-async fn declined_card_is_402_and_replayed(db: Database) {
+async fn declined_card_is_402_and_replayed(db: Namespace) {
     let (server, api) = start(config(&db)).await;
     let declined = api.pay("declined", &card(700, DECLINED)).await;
     declined.assert_problem(402);
@@ -483,7 +396,7 @@ async fn declined_card_is_402_and_replayed(db: Database) {
     server.stop().await.unwrap();
 }
 
-async fn reads_and_subscriptions(db: Database) {
+async fn reads_and_subscriptions(db: Namespace) {
     let (server, api) = start(config(&db)).await;
     api.get("/payments/pay_missing").await.assert_problem(404);
     let empty = api.get("/payments").await;
@@ -523,7 +436,7 @@ async fn reads_and_subscriptions(db: Database) {
     server.stop().await.unwrap();
 }
 
-async fn a_lost_answer_is_retried_and_charged_once(db: Database) {
+async fn a_lost_answer_is_retried_and_charged_once(db: Namespace) {
     let (server, api) = start(Config {
         gateway_latency: Duration::from_millis(300),
         ..config(&db)
@@ -553,7 +466,7 @@ async fn a_lost_answer_is_retried_and_charged_once(db: Database) {
     server.stop().await.unwrap();
 }
 
-async fn concurrent_duplicates_charge_once(db: Database) {
+async fn concurrent_duplicates_charge_once(db: Namespace) {
     const DUPLICATES: usize = 20;
     let (server, api) = start(Config {
         gateway_latency: Duration::from_millis(200),
@@ -585,7 +498,7 @@ async fn concurrent_duplicates_charge_once(db: Database) {
     server.stop().await.unwrap();
 }
 
-async fn transient_failures_release_the_key(db: Database) {
+async fn transient_failures_release_the_key(db: Namespace) {
     // A gateway that always fails: 503, nothing charged, nothing stored.
     let (down, api) = start(Config {
         gateway_failure_rate: 1.0,
@@ -634,7 +547,7 @@ async fn transient_failures_release_the_key(db: Database) {
 
 /// `--no-http-layer`: the entity-mode method alone still charges once
 /// and stores one row per key.
-async fn entity_mode_alone_charges_once(db: Database) {
+async fn entity_mode_alone_charges_once(db: Namespace) {
     let (server, api) = start(Config {
         http_layer: false,
         gateway_latency: Duration::from_millis(150),
@@ -693,7 +606,7 @@ async fn entity_mode_alone_charges_once(db: Database) {
     server.stop().await.unwrap();
 }
 
-async fn stripe_payment_intents(db: Database) {
+async fn stripe_payment_intents(db: Namespace) {
     let (server, api) = start(config(&db)).await;
     let form = "amount=2000&currency=usd&payment_method=pm_card_visa&confirm=true";
     let created = api.intent(Some("sk_test_a"), Some("pi-key"), form).await;
@@ -811,7 +724,7 @@ async fn stripe_payment_intents(db: Database) {
     server.stop().await.unwrap();
 }
 
-async fn metrics_count_executions_and_replays(db: Database) {
+async fn metrics_count_executions_and_replays(db: Namespace) {
     let (server, api) = start(config(&db)).await;
     for _ in 0..2 {
         api.pay("metered", &card(100, VISA)).await;
@@ -836,11 +749,11 @@ async fn metrics_count_executions_and_replays(db: Database) {
 }
 
 /// `payments demo` in a process of its own exits 0, after its table.
-async fn demo_exits_zero(db: Database) {
+async fn demo_exits_zero(db: Namespace) {
     let mut demo = app_command(&[
         "demo",
         "--database-url",
-        &db.url,
+        db.url(),
         "--gateway-latency-ms",
         "60",
     ]);
@@ -854,66 +767,37 @@ async fn demo_exits_zero(db: Database) {
     assert!(stdout.contains("OK: "), "{stdout}");
 }
 
-macro_rules! payments_suite {
-    ($backend:ident: $($case:ident),* $(,)?) => {
-        mod $backend {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-                async fn $case() {
-                    let db = super::Database::$backend().await;
-                    tokio::time::timeout(std::time::Duration::from_secs(120), super::$case(db))
-                        .await
-                        .expect("the case ended within 120 s");
-                }
-            )*
-        }
-    };
+// Each case in a database of its own (a SQLite file, a PostgreSQL schema,
+// a MariaDB database), dropped at the end.
+common::backends!(sqlite_file, postgres, mysql =>
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    cases(within_two_minutes, backend::namespace("pay")) {
+        create_then_replay,
+        invalid_requests_are_400_and_store_nothing,
+        reused_key_is_422,
+        declined_card_is_402_and_replayed,
+        reads_and_subscriptions,
+        a_lost_answer_is_retried_and_charged_once,
+        concurrent_duplicates_charge_once,
+        transient_failures_release_the_key,
+        entity_mode_alone_charges_once,
+        stripe_payment_intents,
+        metrics_count_executions_and_replays,
+        demo_exits_zero,
+    }
+);
+
+/// Runs `case` in the namespace `db`, failing it after 120 s.
+async fn within_two_minutes<F>(
+    db: impl Future<Output = Namespace>,
+    case: impl FnOnce(Namespace) -> F,
+) where
+    F: Future<Output = ()>,
+{
+    tokio::time::timeout(Duration::from_secs(120), case(db.await))
+        .await
+        .expect("the case ended within 120 s");
 }
-
-payments_suite!(sqlite:
-    create_then_replay,
-    invalid_requests_are_400_and_store_nothing,
-    reused_key_is_422,
-    declined_card_is_402_and_replayed,
-    reads_and_subscriptions,
-    a_lost_answer_is_retried_and_charged_once,
-    concurrent_duplicates_charge_once,
-    transient_failures_release_the_key,
-    entity_mode_alone_charges_once,
-    stripe_payment_intents,
-    metrics_count_executions_and_replays,
-    demo_exits_zero,
-);
-
-payments_suite!(postgres:
-    create_then_replay,
-    invalid_requests_are_400_and_store_nothing,
-    reused_key_is_422,
-    declined_card_is_402_and_replayed,
-    reads_and_subscriptions,
-    a_lost_answer_is_retried_and_charged_once,
-    concurrent_duplicates_charge_once,
-    transient_failures_release_the_key,
-    entity_mode_alone_charges_once,
-    stripe_payment_intents,
-    metrics_count_executions_and_replays,
-    demo_exits_zero,
-);
-
-payments_suite!(mysql:
-    create_then_replay,
-    invalid_requests_are_400_and_store_nothing,
-    reused_key_is_422,
-    declined_card_is_402_and_replayed,
-    reads_and_subscriptions,
-    a_lost_answer_is_retried_and_charged_once,
-    concurrent_duplicates_charge_once,
-    transient_failures_release_the_key,
-    entity_mode_alone_charges_once,
-    stripe_payment_intents,
-    metrics_count_executions_and_replays,
-    demo_exits_zero,
-);
 
 /// Two processes of the app on different ports, sharing one PostgreSQL: the
 /// same key sent to both at the same moment, many times, is one charge and
@@ -924,8 +808,8 @@ async fn two_instances_share_one_postgres() {
     const KEYS: usize = 25;
     tokio::time::timeout(Duration::from_secs(180), async {
         for layer in [true, false] {
-            let db = Database::postgres().await;
-            let mut args = vec!["serve", "--addr", "127.0.0.1:0", "--database-url", &db.url];
+            let db = common::backend::postgres::namespace("pay").await;
+            let mut args = vec!["serve", "--addr", "127.0.0.1:0", "--database-url", db.url()];
             args.extend(["--gateway-latency-ms", "30"]);
             if !layer {
                 args.push("--no-http-layer");

@@ -1,12 +1,22 @@
-//! Crash: a process holding a claim is killed with SIGKILL, so nothing of
-//! it runs again: no release, no completion, no drop. The lease and the
-//! fence must handle it: after the lease, a retry takes over with fence 2
-//! and completes once, and a completion (or release) presented with the
-//! killed owner's fence 1 is rejected with `LeaseLost` and changes nothing.
+//! Owners in other processes that crash, stop or run a skewed clock, on
+//! SQLite (a file), PostgreSQL and MariaDB/MySQL.
 //!
-//! The owner is this test binary, started again in a child mode: it claims
-//! the key through the engine, starts the body, prints a marker line and waits
-//! forever inside the body.
+//! - Killed: a process holding a claim is killed with SIGKILL, so nothing
+//!   of it runs again: no release, no completion, no drop. The lease and the
+//!   fence must handle it: after the lease, a retry takes over with fence 2
+//!   and completes once, and a completion (or release) presented with the
+//!   killed owner's fence 1 is rejected with `LeaseLost` and changes nothing.
+//! - Stopped: a process stopped (SIGSTOP) while its body runs is taken over
+//!   after the lease, and once continued its renewal and completion are
+//!   refused.
+//! - Skewed clock: a process whose clock runs two hours ahead neither takes
+//!   over a live lease nor purges a live record (time is the database's).
+//!
+//! The other process is this test binary, started again in a child mode:
+//! it claims the key through the engine, starts the body, prints a marker
+//! line and waits inside the body. Every test is bounded in time.
+
+mod common;
 
 use std::process::Stdio;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -16,12 +26,10 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use idem::{run, Call, Claim, Error, Outcome, OutcomeKind, Policy, Scope, State, Store};
 use tokio::io::{AsyncBufReadExt, BufReader};
 
-use crate::servers::{self, DropTables, Server};
-
-/// Set in the child: `<backend> <location> <key>`, where the location is
-/// the SQLite file or the PostgreSQL table.
-const CHILD_VAR: &str = "IDEM_RELIABILITY_CRASH_CHILD";
-const SCOPE: &str = "reliability.crash";
+/// Set in the child: `<mode> <location> <key>`, where the location is the
+/// SQLite file or the table on the server.
+const CHILD_VAR: &str = "IDEM_PROCESS_FAULTS_CHILD";
+const SCOPE: &str = "process_faults";
 /// Long enough for the parent to see the dead owner's claim still held;
 /// short enough to keep the test quick.
 const LEASE: Duration = Duration::from_millis(1_500);
@@ -40,55 +48,22 @@ fn policy() -> Policy {
     Policy::new().lease(LEASE).ttl(TTL).fail_fast()
 }
 
-async fn open(backend: &str, location: &str) -> (Arc<dyn Store>, Option<DropTables>) {
-    match backend {
-        "sqlite" => {
-            let store = idem::SqliteStore::connect(&format!("sqlite://{location}"))
-                .await
-                .expect("open the SQLite file");
-            (Arc::new(store), None)
-        }
-        "postgres" => {
-            let db = Server::Postgres.pool(4).await;
-            let servers::Db::Postgres(pool) = db else {
-                unreachable!()
-            };
-            let store = idem::PostgresStore::new(pool)
-                .with_table_name(location)
-                .expect("a valid table name");
-            store.migrate().await.expect("migrate the PostgreSQL store");
-            (Arc::new(store), None)
-        }
-        "mysql" => {
-            let db = Server::MySql.pool(4).await;
-            let servers::Db::MySql(pool) = db else {
-                unreachable!()
-            };
-            let store = idem::MySqlStore::new(pool)
-                .with_table_name(location)
-                .expect("a valid table name");
-            store.migrate().await.expect("migrate the MariaDB store");
-            (Arc::new(store), None)
-        }
-        other => panic!("unknown backend {other}"),
-    }
-}
-
-/// The child, by the mode its spec starts with.
-async fn child(spec: &str) {
-    match spec.split_once(' ') {
-        Some(("zombie", rest)) => zombie(rest).await,
-        Some(("skewed", rest)) => skewed(rest).await,
-        Some(("owner", rest)) => owner(rest).await,
-        _ => panic!("{CHILD_VAR}={spec:?}: unknown mode"),
-    }
-}
-
-fn fields(spec: &str) -> [&str; 3] {
-    let [backend, location, key] = spec.split(' ').collect::<Vec<_>>()[..] else {
+/// The child, by the mode its spec starts with, on the store `open` opens
+/// at the spec's location.
+async fn child<F>(spec: &str, open: impl FnOnce(String) -> F)
+where
+    F: std::future::Future<Output = Arc<dyn Store>>,
+{
+    let [mode, location, key] = spec.split(' ').collect::<Vec<_>>()[..] else {
         panic!("{CHILD_VAR}={spec:?}: expected 3 fields")
     };
-    [backend, location, key]
+    let store = open(location.to_owned()).await;
+    match mode {
+        "zombie" => zombie(store, key).await,
+        "skewed" => skewed(store, key).await,
+        "owner" => owner(store, key).await,
+        _ => panic!("{CHILD_VAR}={spec:?}: unknown mode"),
+    }
 }
 
 fn say(line: &str) {
@@ -100,9 +75,7 @@ fn say(line: &str) {
 /// The child that is stopped: claims, says so, and finishes its body two
 /// leases later (after the parent stopped and continued it). It prints
 /// what its caller got.
-async fn zombie(spec: &str) {
-    let [backend, location, key] = fields(spec);
-    let (store, _guard) = open(backend, location).await;
+async fn zombie(store: Arc<dyn Store>, key: &str) {
     let result: Result<u64, Error> = run(
         &*store,
         Call::new(SCOPE, key, PAYLOAD).with_policy(policy()),
@@ -118,9 +91,7 @@ async fn zombie(spec: &str) {
 
 /// The child whose clock runs two hours ahead: it tries the parent's key
 /// and purges, and prints what it got.
-async fn skewed(spec: &str) {
-    let [backend, location, key] = fields(spec);
-    let (store, _guard) = open(backend, location).await;
+async fn skewed(store: Arc<dyn Store>, key: &str) {
     let result: Result<u64, Error> = run(
         &*store,
         Call::new(SCOPE, key, PAYLOAD).with_policy(policy()),
@@ -133,9 +104,7 @@ async fn skewed(spec: &str) {
 }
 
 /// The child: claims, starts the body, says so, and hangs in the body.
-async fn owner(spec: &str) {
-    let [backend, location, key] = fields(spec);
-    let (store, _guard) = open(backend, location).await;
+async fn owner(store: Arc<dyn Store>, key: &str) {
     let result: Result<u64, Error> = run(
         &*store,
         Call::new(SCOPE, key, PAYLOAD).with_policy(policy()),
@@ -151,13 +120,13 @@ async fn owner(spec: &str) {
     panic!("the owner's body never ends, yet run returned {result:?}");
 }
 
-/// The parent's side of the test `test` on `backend` at `location`.
-async fn killed_owner(test: &str, backend: &str, location: &str, store: Arc<dyn Store>) {
+/// The parent's side of the test `test` on the store at `location`.
+async fn killed_owner(test: &str, location: &str, store: Arc<dyn Store>) {
     let key = format!("crash-{}-{}", std::process::id(), now_millis());
     let exe = std::env::current_exe().expect("the test binary");
     let mut child = tokio::process::Command::new(exe)
         .args([test, "--exact", "--nocapture", "--test-threads", "1"])
-        .env(CHILD_VAR, format!("owner {backend} {location} {key}"))
+        .env(CHILD_VAR, format!("owner {location} {key}"))
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .kill_on_drop(true)
@@ -250,56 +219,10 @@ async fn killed_owner(test: &str, backend: &str, location: &str, store: Arc<dyn 
     assert_eq!(runs.load(Ordering::SeqCst), 1, "the body ran once");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn killed_owner_on_sqlite_file() {
-    if let Ok(spec) = std::env::var(CHILD_VAR) {
-        return child(&spec).await;
-    }
-    let dir = tempfile::tempdir().expect("a temporary directory");
-    let file = dir.path().join("idem.db").display().to_string();
-    let (store, _) = open("sqlite", &file).await;
-    killed_owner("crash::killed_owner_on_sqlite_file", "sqlite", &file, store).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn killed_owner_on_postgres() {
-    if let Ok(spec) = std::env::var(CHILD_VAR) {
-        return child(&spec).await;
-    }
-    let (store, _db, guard) = servers::postgres_store(4).await;
-    let table = store.table_name().to_owned();
-    killed_owner(
-        "crash::killed_owner_on_postgres",
-        "postgres",
-        &table,
-        Arc::new(store),
-    )
-    .await;
-    drop(guard);
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn killed_owner_on_mysql() {
-    if let Ok(spec) = std::env::var(CHILD_VAR) {
-        return child(&spec).await;
-    }
-    let (store, _db, guard) = servers::mysql_store(4).await;
-    let table = store.table_name().to_owned();
-    killed_owner(
-        "crash::killed_owner_on_mysql",
-        "mysql",
-        &table,
-        Arc::new(store),
-    )
-    .await;
-    drop(guard);
-}
-
 /// Starts this test binary again as a child in `mode`, with `env` added.
 fn spawn_child(
     test: &str,
     mode: &str,
-    backend: &str,
     location: &str,
     key: &str,
     env: &[(&str, &str)],
@@ -307,7 +230,7 @@ fn spawn_child(
     let exe = std::env::current_exe().expect("the test binary");
     tokio::process::Command::new(exe)
         .args([test, "--exact", "--nocapture", "--test-threads", "1"])
-        .env(CHILD_VAR, format!("{mode} {backend} {location} {key}"))
+        .env(CHILD_VAR, format!("{mode} {location} {key}"))
         .envs(env.iter().copied())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
@@ -347,9 +270,9 @@ fn signal(child: &tokio::process::Child, name: &str) {
 /// completes. The owner is then continued (SIGCONT): its body finishes,
 /// its renewal and its completion are refused, its caller still gets its
 /// own value, and the record keeps the new owner's outcome.
-async fn stopped_owner(test: &str, backend: &str, location: &str, store: Arc<dyn Store>) {
+async fn stopped_owner(test: &str, location: &str, store: Arc<dyn Store>) {
     let key = format!("stopped-{}-{}", std::process::id(), now_millis());
-    let mut child = spawn_child(test, "zombie", backend, location, &key, &[]);
+    let mut child = spawn_child(test, "zombie", location, &key, &[]);
     let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
     line_starting(&mut lines, "IDEM-OWNER-CLAIMED").await;
     signal(&child, "STOP");
@@ -401,7 +324,7 @@ const LIBFAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
 
 /// Time is the database's: a process whose clock runs two hours ahead
 /// neither takes over a live lease nor purges a live record.
-async fn skewed_clock(test: &str, backend: &str, location: &str, store: Arc<dyn Store>) {
+async fn skewed_clock(test: &str, location: &str, store: Arc<dyn Store>) {
     assert!(
         std::path::Path::new(LIBFAKETIME).exists(),
         "{LIBFAKETIME} is missing: install Debian's `faketime` package (.ci/run does)"
@@ -429,7 +352,6 @@ async fn skewed_clock(test: &str, backend: &str, location: &str, store: Arc<dyn 
     let mut child = spawn_child(
         test,
         "skewed",
-        backend,
         location,
         &key,
         &[
@@ -451,61 +373,51 @@ async fn skewed_clock(test: &str, backend: &str, location: &str, store: Arc<dyn 
     assert_eq!(owner.await.unwrap().unwrap(), 1);
 }
 
-/// `skew`: the backend has a clock of its own. SQLite's `'now'` is the
-/// clock of the process that runs the statement (its processes share a
-/// host, so a clock); faking that process's clock fakes SQLite's too.
-macro_rules! process_faults {
-    (@skew $backend:ident) => {};
-    (@skew $backend:ident skew) => {
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn skewed_clock_neither_takes_over_nor_purges() {
-                if let Ok(spec) = std::env::var(CHILD_VAR) {
-                    return child(&spec).await;
-                }
-                let (store, location, _guard) = store().await;
-                let test = concat!("crash::", stringify!($backend), "::skewed_clock_neither_takes_over_nor_purges");
-                skewed_clock(test, stringify!($backend), &location, store).await;
-            }
-    };
-    ($($backend:ident $(($skew:ident))?),*) => {$(
-        mod $backend {
-            use super::*;
+common::backends!(sqlite_file, postgres, mysql => {
+    /// The store at `location`, as the child processes open it.
+    async fn open(location: String) -> Arc<dyn Store> {
+        Arc::new(backend::store_at(&location, 4).await)
+    }
 
-            /// The store, where the child finds it, and what to drop after.
-            async fn store() -> (Arc<dyn Store>, String, Box<dyn std::any::Any>) {
-                match stringify!($backend) {
-                    "sqlite" => {
-                        let dir = tempfile::tempdir().expect("a temporary directory");
-                        let file = dir.path().join("idem.db").display().to_string();
-                        let (store, _) = open("sqlite", &file).await;
-                        (store, file, Box::new(dir))
-                    }
-                    "postgres" => {
-                        let (store, db, guard) = servers::postgres_store(4).await;
-                        let table = store.table_name().to_owned();
-                        (Arc::new(store), table, Box::new((db, guard)))
-                    }
-                    _ => {
-                        let (store, db, guard) = servers::mysql_store(4).await;
-                        let table = store.table_name().to_owned();
-                        (Arc::new(store), table, Box::new((db, guard)))
-                    }
-                }
-            }
+    /// A store, and where the child processes find it.
+    async fn store() -> (Arc<dyn Store>, String, common::backend::Guard) {
+        let (store, guard) = backend::store(4).await;
+        let location = backend::location(&store, &guard);
+        (Arc::new(store), location, guard)
+    }
 
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn stopped_owner_is_taken_over_and_fenced() {
-                if let Ok(spec) = std::env::var(CHILD_VAR) {
-                    return child(&spec).await;
-                }
-                let (store, location, _guard) = store().await;
-                let test = concat!("crash::", stringify!($backend), "::stopped_owner_is_taken_over_and_fenced");
-                stopped_owner(test, stringify!($backend), &location, store).await;
-            }
-
-            process_faults!(@skew $backend $($skew)?);
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn killed_owner_is_taken_over_and_fenced() {
+        if let Ok(spec) = std::env::var(CHILD_VAR) {
+            return child(&spec, open).await;
         }
-    )*};
-}
+        let (store, location, _guard) = store().await;
+        let test = concat!(module_path!(), "::killed_owner_is_taken_over_and_fenced");
+        killed_owner(common::test_name(test), &location, store).await;
+    }
 
-process_faults!(sqlite, postgres(skew), mysql(skew));
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn stopped_owner_is_taken_over_and_fenced() {
+        if let Ok(spec) = std::env::var(CHILD_VAR) {
+            return child(&spec, open).await;
+        }
+        let (store, location, _guard) = store().await;
+        let test = concat!(module_path!(), "::stopped_owner_is_taken_over_and_fenced");
+        stopped_owner(common::test_name(test), &location, store).await;
+    }
+
+    // The servers have clocks of their own. SQLite's `'now'` is the clock
+    // of the process that runs the statement (its processes share a host,
+    // so a clock): faking that process's clock fakes SQLite's too.
+    backend::if_server! {
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn skewed_clock_neither_takes_over_nor_purges() {
+            if let Ok(spec) = std::env::var(CHILD_VAR) {
+                return child(&spec, open).await;
+            }
+            let (store, location, _guard) = store().await;
+            let test = concat!(module_path!(), "::skewed_clock_neither_takes_over_nor_purges");
+            skewed_clock(common::test_name(test), &location, store).await;
+        }
+    }
+});

@@ -1,6 +1,9 @@
-//! The HTTP `Idempotency-Key` layer end to end (issue 5): a real axum
-//! server on an ephemeral port of 127.0.0.1, a real HTTP client, and every
-//! case run on each store by `http_cases!`.
+//! The HTTP `Idempotency-Key` layer end to end: a real axum server on an
+//! ephemeral port of 127.0.0.1, a real HTTP client, and every case run on
+//! SQLite (a file) and PostgreSQL, each in a table of its own; MariaDB runs
+//! the case its store once refused.
+
+mod common;
 
 use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -13,113 +16,54 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::Router;
+use common::backend::{Guard, SqlStore};
 use idem::http::{IdempotencyKey, IdempotencyLayer, Problem, ProblemDetails};
 use idem::{idempotent, Store};
 use reqwest::header::RETRY_AFTER;
 use serde_json::{json, Value};
 use tokio::sync::Notify;
 
-/// Emits one `#[tokio::test]` per case for a store. `$make` is an async
-/// block yielding `(store, guard)`; the guard keeps the store's resources
-/// alive for the test and cleans them up.
-macro_rules! http_cases {
-    ($backend:ident, $make:expr) => {
-        mod $backend {
-            use super::*;
-            http_cases!(@cases $make;
-                replay_is_identical,
-                other_payload_is_422,
-                missing_key_is_400,
-                malformed_keys_are_400,
-                fail_fast_is_409,
-                concurrent_duplicates_run_once,
-                server_error_released_then_retried,
-                stored_statuses_follow_the_policy,
-                principals_never_share_a_response,
-                missing_principal_is_refused_with_401,
-                set_cookie_is_never_replayed,
-                long_raw_path_is_answered_and_replayed,
-                get_is_untouched,
-                body_over_limit_is_413,
-                store_down_is_503,
-                panicking_handler_releases_the_key,
-                disconnected_client_outcome_is_saved,
-                key_extractor_refuses_as_the_layer_does,
-                engine_errors_are_answered_as_the_layer_answers_them,
-                plain_tower_service_scoped_by_make_route,
-            );
-        }
-    };
-    (@cases $make:expr; $($case:ident),* $(,)?) => {$(
-        #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-        async fn $case() {
-            let (store, guard) = fixture($make).await;
-            crate::$case(store).await;
-            drop(guard);
-        }
-    )*};
-}
-
-async fn fixture<S, G>(make: impl Future<Output = (S, G)>) -> (S, G) {
-    make.await
-}
-
-/// A store the tests can take down, to see the layer answer 503.
-trait Backend: Store + Clone + 'static {
-    fn shut_down(&self) -> impl Future<Output = ()> + Send;
-}
-
-impl Backend for idem::SqliteStore {
-    async fn shut_down(&self) {
-        self.pool().close().await;
+common::backends!(sqlite_file, postgres =>
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    cases(on_store, backend::store(8)) {
+        replay_is_identical,
+        other_payload_is_422,
+        missing_key_is_400,
+        malformed_keys_are_400,
+        fail_fast_is_409,
+        concurrent_duplicates_run_once,
+        server_error_released_then_retried,
+        stored_statuses_follow_the_policy,
+        principals_never_share_a_response,
+        missing_principal_is_refused_with_401,
+        set_cookie_is_never_replayed,
+        long_raw_path_is_answered_and_replayed,
+        get_is_untouched,
+        body_over_limit_is_413,
+        store_down_is_503,
+        panicking_handler_releases_the_key,
+        disconnected_client_outcome_is_saved,
+        key_extractor_refuses_as_the_layer_does,
+        engine_errors_are_answered_as_the_layer_answers_them,
+        plain_tower_service_scoped_by_make_route,
     }
-}
-
-#[cfg(any(feature = "postgres", feature = "mysql"))]
-#[path = "conformance/servers.rs"]
-mod servers;
-
-#[cfg(feature = "postgres")]
-impl Backend for idem::PostgresStore {
-    async fn shut_down(&self) {
-        self.pool().close().await;
-    }
-}
-
-#[cfg(feature = "mysql")]
-impl Backend for idem::MySqlStore {
-    async fn shut_down(&self) {
-        self.pool().close().await;
-    }
-}
-
-http_cases!(sqlite, async {
-    let dir = tempfile::tempdir().expect("a temporary directory");
-    let url = format!("sqlite://{}", dir.path().join("idem.db").display());
-    let store = idem::SqliteStore::connect(&url)
-        .await
-        .expect("open the SQLite file");
-    (store, dir)
-});
-
-// Each case on a table of its own, dropped when the case ends.
-#[cfg(feature = "postgres")]
-http_cases!(postgres, async {
-    let (store, _db, tables) = servers::postgres_store(8).await;
-    (store, tables)
-});
+);
 
 // MariaDB: the case that its store used to refuse (a scope over the 1024
 // bytes of its column).
-#[cfg(feature = "mysql")]
-mod mysql {
-    use super::*;
-    http_cases!(@cases async {
-        let (store, _db, tables) = servers::mysql_store(4).await;
-        (store, tables)
-    };
-        long_raw_path_is_answered_and_replayed,
-    );
+common::backends!(mysql =>
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    cases(on_store, backend::store(4)) { long_raw_path_is_answered_and_replayed }
+);
+
+/// Runs `case` on the store of `fixture`, then drops the fixture's guard.
+async fn on_store<S, F>(fixture: impl Future<Output = (S, Guard)>, case: impl FnOnce(S) -> F)
+where
+    F: Future<Output = ()>,
+{
+    let (store, guard) = fixture.await;
+    case(store).await;
+    drop(guard);
 }
 
 // ---------------------------------------------------------------------------
@@ -268,7 +212,7 @@ async fn authenticate(mut request: Request, next: Next) -> Response {
 }
 
 /// A layer that scopes keys to the authenticated tenant.
-fn by_tenant<S: Backend>(store: S) -> IdempotencyLayer {
+fn by_tenant<S: SqlStore>(store: S) -> IdempotencyLayer {
     IdempotencyLayer::new(store).principal(|parts: &axum::http::request::Parts| {
         Some(parts.extensions.get::<Tenant>()?.0.clone())
     })
@@ -388,7 +332,7 @@ async fn problem(response: reqwest::Response, expected: Problem) -> Value {
 // ---------------------------------------------------------------------------
 // The cases.
 
-async fn replay_is_identical<S: Backend>(store: S) {
+async fn replay_is_identical<S: SqlStore>(store: S) {
     let (server, seen) = serve(IdempotencyLayer::new(store)).await;
     let key = fresh_key();
     let first = server
@@ -413,7 +357,7 @@ async fn replay_is_identical<S: Backend>(store: S) {
     assert_eq!(seen.runs(), 1);
 }
 
-async fn other_payload_is_422<S: Backend>(store: S) {
+async fn other_payload_is_422<S: SqlStore>(store: S) {
     let (server, seen) = serve(IdempotencyLayer::new(store)).await;
     let key = fresh_key();
     let first = server
@@ -438,7 +382,7 @@ async fn other_payload_is_422<S: Backend>(store: S) {
     assert_eq!(seen.runs(), 2);
 }
 
-async fn missing_key_is_400<S: Backend>(store: S) {
+async fn missing_key_is_400<S: SqlStore>(store: S) {
     let (server, seen) = serve(IdempotencyLayer::new(store)).await;
     let response = server
         .client
@@ -487,7 +431,7 @@ fn malformed_key_headers() -> Vec<(&'static str, Vec<HeaderValue>)> {
     ]
 }
 
-async fn malformed_keys_are_400<S: Backend>(store: S) {
+async fn malformed_keys_are_400<S: SqlStore>(store: S) {
     let (server, seen) = serve(IdempotencyLayer::new(store)).await;
     for (what, values) in malformed_key_headers() {
         let response = server.post_with_keys("/orders", &values).send();
@@ -499,7 +443,7 @@ async fn malformed_keys_are_400<S: Backend>(store: S) {
     assert_eq!(seen.runs(), 0);
 }
 
-async fn fail_fast_is_409<S: Backend>(store: S) {
+async fn fail_fast_is_409<S: SqlStore>(store: S) {
     let (server, seen) = serve(IdempotencyLayer::new(store).fail_fast()).await;
     let key = fresh_key();
     let first = tokio::spawn(server.post("/gated", &key, "x").send());
@@ -520,7 +464,7 @@ async fn fail_fast_is_409<S: Backend>(store: S) {
     assert_eq!(seen.runs(), 1);
 }
 
-async fn concurrent_duplicates_run_once<S: Backend>(store: S) {
+async fn concurrent_duplicates_run_once<S: SqlStore>(store: S) {
     let (server, seen) = serve(IdempotencyLayer::new(store)).await;
     let server = Arc::new(server);
     let key = fresh_key();
@@ -550,7 +494,7 @@ async fn concurrent_duplicates_run_once<S: Backend>(store: S) {
     assert_eq!(seen.runs(), 1);
 }
 
-async fn server_error_released_then_retried<S: Backend>(store: S) {
+async fn server_error_released_then_retried<S: SqlStore>(store: S) {
     let (server, seen) = serve(IdempotencyLayer::new(store)).await;
     let key = fresh_key();
     let failed = server.post("/flaky", &key, "x").send().await.unwrap();
@@ -566,7 +510,7 @@ async fn server_error_released_then_retried<S: Backend>(store: S) {
     assert_eq!(seen.runs(), 2);
 }
 
-async fn stored_statuses_follow_the_policy<S: Backend>(store: S) {
+async fn stored_statuses_follow_the_policy<S: SqlStore>(store: S) {
     let (server, seen) = serve(IdempotencyLayer::new(store)).await;
     // Final answers are stored and replayed.
     for code in [200u16, 303, 402, 410] {
@@ -597,7 +541,7 @@ async fn stored_statuses_follow_the_policy<S: Backend>(store: S) {
 
 /// The same key and payload sent by two authenticated tenants never share
 /// a response: each runs once, and each replay is its own.
-async fn principals_never_share_a_response<S: Backend>(store: S) {
+async fn principals_never_share_a_response<S: SqlStore>(store: S) {
     let (server, seen) = serve_authenticated(by_tenant(store)).await;
     let key = fresh_key();
     let send = |tenant: &'static str| {
@@ -627,7 +571,7 @@ async fn principals_never_share_a_response<S: Backend>(store: S) {
 /// A layer that scopes keys to a principal refuses a request in which its
 /// extractor finds none (401), rather than widening the key to the whole
 /// route: the handler does not run, and nothing is stored.
-async fn missing_principal_is_refused_with_401<S: Backend>(store: S) {
+async fn missing_principal_is_refused_with_401<S: SqlStore>(store: S) {
     let (server, seen) = serve_authenticated(by_tenant(store)).await;
     let key = fresh_key();
     let anonymous = || server.post("/orders", &key, "2 apples").send();
@@ -655,7 +599,7 @@ async fn missing_principal_is_refused_with_401<S: Backend>(store: S) {
 /// A replay never carries the `Set-Cookie` (nor the `Authentication-Info`)
 /// of the response it replays, which went to its first client only: a
 /// replay may go to any client that sends the key.
-async fn set_cookie_is_never_replayed<S: Backend>(store: S) {
+async fn set_cookie_is_never_replayed<S: SqlStore>(store: S) {
     let (server, seen) = serve(IdempotencyLayer::new(store)).await;
     let key = fresh_key();
     let first = server.post("/orders", &key, "2 apples").send();
@@ -681,7 +625,7 @@ async fn set_cookie_is_never_replayed<S: Backend>(store: S) {
 /// template (no `MatchedPath`), is answered and replayed like any other:
 /// its scope is stored as a prefix and a digest. Two such paths that
 /// differ only at their end stay two scopes.
-async fn long_raw_path_is_answered_and_replayed<S: Backend>(store: S) {
+async fn long_raw_path_is_answered_and_replayed<S: SqlStore>(store: S) {
     let (server, seen) = serve(IdempotencyLayer::new(store)).await;
     // Letters that do not compress: PostgreSQL compresses an index entry
     // before it checks its size, so a repeated letter would fit.
@@ -710,7 +654,7 @@ async fn long_raw_path_is_answered_and_replayed<S: Backend>(store: S) {
     }
 }
 
-async fn get_is_untouched<S: Backend>(store: S) {
+async fn get_is_untouched<S: SqlStore>(store: S) {
     let (server, seen) = serve(IdempotencyLayer::new(store)).await;
     let key = fresh_key();
     for n in 1..=2 {
@@ -737,7 +681,7 @@ async fn get_is_untouched<S: Backend>(store: S) {
     assert_eq!(seen.runs(), 0);
 }
 
-async fn body_over_limit_is_413<S: Backend>(store: S) {
+async fn body_over_limit_is_413<S: SqlStore>(store: S) {
     let (server, seen) = serve(IdempotencyLayer::new(store).body_limit(1024)).await;
     let key = fresh_key();
     let big = "x".repeat(2048);
@@ -751,9 +695,9 @@ async fn body_over_limit_is_413<S: Backend>(store: S) {
     assert_eq!(seen.runs(), 1);
 }
 
-async fn store_down_is_503<S: Backend>(store: S) {
+async fn store_down_is_503<S: SqlStore>(store: S) {
     let (server, seen) = serve(IdempotencyLayer::new(store.clone())).await;
-    store.shut_down().await;
+    store.pool().close().await;
     let response = server
         .post("/orders", &fresh_key(), "2 apples")
         .send()
@@ -768,7 +712,7 @@ async fn store_down_is_503<S: Backend>(store: S) {
     );
 }
 
-async fn panicking_handler_releases_the_key<S: Backend>(store: S) {
+async fn panicking_handler_releases_the_key<S: SqlStore>(store: S) {
     let (server, seen) = serve(IdempotencyLayer::new(store)).await;
     let key = fresh_key();
     // The panic goes on past the layer: the server drops the connection.
@@ -786,7 +730,7 @@ async fn panicking_handler_releases_the_key<S: Backend>(store: S) {
     assert_eq!(seen.runs(), 2);
 }
 
-async fn disconnected_client_outcome_is_saved<S: Backend>(store: S) {
+async fn disconnected_client_outcome_is_saved<S: SqlStore>(store: S) {
     let (server, seen) = serve(IdempotencyLayer::new(store)).await;
     let key = fresh_key();
     let gone = tokio::spawn(
@@ -835,7 +779,7 @@ async fn place_directly<S: Store>(
 /// the layer whose handler reads the key with the [`IdempotencyKey`]
 /// extractor, runs [`place_directly`] and answers its errors with
 /// [`ProblemDetails`].
-async fn serve_beside<S: Backend>(layer: IdempotencyLayer, store: S) -> (Server, Arc<Seen>) {
+async fn serve_beside<S: SqlStore>(layer: IdempotencyLayer, store: S) -> (Server, Arc<Seen>) {
     let seen = Arc::new(Seen::default());
     let s = seen.clone();
     let direct = move |key: IdempotencyKey, body: String| {
@@ -865,7 +809,7 @@ async fn answer(response: reqwest::Response) -> (StatusCode, String, bool, Vec<u
 /// A handler that takes an [`IdempotencyKey`] refuses a request without a
 /// valid key with the very answer the layer gives, byte for byte, and
 /// reads a valid key as the layer does (quoted or bare, the same key).
-async fn key_extractor_refuses_as_the_layer_does<S: Backend>(store: S) {
+async fn key_extractor_refuses_as_the_layer_does<S: SqlStore>(store: S) {
     let (server, seen) = serve_beside(IdempotencyLayer::new(store.clone()), store).await;
     let send = |path: &str, values: &[HeaderValue]| server.post_with_keys(path, values).send();
     let mut cases = malformed_key_headers();
@@ -901,7 +845,7 @@ async fn key_extractor_refuses_as_the_layer_does<S: Backend>(store: S) {
 /// answers the same situations: a key reused with another payload (422),
 /// a duplicate while the first call runs (409, `Retry-After`), a store
 /// that cannot be reached (503, `Retry-After`).
-async fn engine_errors_are_answered_as_the_layer_answers_them<S: Backend>(store: S) {
+async fn engine_errors_are_answered_as_the_layer_answers_them<S: SqlStore>(store: S) {
     let layer = IdempotencyLayer::new(store.clone()).fail_fast();
     let (server, seen) = serve_beside(layer, store.clone()).await;
     // 422: the same key with another payload, once the first completed.
@@ -930,7 +874,7 @@ async fn engine_errors_are_answered_as_the_layer_answers_them<S: Backend>(store:
     assert!(running[0].2, "the layer's 409 has a Retry-After");
     assert_eq!(running[1], running[0]);
     // 503: the store is down.
-    store.shut_down().await;
+    store.pool().close().await;
     for path in ["/orders", "/direct"] {
         let down = server.post(path, &fresh_key(), "x").send().await.unwrap();
         assert!(down.headers().contains_key(RETRY_AFTER), "{path}");
@@ -943,7 +887,7 @@ async fn engine_errors_are_answered_as_the_layer_answers_them<S: Backend>(store:
 /// `MatchedPath`), served by hyper through `axum::serve`: a `MakeRoute`
 /// closure names the route, so two paths of one route share a key's
 /// scope; without one, each path is a scope of its own.
-async fn plain_tower_service_scoped_by_make_route<S: Backend>(store: S) {
+async fn plain_tower_service_scoped_by_make_route<S: SqlStore>(store: S) {
     use axum::ServiceExt as _;
     use tower::{service_fn, Layer};
 

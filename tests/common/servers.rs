@@ -1,9 +1,9 @@
-//! The database servers the SQL stores are tested on: their URLs, pools,
-//! and a table of its own for every test, dropped when the test ends.
+//! The database servers the SQL stores are tested on: their URLs (from the
+//! environment, with local defaults), pools, and tables of a test's own,
+//! dropped when the test ends.
 //!
 //! A server that cannot be reached fails the test with a message naming the
 //! server and the variable that points at it; it never passes silently.
-#![allow(dead_code)] // shared by several test crates, each using a part
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -39,7 +39,16 @@ impl Server {
         })
     }
 
-    fn name(self) -> &'static str {
+    /// `name` quoted as an identifier.
+    pub fn ident(self, name: &str) -> String {
+        match self {
+            Server::Postgres => format!("\"{name}\""),
+            Server::MySql => format!("`{name}`"),
+        }
+    }
+
+    /// The server's name, for messages.
+    pub fn name(self) -> &'static str {
         match self {
             Server::Postgres => "PostgreSQL",
             Server::MySql => "MariaDB/MySQL",
@@ -52,6 +61,49 @@ impl Server {
             self.name(),
             self.var()
         )
+    }
+
+    /// Runs `statements`, then `best_effort` (whose failures are not
+    /// reported), on a connection of its own, on a thread of its own, so
+    /// that it works from any runtime or none (in a `Drop`, whether the
+    /// test passed or panicked). A lock held elsewhere fails a statement
+    /// after 10 s rather than hanging it. Failures are reported on stderr,
+    /// naming `what`, never panicked on.
+    pub fn clean_up(self, what: &str, statements: Vec<String>, best_effort: Vec<String>) {
+        let cleaned = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("a runtime");
+            runtime.block_on(async move {
+                let url = self.url();
+                macro_rules! run_on {
+                    ($conn:ty, $lock_timeout:literal) => {{
+                        let mut conn = <$conn>::connect(&url).await?;
+                        sqlx::raw_sql($lock_timeout).execute(&mut conn).await?;
+                        for sql in &statements {
+                            sqlx::raw_sql(sql).execute(&mut conn).await?;
+                        }
+                        for sql in &best_effort {
+                            sqlx::raw_sql(sql).execute(&mut conn).await.ok();
+                        }
+                    }};
+                }
+                match self {
+                    Server::Postgres => run_on!(sqlx::PgConnection, "SET lock_timeout = '10s'"),
+                    Server::MySql => {
+                        run_on!(sqlx::MySqlConnection, "SET SESSION lock_wait_timeout = 10")
+                    }
+                }
+                Ok::<_, sqlx::Error>(())
+            })
+        })
+        .join();
+        match cleaned {
+            Ok(Ok(())) => {}
+            Ok(Err(err)) => eprintln!("cleaning up {what} failed: {err}"),
+            Err(_) => eprintln!("cleaning up {what} panicked"),
+        }
     }
 
     /// A pool of at most `max` connections, or a failed test.
@@ -106,10 +158,7 @@ impl Db {
 
     /// `name` quoted as an identifier.
     pub fn ident(&self, name: &str) -> String {
-        match self {
-            Db::Postgres(_) => format!("\"{name}\""),
-            Db::MySql(_) => format!("`{name}`"),
-        }
+        self.server().ident(name)
     }
 
     /// Runs statements without parameters.
@@ -207,85 +256,20 @@ impl DropTables {
 
 impl Drop for DropTables {
     fn drop(&mut self) {
-        let (server, tables) = (self.server, std::mem::take(&mut self.tables));
+        let tables = std::mem::take(&mut self.tables);
         if tables.is_empty() {
             return;
         }
-        let dropped = std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .expect("a runtime");
-            runtime.block_on(async move {
-                let url = server.url();
-                match server {
-                    Server::Postgres => {
-                        let mut conn = sqlx::PgConnection::connect(&url).await?;
-                        for t in &tables {
-                            sqlx::raw_sql(&format!("DROP TABLE IF EXISTS \"{t}\""))
-                                .execute(&mut conn)
-                                .await?;
-                            sqlx::query("DELETE FROM idem_migrations WHERE table_name = $1")
-                                .bind(t)
-                                .execute(&mut conn)
-                                .await
-                                .ok();
-                        }
-                    }
-                    Server::MySql => {
-                        let mut conn = sqlx::MySqlConnection::connect(&url).await?;
-                        for t in &tables {
-                            sqlx::raw_sql(&format!("DROP TABLE IF EXISTS `{t}`"))
-                                .execute(&mut conn)
-                                .await?;
-                            sqlx::query("DELETE FROM idem_migrations WHERE table_name = ?")
-                                .bind(t)
-                                .execute(&mut conn)
-                                .await
-                                .ok();
-                        }
-                    }
-                }
-                Ok::<_, sqlx::Error>(())
-            })
-        })
-        .join();
-        match dropped {
-            Ok(Ok(())) => {}
-            Ok(Err(err)) => eprintln!("dropping the test tables failed: {err}"),
-            Err(_) => eprintln!("dropping the test tables panicked"),
-        }
+        let drops = tables
+            .iter()
+            .map(|t| format!("DROP TABLE IF EXISTS {}", self.server.ident(t)))
+            .collect();
+        // The bookkeeping of tables a store migrated; a server where no
+        // store ever migrated has no such table.
+        let migrations = tables
+            .iter()
+            .map(|t| format!("DELETE FROM idem_migrations WHERE table_name = '{t}'"))
+            .collect();
+        self.server.clean_up("the test tables", drops, migrations);
     }
-}
-
-/// A migrated `PostgresStore` on a table of its own, through a pool of
-/// `max` connections, with the guard that drops the table.
-#[cfg(feature = "postgres")]
-pub async fn postgres_store(max: u32) -> (idem::PostgresStore, Db, DropTables) {
-    let db = Server::Postgres.pool(max).await;
-    let Db::Postgres(pool) = &db else {
-        unreachable!()
-    };
-    let mut guard = DropTables::new(Server::Postgres);
-    let table = guard.add(unique_table("pg"));
-    let store = idem::PostgresStore::new(pool.clone())
-        .with_table_name(&table)
-        .expect("a valid table name");
-    store.migrate().await.expect("migrate the PostgreSQL store");
-    (store, db, guard)
-}
-
-/// A migrated `MySqlStore` on a table of its own, through a pool of `max`
-/// connections, with the guard that drops the table.
-#[cfg(feature = "mysql")]
-pub async fn mysql_store(max: u32) -> (idem::MySqlStore, Db, DropTables) {
-    let db = Server::MySql.pool(max).await;
-    let Db::MySql(pool) = &db else { unreachable!() };
-    let mut guard = DropTables::new(Server::MySql);
-    let table = guard.add(unique_table("my"));
-    let store = idem::MySqlStore::new(pool.clone())
-        .with_table_name(&table)
-        .expect("a valid table name");
-    store.migrate().await.expect("migrate the MySQL store");
-    (store, db, guard)
 }

@@ -15,6 +15,8 @@
 //! In transactional mode the cut rolls the claim and the business row back
 //! together, so each key ends with exactly one committed row.
 
+mod common;
+
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::str::FromStr;
@@ -27,11 +29,12 @@ use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{watch, Barrier};
 
-use crate::servers::{self, Server};
+use common::backend::postgres;
+use common::servers::Server;
 
 const KEYS: usize = 8;
 const RETRIERS: usize = 3;
-const SCOPE: &str = "reliability.network";
+const SCOPE: &str = "network_cuts";
 /// Longer than the cut: the outage is transient, so no claim may lapse.
 const LEASE: Duration = Duration::from_secs(10);
 
@@ -105,7 +108,8 @@ impl Drop for Proxy {
 async fn cut_connections_are_retryable_and_complete_once() {
     // The store's table, migrated directly; the store under test reaches it
     // only through the proxy.
-    let (direct, db, _guard) = servers::postgres_store(4).await;
+    let (direct, _guard) = postgres::store(4).await;
+    let db = postgres::db(&direct);
     let table = direct.table_name().to_owned();
     let url = Server::Postgres.url();
     let options = PgConnectOptions::from_str(&url).expect("a PostgreSQL URL");
@@ -245,9 +249,10 @@ async fn cut_connections_are_retryable_and_complete_once() {
 /// ends with exactly one committed business row.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cut_transactions_roll_back_whole_and_commit_once() {
-    let (direct, db, mut guard) = servers::postgres_store(4).await;
+    let (direct, mut guard) = postgres::store(4).await;
+    let db = postgres::db(&direct);
     let table = direct.table_name().to_owned();
-    let rows = guard.add(servers::unique_table("rows"));
+    let rows = guard.table("rows");
     db.create_runs_table(&rows).await;
     let url = Server::Postgres.url();
     let options = PgConnectOptions::from_str(&url).expect("a PostgreSQL URL");

@@ -2,13 +2,16 @@
 //! purge over a few keys and owners, run on a store and, step by step, on a
 //! reference model of the state machine (the rules of `record::decide` and
 //! of the `Store` contract). Every answer and, after every step, every
-//! record must agree with the model.
+//! record must agree with the model. Run on the memory store, SQLite (in
+//! memory), PostgreSQL and MariaDB/MySQL.
 //!
 //! Time is real: a begin asks for a short (`SHORT`) or a long lease and
 //! ttl, and `Expire` sleeps until every short deadline has passed. So that
 //! no answer depends on how fast a step runs, a short deadline that a step
 //! could reach is first waited out; should a step be slow enough to reach
 //! one anyway, both readings of that deadline are accepted.
+
+mod common;
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -19,8 +22,6 @@ use idem::{
 };
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
-
-use crate::servers::{self, DropTables, Server};
 
 const KEYS: usize = 3;
 const OWNERS: usize = 2;
@@ -399,52 +400,11 @@ where
     }
 }
 
-#[test]
-fn memory_store_follows_the_model() {
-    run_model(|| async { (idem::MemoryStore::new(), ()) });
-}
-
-#[test]
-fn sqlite_store_follows_the_model() {
-    run_model(|| async {
-        let store = idem::SqliteStore::connect("sqlite::memory:")
-            .await
-            .expect("open an in-memory SQLite database");
-        (store, ())
-    });
-}
-
-#[test]
-fn postgres_store_follows_the_model() {
-    // One table per case, so a purge sees only the case's own records.
-    run_model(|| async {
-        let db = Server::Postgres.pool(2).await;
-        let servers::Db::Postgres(pool) = db else {
-            unreachable!()
-        };
-        let mut guard = DropTables::new(Server::Postgres);
-        let table = guard.add(servers::unique_table("model"));
-        let store = idem::PostgresStore::new(pool)
-            .with_table_name(&table)
-            .expect("a valid table name");
-        store.migrate().await.expect("migrate the PostgreSQL store");
-        (store, guard)
-    });
-}
-
-#[test]
-fn mysql_store_follows_the_model() {
-    run_model(|| async {
-        let db = Server::MySql.pool(2).await;
-        let servers::Db::MySql(pool) = db else {
-            unreachable!()
-        };
-        let mut guard = DropTables::new(Server::MySql);
-        let table = guard.add(servers::unique_table("model"));
-        let store = idem::MySqlStore::new(pool)
-            .with_table_name(&table)
-            .expect("a valid table name");
-        store.migrate().await.expect("migrate the MariaDB store");
-        (store, guard)
-    });
-}
+// A store of its own for each case (a table of its own on the servers), so
+// that a purge sees only the case's own records.
+common::backends!(memory, sqlite_memory, postgres, mysql => {
+    #[test]
+    fn store_follows_the_model() {
+        run_model(|| backend::store(2));
+    }
+});

@@ -1,0 +1,162 @@
+//! What the conformance cases share: the operation under test (a charge
+//! and its receipt), its error type, a counter of body runs, fresh keys,
+//! and a claim taken straight from the store.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::engine::{run, Call};
+use crate::error::Error;
+use crate::fingerprint::Fingerprint;
+use crate::key::{Key, Scope};
+use crate::policy::Policy;
+use crate::record::{now_millis, Begin, Claim, ClaimToken};
+use crate::store::{BeginRequest, Store};
+
+/// The error type of the operations under test.
+#[derive(Debug, Serialize, Deserialize, PartialEq)]
+pub(super) enum TestError {
+    #[serde(skip)]
+    Idem(IdemError),
+    Transient,
+    Declined(String),
+}
+
+/// `Error` is not `PartialEq`; the cases compare it by variant.
+#[derive(Debug)]
+pub(super) struct IdemError(pub(super) Error);
+
+impl PartialEq for IdemError {
+    fn eq(&self, other: &Self) -> bool {
+        std::mem::discriminant(&self.0) == std::mem::discriminant(&other.0)
+    }
+}
+
+impl From<Error> for TestError {
+    fn from(e: Error) -> Self {
+        TestError::Idem(IdemError(e))
+    }
+}
+
+impl TestError {
+    /// The library's error, if this is one.
+    pub(super) fn idem(&self) -> Option<&Error> {
+        match self {
+            TestError::Idem(IdemError(e)) => Some(e),
+            _ => None,
+        }
+    }
+}
+
+/// A key no other case, process or run uses, so that cases may share a
+/// database.
+pub(super) fn fresh_key(tag: &str) -> String {
+    static N: AtomicUsize = AtomicUsize::new(0);
+    format!(
+        "{tag}-{}-{}-{}",
+        std::process::id(),
+        now_millis(),
+        N.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// The payload of the operation under test.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub(super) struct Charge {
+    pub(super) amount: u64,
+    pub(super) currency: String,
+}
+
+/// The result of the operation under test: which run made it.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub(super) struct Receipt {
+    pub(super) run: usize,
+    pub(super) amount: u64,
+}
+
+pub(super) fn charge(amount: u64) -> Charge {
+    Charge {
+        amount,
+        currency: "EUR".into(),
+    }
+}
+
+pub(super) fn call(scope: &str, key: &str, payload: &Charge, policy: Policy) -> Call {
+    Call::new(scope, key, payload).with_policy(policy)
+}
+
+/// Counts body runs and numbers them, so every result is distinguishable.
+#[derive(Clone, Default)]
+pub(super) struct Runs(Arc<AtomicUsize>);
+
+impl Runs {
+    pub(super) fn next(&self) -> usize {
+        self.0.fetch_add(1, Ordering::SeqCst) + 1
+    }
+
+    pub(super) fn count(&self) -> usize {
+        self.0.load(Ordering::SeqCst)
+    }
+}
+
+/// Charges `payload` under `key` in the scope `payments.charge`.
+pub(super) async fn pay<S: Store + ?Sized>(
+    store: &S,
+    key: &str,
+    payload: &Charge,
+    policy: Policy,
+    runs: &Runs,
+) -> Result<Receipt, TestError> {
+    pay_slowly(store, key, payload, policy, runs, Duration::ZERO).await
+}
+
+/// [`pay`] with a body that takes `pause`.
+pub(super) async fn pay_slowly<S: Store + ?Sized>(
+    store: &S,
+    key: &str,
+    payload: &Charge,
+    policy: Policy,
+    runs: &Runs,
+    pause: Duration,
+) -> Result<Receipt, TestError> {
+    let amount = payload.amount;
+    run(
+        store,
+        call("payments.charge", key, payload, policy),
+        async {
+            let n = runs.next();
+            if !pause.is_zero() {
+                tokio::time::sleep(pause).await;
+            }
+            Ok(Receipt { run: n, amount })
+        },
+    )
+    .await
+}
+
+/// A claim taken straight from the store, with a fresh token: an owner
+/// that never renews (a crashed or stopped process).
+pub(super) async fn claim_directly<S: Store>(
+    store: &S,
+    scope: &Scope,
+    key: &Key,
+    fingerprint: &Fingerprint,
+    lease: Duration,
+    ttl: Duration,
+) -> Claim {
+    let request = BeginRequest {
+        scope,
+        key,
+        fingerprint,
+        token: ClaimToken::new(),
+        lease,
+        ttl,
+    };
+    match store.begin(&request).await.unwrap() {
+        Begin::Claimed(claim) => claim,
+        other => panic!("not claimed: {other:?}"),
+    }
+}

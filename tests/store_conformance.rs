@@ -1,0 +1,23 @@
+//! The store conformance suite (`idem::testing`), run on every built-in
+//! store: the memory store, SQLite on a file and in memory, PostgreSQL and
+//! MariaDB/MySQL. On the servers each case has a table of its own, dropped
+//! when it ends, so cases run in parallel and repeated runs never see each
+//! other's rows.
+
+mod common;
+
+use common::backend;
+
+idem::store_conformance!(memory, backend::memory::store(10));
+
+#[cfg(feature = "sqlite")]
+idem::store_conformance!(sqlite_file, backend::sqlite_file::store(10));
+
+#[cfg(feature = "sqlite")]
+idem::store_conformance!(sqlite_memory, backend::sqlite_memory::store(10));
+
+#[cfg(feature = "postgres")]
+idem::store_conformance!(postgres, backend::postgres::store(10));
+
+#[cfg(feature = "mysql")]
+idem::store_conformance!(mysql, backend::mysql::store(10));
