@@ -13,6 +13,31 @@ use crate::key::KeyError;
 /// `#[idempotent]` attribute converts these errors into the function's own
 /// error type with `?`-like semantics.
 ///
+/// What a caller does with each (the HTTP layer answers the same way):
+///
+/// ```
+/// use std::time::Duration;
+///
+/// /// The status and the retry hint to answer a client with.
+/// fn answer(err: &idem::Error) -> (u16, Option<Duration>) {
+///     match err {
+///         // The client reused its key for another request: its mistake.
+///         idem::Error::KeyReused => (422, None),
+///         // The first call is still running: retry later.
+///         idem::Error::InProgress { retry_after } => (409, Some(*retry_after)),
+///         idem::Error::InvalidKey(_) | idem::Error::MissingKey => (400, None),
+///         // Nothing was decided; the request may be sent again as is.
+///         err if err.is_retryable() => (503, Some(Duration::from_secs(1))),
+///         // A bug or a misconfiguration: say so in the logs.
+///         _ => (500, None),
+///     }
+/// }
+///
+/// assert_eq!(answer(&idem::Error::KeyReused), (422, None));
+/// assert_eq!(answer(&idem::Error::LeaseLost).0, 503);
+/// assert_eq!(answer(&idem::Error::Config("bad table".into())).0, 500);
+/// ```
+///
 /// # Serialized form
 ///
 /// `Error` implements `Serialize` and `Deserialize`, so that an error enum
@@ -25,7 +50,7 @@ use crate::key::KeyError;
 /// |---|---|
 /// | `KeyReused` | `{"kind": "key_reused", "message": ...}` |
 /// | `InProgress` | `{"kind": "in_progress", "message": ..., "retry_after_ms": 1000}` |
-/// | `InvalidKey` | `{"kind": "invalid_key", "message": ..., "key_error": {"kind": "too_long", "len": 300}}` (`missing`, `empty`, `too_long` with `len`, `invalid_byte` with `offset` and `byte`) |
+/// | `InvalidKey` | `{"kind": "invalid_key", "message": ..., "key_error": {"kind": "too_long", "len": 300}}` (`missing`, `empty`, `too_long` with `len`, `invalid_byte` with `offset` and `byte`, `unserializable` with `reason`) |
 /// | `MissingKey` | `{"kind": "missing_key", "message": ...}` |
 /// | `LeaseLost` | `{"kind": "lease_lost", "message": ...}` |
 /// | `Store` | `{"kind": "store", "message": ..., "source": "<the store error's message>"}` |
