@@ -9,6 +9,7 @@
 //!   database of a test's own;
 //! - [`backend`]: fresh stores, pools and namespaces, one module per
 //!   backend, all alike;
+//! - [`http`]: a real server on 127.0.0.1 and a real client;
 //! - [`backends!`]: a test body, written once, run on each backend.
 //!
 //! A test that cannot reach its server fails with a message naming the
@@ -17,6 +18,7 @@
 
 pub mod backend;
 pub mod broker;
+pub mod http;
 pub mod namespace;
 pub mod servers;
 

@@ -54,18 +54,8 @@ pub struct Server {
 impl Server {
     /// Serves `router` on an ephemeral port of 127.0.0.1.
     pub async fn start(router: Router) -> Server {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind an ephemeral port on 127.0.0.1");
-        let addr = listener.local_addr().unwrap();
-        tokio::spawn(async move { axum::serve(listener, router).await.unwrap() });
-        Server {
-            base: format!("http://{addr}"),
-            client: reqwest::Client::builder()
-                .redirect(reqwest::redirect::Policy::none())
-                .build()
-                .unwrap(),
-        }
+        let (base, client) = crate::common::http::serve(router).await;
+        Server { base, client }
     }
 
     /// `POST path` with `key` in the `Idempotency-Key` header.
