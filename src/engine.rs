@@ -1075,8 +1075,20 @@ async fn save<S: Store + ?Sized>(
                 tracing::warn!(error = %err, "storing the outcome failed; trying again");
                 tokio::time::sleep(pause).await;
                 pause = (pause * 2).min(MAX_SAVE_PAUSE);
-                // Keep the claim while the store comes back.
-                let _ = store.renew(claim).await;
+                // Keep the claim while the store comes back. A renewal can
+                // block as long as the completion did (a lock on the
+                // record), so a waiting caller gives it only what is left
+                // of its time in line.
+                let renewal = store.renew(claim);
+                match patience {
+                    SaveFor::Caller => {
+                        let left = SAVE_IN_LINE.saturating_sub(started.elapsed());
+                        let _ = tokio::time::timeout(left.max(pause), renewal).await;
+                    }
+                    SaveFor::Background => {
+                        let _ = renewal.await;
+                    }
+                }
             }
         }
     }
