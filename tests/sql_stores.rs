@@ -246,7 +246,12 @@ async fn killed_while_completing(store: Arc<dyn Store>, db: Db, table: &str) {
     started_rx.await.unwrap();
     let lock = RowLock::take(&db, table, key).await;
     go_tx.send(()).unwrap();
-    let complete_sql = format!("UPDATE {}", db.ident(table));
+    // PostgreSQL completes and notifies in one statement (`WITH done AS
+    // (UPDATE ...) SELECT pg_notify(...)`); MariaDB runs the bare UPDATE.
+    let complete_sql = match db {
+        Db::Postgres(_) => "WITH done AS (".to_owned(),
+        Db::MySql(_) => format!("UPDATE {}", db.ident(table)),
+    };
     let (result, killed) = kill_until(&db, &complete_sql, first).await;
     assert_eq!(
         result.unwrap().unwrap(),

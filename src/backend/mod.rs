@@ -17,7 +17,6 @@ use std::fmt::Debug;
 use std::future::Future;
 
 use crate::error::Error;
-use crate::key::{Key, Scope};
 use crate::record::BeginRequest;
 
 pub(crate) mod entity;
@@ -103,18 +102,6 @@ pub(crate) mod dialect {
         fn is_deadlock(err: &Error) -> bool {
             let _ = err;
             false
-        }
-
-        /// Tells other processes that `(scope, key)` changed, on `conn`
-        /// (delivered when its transaction commits).
-        fn changed_on<'a>(
-            store: &'a SqlStore<Self>,
-            conn: &'a mut Self::Connection,
-            scope: &'a Scope,
-            key: &'a Key,
-        ) -> impl Future<Output = Result<(), Error>> + Send + 'a {
-            let _ = (store, conn, scope, key);
-            async { Ok(()) }
         }
 
         /// Starts listening for changes made by other processes, if the

@@ -261,16 +261,14 @@ impl<DB: Backend> SqlStore<DB> {
             &self.sql.complete,
             &Bound::claim(claim, Some(outcome)),
         )
-        .await?;
-        DB::changed_on(self, conn, &claim.scope, &claim.key).await
+        .await
     }
 
     /// [`Store::release`] on a given connection. Waiters in other processes
     /// are told when the connection's transaction commits.
     pub async fn release_on(&self, conn: &mut DB::Connection, claim: &Claim) -> Result<(), Error> {
         self.fenced(conn, &self.sql.release, &Bound::claim(claim, None))
-            .await?;
-        DB::changed_on(self, conn, &claim.scope, &claim.key).await
+            .await
     }
 
     /// A write that names the claim's token: [`Error::LeaseLost`] when it
@@ -402,7 +400,6 @@ impl<DB: Backend> Store for SqlStore<DB> {
         let forget = &self.sql.forget;
         let mut conn = self.pool.acquire().await?;
         let done = DB::execute(&mut conn, &forget.sql, bound.values(forget)?).await?;
-        DB::changed_on(self, &mut conn, scope, key).await?;
         self.waiters.wake(scope, key);
         Ok(DB::rows_affected(&done) > 0)
     }

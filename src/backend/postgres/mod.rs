@@ -6,12 +6,10 @@ use sqlx::postgres::{PgConnection, PgPoolOptions, PgQueryResult, Postgres};
 
 use super::dialect::Dialect;
 use super::entity::EntityDatabase;
-use super::exec::{Exec, Value};
 use super::migrate::{self, Bookkeeping};
 use super::statements::{Numbered, Statements};
 use super::SqlStore;
 use crate::error::Error;
-use crate::key::{Key, Scope};
 
 mod listener;
 
@@ -102,9 +100,6 @@ const NOW: &str = "(EXTRACT(EPOCH FROM clock_timestamp()) * 1000)::BIGINT";
 /// (`"idemmigr"` in ASCII).
 const MIGRATION_LOCK: i64 = 0x6964_656d_6d69_6772;
 
-/// The longest payload `pg_notify` accepts.
-const MAX_NOTIFY_PAYLOAD: usize = 7999;
-
 /// Inserts a new record; a taken key is read, and taken over if free.
 const CLAIM: &str = r#"INSERT INTO "{table}"
         (scope, key, fingerprint, state, fence, claim_token, lease_until,
@@ -143,17 +138,38 @@ const RENEW: &str = r#"UPDATE "{table}" AS t
     WHERE t.scope = $1 AND t.key = $2 AND t.claim_token = $3
       AND t.state = 'in_progress'"#;
 
-const COMPLETE: &str = r#"UPDATE "{table}"
-    SET state = 'completed', outcome_kind = $1, outcome = $2,
-        lease_until = NULL, expires_at = {now} + $3
-    WHERE scope = $4 AND key = $5 AND claim_token = $6
-      AND (state = 'in_progress'
-           OR (state = 'completed' AND outcome_kind = $1 AND outcome = $2))"#;
+/// Completes, and in the same round trip tells the listeners of every
+/// process (`NOTIFY` on the table's channel, delivered when the
+/// transaction commits) that the key changed: the payload is the key, a
+/// space, then the scope (a key has no spaces; both are short enough for
+/// `NOTIFY`, as checked below). The statement answers one row per record
+/// written, so the fenced check counts the same as the bare `UPDATE`.
+const COMPLETE: &str = r#"WITH done AS (
+        UPDATE "{table}"
+        SET state = 'completed', outcome_kind = $1, outcome = $2,
+            lease_until = NULL, expires_at = {now} + $3
+        WHERE scope = $4 AND key = $5 AND claim_token = $6
+          AND (state = 'in_progress'
+               OR (state = 'completed' AND outcome_kind = $1 AND outcome = $2))
+        RETURNING 1)
+    SELECT pg_notify('{table}', $5 || ' ' || $4) FROM done"#;
 
-const RELEASE: &str = r#"DELETE FROM "{table}"
-    WHERE scope = $1 AND key = $2 AND claim_token = $3 AND state = 'in_progress'"#;
+// `NOTIFY` refuses payloads of 8000 bytes or more: the longest key, a
+// space and the longest stored scope stay far below.
+const _: () = assert!(crate::key::MAX_KEY_LEN + 1 + crate::key::MAX_SCOPE_LEN < 8000);
 
-const FORGET: &str = r#"DELETE FROM "{table}" WHERE scope = $1 AND key = $2"#;
+/// Releases, and notifies as [`COMPLETE`] does.
+const RELEASE: &str = r#"WITH done AS (
+        DELETE FROM "{table}"
+        WHERE scope = $1 AND key = $2 AND claim_token = $3 AND state = 'in_progress'
+        RETURNING 1)
+    SELECT pg_notify('{table}', $2 || ' ' || $1) FROM done"#;
+
+/// Forgets, and notifies as [`COMPLETE`] does.
+const FORGET: &str = r#"WITH done AS (
+        DELETE FROM "{table}" WHERE scope = $1 AND key = $2
+        RETURNING 1)
+    SELECT pg_notify('{table}', $2 || ' ' || $1) FROM done"#;
 
 /// Rows a claim is taking over right now are skipped, not waited for: the
 /// purge never queues behind, nor blocks, new claims.
@@ -209,25 +225,6 @@ impl Dialect for Postgres {
         )
         .await?;
         tx.commit().await?;
-        Ok(())
-    }
-
-    /// `NOTIFY` on the table's channel. The payload is the key, a space,
-    /// then the scope (a key has no spaces). A payload too long for
-    /// `NOTIFY` is not sent: waiters elsewhere then notice at their next
-    /// poll.
-    async fn changed_on<'a>(
-        store: &'a SqlStore<Self>,
-        conn: &'a mut PgConnection,
-        scope: &'a Scope,
-        key: &'a Key,
-    ) -> Result<(), Error> {
-        let payload = format!("{} {}", key.as_str(), scope.as_str());
-        if payload.len() > MAX_NOTIFY_PAYLOAD {
-            return Ok(());
-        }
-        let values = vec![Value::Text(&store.sql.table), Value::Text(&payload)];
-        Postgres::execute(conn, "SELECT pg_notify($1, $2)", values).await?;
         Ok(())
     }
 
