@@ -154,6 +154,17 @@ struct Dialect {
     fill: &'static str,
     /// Refreshes the planner's statistics of `{records}`, where needed.
     analyze: Option<&'static str>,
+    /// Creates B8's entity table, `bench_entity_charges`, if missing.
+    entity_table: &'static str,
+}
+
+/// B8's business row: entity mode keeps the token in the row itself.
+#[derive(idem::Entity, sqlx::FromRow)]
+#[idem(table = "bench_entity_charges")]
+struct EntityCharge {
+    #[idem(token)]
+    token: String,
+    amount: i64,
 }
 
 /// One backend: "create payment" (one business INSERT, with or without the
@@ -262,6 +273,13 @@ macro_rules! backend {
                     runs.fetch_add(1, Ordering::SeqCst);
                     tokio::time::sleep(Duration::from_millis(50)).await;
                     Ok(amount)
+                }
+
+                /// B8: entity mode, the row itself keeping the token.
+                #[idempotent(key = key, store = self.pool, entity, fingerprint = amount)]
+                pub async fn entity_charge(&self, key: &str, amount: i64, body: Duration) -> Result<EntityCharge, PayError> {
+                    tokio::time::sleep(body).await;
+                    Ok(EntityCharge { token: key.to_owned(), amount })
                 }
 
                 pub async fn call(self: &Arc<Self>, mode: Mode, body: Duration) {
@@ -376,6 +394,18 @@ macro_rules! backend {
                         ran.load(Ordering::SeqCst)
                     }
                 }
+                fn entity_call(self: &Arc<Self>, key: &str, body: Duration) -> impl Future<Output = ()> + Send {
+                    let (this, key) = (self.clone(), key.to_owned());
+                    async move {
+                        let row = this.entity_charge(&key, 500, body).await.unwrap();
+                        assert_eq!((row.token.as_str(), row.amount), (key.as_str(), 500));
+                    }
+                }
+                fn entity_setup(&self) -> impl Future<Output = ()> + Send {
+                    async move {
+                        sqlx::raw_sql(DIALECT.entity_table).execute(&self.pool).await.unwrap();
+                    }
+                }
                 fn check_then_act(self: &Arc<Self>) -> impl Future<Output = ()> + Send {
                     let this = self.clone();
                     async move { this.cta_call(&unique("cta")).await }
@@ -421,6 +451,7 @@ macro_rules! backend {
                             self.store.table_name().to_owned(),
                             self.table.clone(),
                             self.cta.clone(),
+                            "bench_entity_charges".to_owned(),
                         ] {
                             sqlx::query(&format!("DROP TABLE IF EXISTS {t}"))
                                 .execute(&self.pool)
@@ -466,6 +497,7 @@ backend!(
         fill: "INSERT INTO \"{records}\" (scope, key, fingerprint, state, fence, outcome_kind, outcome, created_at, expires_at)
                SELECT $1, 'k' || g, $2, 'completed', 1, 0, '\\x353030'::bytea, 0, $3 FROM generate_series(1, {n}) g",
         analyze: Some("ANALYZE \"{records}\""),
+        entity_table: "CREATE TABLE IF NOT EXISTS bench_entity_charges (token TEXT PRIMARY KEY, amount BIGINT NOT NULL)",
     },
     server_pool
 );
@@ -486,6 +518,7 @@ backend!(
                SELECT ?, CONCAT('k', seq), ?, 'completed', 1, 0, '500', UNHEX('00000000000000000000000000000000'), 0, ?
                FROM seq_1_to_{n}",
         analyze: Some("ANALYZE TABLE `{records}`"),
+        entity_table: "CREATE TABLE IF NOT EXISTS bench_entity_charges (token VARCHAR(255) PRIMARY KEY, amount BIGINT NOT NULL) ENGINE = InnoDB",
     },
     server_pool
 );
@@ -506,6 +539,7 @@ backend!(
                INSERT INTO \"{records}\" (scope, key, fingerprint, state, fence, outcome_kind, outcome, created_at, expires_at)
                SELECT ?1, 'k' || n, ?2, 'completed', 1, 0, x'353030', 0, ?3 FROM g",
         analyze: None,
+        entity_table: "CREATE TABLE IF NOT EXISTS bench_entity_charges (token TEXT PRIMARY KEY, amount INTEGER NOT NULL)",
     },
     connect_sqlite
 );
@@ -543,6 +577,10 @@ trait Bench: Send + Sync + Sized + 'static {
         key: &str,
         runs: Arc<AtomicUsize>,
     ) -> impl Future<Output = bool> + Send;
+    /// Creates B8's entity table.
+    fn entity_setup(&self) -> impl Future<Output = ()> + Send;
+    /// One entity-mode call of B8.
+    fn entity_call(self: &Arc<Self>, key: &str, body: Duration) -> impl Future<Output = ()> + Send;
     /// The usual recipe: read the key, take a lock, write.
     fn check_then_act(self: &Arc<Self>) -> impl Future<Output = ()> + Send;
     /// The same backend with tables of its own.
@@ -763,6 +801,47 @@ async fn b4<B: Bench>(b: &Arc<B>, rows: &mut Vec<Row>) {
     });
 }
 
+/// B8: entity mode, 20 distinct keys at once, each body taking 200 ms:
+/// the wall time of the 20 against one body. Unrelated tokens must not
+/// wait for each other.
+async fn b8<B: Bench>(b: &Arc<B>, rows: &mut Vec<Row>) {
+    const CALLS: usize = 20;
+    let body = Duration::from_millis(200);
+    // The first call migrates the claims' table.
+    b.entity_setup().await;
+    b.entity_call(&unique("b8"), Duration::ZERO).await;
+    let mut walls = Vec::new();
+    for _ in 0..rounds() {
+        let barrier = Arc::new(Barrier::new(CALLS));
+        let started = Instant::now();
+        let tasks: Vec<_> = (0..CALLS)
+            .map(|_| {
+                let (b, barrier) = (b.clone(), barrier.clone());
+                tokio::spawn(async move {
+                    barrier.wait().await;
+                    b.entity_call(&unique("b8"), body).await;
+                })
+            })
+            .collect();
+        for t in tasks {
+            t.await.unwrap();
+        }
+        walls.push(started.elapsed().as_secs_f64() / body.as_secs_f64());
+    }
+    let ratio = percentile(&mut walls, 0.5);
+    rows.push(Row {
+        id: "B8",
+        backend: b.label(),
+        what: format!(
+            "entity mode, {CALLS} distinct keys at once, 200 ms body: wall time in bodies (median of {} rounds)",
+            rounds()
+        ),
+        measured: format!("{ratio:.2}"),
+        goal: "<= 1.5",
+        met: Some(ratio <= 1.5),
+    });
+}
+
 /// B5: replay latency with 10 thousand vs 1 million stored records, and
 /// the purge rate while claims run.
 async fn b5<B: Bench>(b: &Arc<B>, rows: &mut Vec<Row>) {
@@ -912,6 +991,7 @@ async fn each<B: Bench>(b: &Arc<B>, rows: &mut Vec<Row>) {
     b3(b, rows).await;
     b4(b, rows).await;
     b5(b, rows).await;
+    b8(b, rows).await;
     b.drop_tables().await;
     eprintln!("{} done in {:.0} s", b.label(), t.elapsed().as_secs_f64());
 }
