@@ -104,6 +104,36 @@ impl Drop for Proxy {
     }
 }
 
+/// `KEYS` keys no other run uses.
+fn fresh_keys(tag: &str) -> Vec<String> {
+    let millis = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_millis();
+    (0..KEYS)
+        .map(|k| format!("{tag}-{}-{millis}-{k}", std::process::id()))
+        .collect()
+}
+
+/// The cut: starts `call` on every key, waits until every body runs, then
+/// drops every connection through the proxy. Answers the calls' tasks.
+async fn start_then_cut<T>(
+    proxy: &Proxy,
+    keys: &[String],
+    call: impl Fn(String, Option<Arc<Barrier>>, Duration) -> tokio::task::JoinHandle<T>,
+) -> Vec<tokio::task::JoinHandle<T>> {
+    let started = Arc::new(Barrier::new(keys.len() + 1));
+    let calls = keys
+        .iter()
+        .map(|k| call(k.clone(), Some(started.clone()), Duration::from_millis(300)))
+        .collect();
+    tokio::time::timeout(Duration::from_secs(20), started.wait())
+        .await
+        .expect("every body started");
+    proxy.cut_all();
+    calls
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cut_connections_are_retryable_and_complete_once() {
     // The store's table, migrated directly; the store under test reaches it
@@ -151,27 +181,8 @@ async fn cut_connections_are_retryable_and_complete_once() {
     };
 
     // 1. The cut: every body is running when the proxy drops everything.
-    let keys: Vec<String> = (0..KEYS)
-        .map(|k| {
-            format!(
-                "net-{}-{}-{k}",
-                std::process::id(),
-                SystemTime::now()
-                    .duration_since(UNIX_EPOCH)
-                    .unwrap()
-                    .as_millis()
-            )
-        })
-        .collect();
-    let started = Arc::new(Barrier::new(KEYS + 1));
-    let calls: Vec<_> = keys
-        .iter()
-        .map(|k| call(k.clone(), Some(started.clone()), Duration::from_millis(300)))
-        .collect();
-    tokio::time::timeout(Duration::from_secs(20), started.wait())
-        .await
-        .expect("every body started");
-    proxy.cut_all();
+    let keys = fresh_keys("net");
+    let calls = start_then_cut(&proxy, &keys, call).await;
     let mut cut_runs = HashMap::new();
     for (key, task) in keys.iter().zip(calls) {
         let result = tokio::time::timeout(Duration::from_secs(30), task)
@@ -298,27 +309,8 @@ async fn cut_transactions_roll_back_whole_and_commit_once() {
         })
     };
 
-    let keys: Vec<String> = (0..KEYS)
-        .map(|k| {
-            format!(
-                "nettx-{}-{}-{k}",
-                std::process::id(),
-                SystemTime::now()
-                    .duration_since(UNIX_EPOCH)
-                    .unwrap()
-                    .as_millis()
-            )
-        })
-        .collect();
-    let started = Arc::new(Barrier::new(KEYS + 1));
-    let calls: Vec<_> = keys
-        .iter()
-        .map(|k| call(k.clone(), Some(started.clone()), Duration::from_millis(300)))
-        .collect();
-    tokio::time::timeout(Duration::from_secs(20), started.wait())
-        .await
-        .expect("every body started");
-    proxy.cut_all();
+    let keys = fresh_keys("nettx");
+    let calls = start_then_cut(&proxy, &keys, call).await;
     for (key, task) in keys.iter().zip(calls) {
         let result = tokio::time::timeout(Duration::from_secs(30), task)
             .await
