@@ -1049,7 +1049,30 @@ async fn save<S: Store + ?Sized>(
     let started = Instant::now();
     let mut pause = Duration::from_millis(20);
     loop {
-        match store.complete(claim, outcome).await {
+        // A completion can block (a lock held on the record, a stalled
+        // connection): a waiting caller gives it only what is left of its
+        // time in line, then hands the work to the background. Sending the
+        // same outcome again later is accepted, so a completion cut short
+        // while it was landing does no harm.
+        let attempt = store.complete(claim, outcome);
+        let left = SAVE_IN_LINE.saturating_sub(started.elapsed());
+        let completed = match patience {
+            SaveFor::Caller if !left.is_zero() => tokio::time::timeout(left, attempt)
+                .await
+                .unwrap_or_else(|_| {
+                    Err(Error::store(
+                        "storing the outcome took longer than the caller waits",
+                    ))
+                }),
+            SaveFor::Caller if store.detach().is_some() => {
+                tracing::warn!("returning the value and storing the outcome in the background");
+                return Saved::NotYet;
+            }
+            // A store that cannot work in the background keeps its caller
+            // until the outcome lands.
+            _ => attempt.await,
+        };
+        match completed {
             Ok(()) => return Saved::Stored,
             Err(Error::LeaseLost) => {
                 tracing::warn!(

@@ -49,6 +49,8 @@ enum Kind {
     Stall,
     /// The operation takes effect, and its reply stalls.
     StallReply,
+    /// The operation never answers (a lock that is never given up).
+    Hang,
 }
 
 const POINTS: [Point; 5] = [
@@ -121,6 +123,10 @@ impl<S> Faulty<S> {
                 let reply = op.await;
                 tokio::time::sleep(STALL).await;
                 reply
+            }
+            Kind::Hang => {
+                tokio::time::sleep(Duration::from_secs(3600)).await;
+                op.await
             }
         }
     }
@@ -322,6 +328,7 @@ where
     futures::future::join_all(points).await;
     dropped_after_the_body_returned_still_stores(make().await, tag).await;
     dropped_during_the_claim_blocks_nothing(make().await, tag).await;
+    hung_completion_answers_the_caller(make().await, tag).await;
 }
 
 fn fresh(tag: &str, what: &str) -> String {
@@ -365,6 +372,29 @@ async fn dropped_after_the_body_returned_still_stores<S: Store + Clone + 'static
         retry.unwrap(),
         1,
         "{tag}: the retry replays the dropped caller's outcome"
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+/// The completion never answers: the caller still gets its value once its
+/// time in line is up, and the outcome is stored in the background, so a
+/// retry replays it: the body ran once.
+async fn hung_completion_answers_the_caller<S: Store + Clone + 'static>(store: S, tag: &str) {
+    let store = Faulty::new(store, Point::Complete, Kind::Hang).detachable();
+    let key = fresh(tag, "hung-saving");
+    let runs = AtomicUsize::new(0);
+    let policy = Policy::new().wait(Duration::from_secs(20));
+    let call = || Call::new("faults.charge", key.as_str(), &1).with_policy(policy);
+    let charge = || async { Ok::<_, Error>(runs.fetch_add(1, Ordering::SeqCst) as u64 + 1) };
+    let first = tokio::time::timeout(Duration::from_secs(20), run(&store, call(), charge())).await;
+    let first = first.unwrap_or_else(|_| panic!("{tag}: a hung completion kept the caller"));
+    assert_eq!(first.unwrap(), 1, "{tag}: the caller gets its body's value");
+    assert!(store.struck());
+    let retry = run(&store, call(), charge()).await;
+    assert_eq!(
+        retry.unwrap(),
+        1,
+        "{tag}: the retry replays the stored outcome"
     );
     assert_eq!(runs.load(Ordering::SeqCst), 1);
 }
