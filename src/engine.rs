@@ -1057,13 +1057,13 @@ async fn save<S: Store + ?Sized>(
         let attempt = store.complete(claim, outcome);
         let left = SAVE_IN_LINE.saturating_sub(started.elapsed());
         let completed = match patience {
-            SaveFor::Caller if !left.is_zero() => tokio::time::timeout(left, attempt)
-                .await
-                .unwrap_or_else(|_| {
+            SaveFor::Caller if !left.is_zero() => {
+                within(left, attempt).await.unwrap_or_else(|| {
                     Err(Error::store(
                         "storing the outcome took longer than the caller waits",
                     ))
-                }),
+                })
+            }
             SaveFor::Caller if store.detach().is_some() => {
                 tracing::warn!("returning the value and storing the outcome in the background");
                 return Saved::NotYet;
@@ -1106,7 +1106,7 @@ async fn save<S: Store + ?Sized>(
                 match patience {
                     SaveFor::Caller => {
                         let left = SAVE_IN_LINE.saturating_sub(started.elapsed());
-                        let _ = tokio::time::timeout(left.max(pause), renewal).await;
+                        let _ = within(left.max(pause), renewal).await;
                     }
                     SaveFor::Background => {
                         let _ = renewal.await;
@@ -1114,6 +1114,24 @@ async fn save<S: Store + ?Sized>(
                 }
             }
         }
+    }
+}
+
+/// `op`'s output, or `None` once `limit` has passed. The timer is armed
+/// only when `op` does not finish at once, so an in-memory store costs no
+/// timer, and works on a runtime built without one.
+async fn within<F: Future>(limit: Duration, op: F) -> Option<F::Output> {
+    let mut op = std::pin::pin!(op);
+    let at_once = std::future::poll_fn(|cx| {
+        std::task::Poll::Ready(match op.as_mut().poll(cx) {
+            std::task::Poll::Ready(output) => Some(output),
+            std::task::Poll::Pending => None,
+        })
+    })
+    .await;
+    match at_once {
+        Some(output) => Some(output),
+        None => tokio::time::timeout(limit, op).await.ok(),
     }
 }
 
