@@ -820,6 +820,10 @@ where
     C: Send + ?Sized,
 {
     async fn begin(&mut self, request: &BeginRequest<'_>) -> Result<Begin, Error> {
+        if self.store.claim_locks_only_its_own() {
+            // A duplicate's claim attempt locks nothing: claim at once.
+            return self.store.begin_on(self.conn, request).await;
+        }
         // Look first with a plain read: a duplicate of a finished or
         // running call is answered without a claim attempt, so it takes no
         // lock in the caller's transaction.

@@ -551,6 +551,61 @@ common::backends!(postgres, mysql => {
         super::byte_exact_keys_and_scopes(store).await;
     }
 
+    /// A claim that meets another transaction's claim not committed yet
+    /// waits for it (the primary key decides), then answers from the
+    /// record as it is once that transaction ends: in progress when it
+    /// committed (on PostgreSQL the row was committed after the claim's
+    /// statement began, so the statement cannot see it and the record is
+    /// read again), the key when it rolled back.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_claim_behind_an_uncommitted_claim() {
+        use idem::{Begin, BeginRequest, ClaimToken, Fingerprint};
+        let (store, _guard) = backend::store(4).await;
+        let scope = Scope::new(SCOPE);
+        let fingerprint = Fingerprint::of_bytes(b"one payload");
+        for commit in [true, false] {
+            let key = Key::new(format!("uncommitted-{commit}")).unwrap();
+            let request = || BeginRequest {
+                scope: &scope,
+                key: &key,
+                fingerprint: &fingerprint,
+                token: ClaimToken::new(),
+                lease: Duration::from_secs(30),
+                ttl: Duration::from_secs(60),
+            };
+            let mut owner = store.pool().begin().await.unwrap();
+            let owned = store.begin_on(&mut *owner, &request()).await.unwrap();
+            assert!(matches!(owned, Begin::Claimed(_)), "{owned:?}");
+            let duplicate = {
+                let (store, scope, key) = (store.clone(), scope.clone(), key.clone());
+                tokio::spawn(async move {
+                    let request = BeginRequest {
+                        scope: &scope,
+                        key: &key,
+                        fingerprint: &fingerprint,
+                        token: ClaimToken::new(),
+                        lease: Duration::from_secs(30),
+                        ttl: Duration::from_secs(60),
+                    };
+                    store.begin(&request).await
+                })
+            };
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            assert!(!duplicate.is_finished(), "the claim did not wait for the owner's");
+            if commit {
+                owner.commit().await.unwrap();
+            } else {
+                owner.rollback().await.unwrap();
+            }
+            let answer = duplicate.await.unwrap().unwrap();
+            if commit {
+                assert!(matches!(answer, Begin::InProgress { .. }), "{answer:?}");
+            } else {
+                assert!(matches!(answer, Begin::Claimed(_)), "{answer:?}");
+            }
+        }
+    }
+
     /// Connecting, migrating and claiming can run on a task of their own:
     /// their futures are `Send` in every context (which a
     /// `raw_sql(..).execute(..)` inside used to fail).

@@ -21,3 +21,11 @@ idem::store_conformance!(postgres, backend::postgres::store(10));
 
 #[cfg(feature = "mysql")]
 idem::store_conformance!(mysql, backend::mysql::store(10));
+
+// The claim in two statements (the upsert, then a locking read), as on a
+// server without `INSERT ... RETURNING` (MySQL, MariaDB before 10.5).
+#[cfg(feature = "mysql")]
+idem::store_conformance!(mysql_without_returning, async {
+    let (store, guard) = backend::mysql::store(10).await;
+    (store.__claim_without_returning(), guard)
+});

@@ -10,7 +10,7 @@
 use std::future::Future;
 
 use sqlx::query::Query;
-use sqlx::{ColumnIndex, Database, Decode, Encode, Executor, IntoArguments, Row, Type};
+use sqlx::{Column, ColumnIndex, Database, Decode, Encode, Executor, IntoArguments, Row, Type};
 
 /// A value bound to a statement's placeholder.
 #[derive(Clone, Copy, Debug)]
@@ -163,18 +163,29 @@ where
     }
 
     fn text(row: &Self::Row, column: &str) -> Result<String, sqlx::Error> {
-        row.try_get(column)
+        row.try_get(ordinal(row, column)?)
     }
 
     fn bytes(row: &Self::Row, column: &str) -> Result<Option<Vec<u8>>, sqlx::Error> {
-        row.try_get(column)
+        row.try_get(ordinal(row, column)?)
     }
 
     fn int(row: &Self::Row, column: &str) -> Result<Option<i64>, sqlx::Error> {
-        row.try_get(column)
+        row.try_get(ordinal(row, column)?)
     }
 
     fn small(row: &Self::Row, column: &str) -> Result<Option<i16>, sqlx::Error> {
-        row.try_get(column)
+        row.try_get(ordinal(row, column)?)
     }
+}
+
+/// The position of `column` among the row's own columns. Looked up there
+/// rather than by name through sqlx, whose names of a prepared statement's
+/// columns come from the server's answer to the prepare: MariaDB answers
+/// none for `INSERT ... RETURNING`, though each result names them.
+fn ordinal<R: Row>(row: &R, column: &str) -> Result<usize, sqlx::Error> {
+    row.columns()
+        .iter()
+        .position(|c| c.name() == column)
+        .ok_or_else(|| sqlx::Error::ColumnNotFound(column.to_owned()))
 }

@@ -65,6 +65,13 @@ pub(crate) mod dialect {
         /// committed record (PostgreSQL's `READ COMMITTED`); otherwise
         /// [`SqlStore::peek_in`] reads beside it.
         const PEEK_IN_CALLER: bool = false;
+        /// The claim locks no record it does not claim, even inside a
+        /// caller's transaction.
+        const CLAIM_LOCKS_ONLY_ITS_OWN: bool = false;
+        /// A claim on the store's pool reads the record first, and claims
+        /// only when the read has no answer (SQLite: a read runs beside
+        /// the writer, where the claim takes the database's write lock).
+        const READ_FIRST: bool = false;
 
         /// What the store keeps to wake waiters in other processes.
         type Wake: Default + Debug + Send + Sync + 'static;
@@ -93,6 +100,13 @@ pub(crate) mod dialect {
         /// The database refused a claim because the caller's snapshot is
         /// older than the record (MariaDB's `innodb_snapshot_isolation`).
         fn changed_since_read(err: &Error) -> bool {
+            let _ = err;
+            false
+        }
+
+        /// Whether the server refused the claim's `RETURNING` clause, so
+        /// that the claim without it is used from then on.
+        fn refuses_returning(err: &Error) -> bool {
             let _ = err;
             false
         }
@@ -160,6 +174,9 @@ macro_rules! transactional_store {
                 claim: &$crate::record::Claim,
             ) -> Result<(), $crate::error::Error> {
                 $crate::backend::SqlStore::release_on(self, $conn, claim).await
+            }
+            fn claim_locks_only_its_own(&self) -> bool {
+                <$db as $crate::backend::dialect::Dialect>::CLAIM_LOCKS_ONLY_ITS_OWN
             }
         }
     };

@@ -5,13 +5,14 @@
 //! [`Dialect`](super::Dialect).
 
 use std::fmt;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
 
 use super::exec::Value;
-use super::statements::{Param, Statement, Statements};
+use super::statements::{ClaimReturns, Param, Statement, Statements};
 use super::{Backend, DEFAULT_MIGRATIONS_TABLE, DEFAULT_TABLE};
 use crate::error::Error;
 use crate::fingerprint::Fingerprint;
@@ -143,14 +144,16 @@ impl<DB: Backend> SqlStore<DB> {
         DB::check_request(req)?;
         let bound = Bound::request(req);
         for _ in 0..CLAIM_ROUNDS {
-            match self.claim(conn, &self.sql.claim, &bound).await {
-                Ok(Some(fence)) => return Ok(Begin::Claimed(Claim::granted(req, fence))),
-                Ok(None) => {}
+            let found = match self.claim(conn, &bound).await {
+                Ok(Claimed::Fence(fence)) => return Ok(Begin::Claimed(Claim::granted(req, fence))),
+                Ok(Claimed::Found(record, now)) => Some((record, now)),
+                // The key is taken (or, where the claim answers nothing,
+                // maybe ours): read the record to say why.
+                Ok(Claimed::Unknown) => self.read_on(conn, &self.sql.claimed, &bound).await?,
                 Err(err) => return self.answer_refused_claim(err, req).await,
-            }
-            // The key is taken (or, where the claim returns nothing, maybe
-            // ours): read the record to say why. Gone meanwhile: claim again.
-            let Some((record, now)) = self.read_on(conn, &self.sql.claimed, &bound).await? else {
+            };
+            // Gone meanwhile: claim again.
+            let Some((record, now)) = found else {
                 continue;
             };
             if let Some(answer) = decide(req, &record, now).answer()? {
@@ -158,7 +161,8 @@ impl<DB: Backend> SqlStore<DB> {
             }
             // Free (expired, lapsed): take it over while it still is.
             if let Some(take_over) = &self.sql.take_over {
-                if let Some(fence) = self.claim(conn, take_over, &bound).await? {
+                let values = bound.values(take_over)?;
+                if let Some(fence) = DB::fetch_int(conn, &take_over.sql, values).await? {
                     return Ok(Begin::Claimed(Claim::granted(req, fence)));
                 }
             }
@@ -168,22 +172,58 @@ impl<DB: Backend> SqlStore<DB> {
         )))
     }
 
-    /// Runs a claim statement: the fence it returns, or `None` where it
-    /// returns none (lost to a live record, or MySQL's claim, which is
-    /// read back).
-    async fn claim(
+    /// Runs the claim statement, and says what it answered.
+    async fn claim(&self, conn: &mut DB::Connection, bound: &Bound<'_>) -> Result<Claimed, Error> {
+        let sql = &self.sql;
+        let plain = sql
+            .claim_without_returning
+            .as_ref()
+            .filter(|_| sql.returning_refused.load(Ordering::Relaxed));
+        if let Some(plain) = plain {
+            return self.claim_without_returning(conn, plain, bound).await;
+        }
+        let claim = &sql.claim;
+        let values = bound.values(claim)?;
+        match sql.claim_returns {
+            ClaimReturns::Fence => Ok(DB::fetch_int(conn, &claim.sql, values)
+                .await?
+                .map_or(Claimed::Unknown, Claimed::Fence)),
+            ClaimReturns::Record => match DB::fetch_row(conn, &claim.sql, values)
+                .await
+                .map_err(Error::from)
+            {
+                Ok(Some(row)) => {
+                    let (record, now) = decode_read::<DB>(&row)?;
+                    Ok(Claimed::Found(record, now))
+                }
+                Ok(None) => Ok(Claimed::Unknown),
+                Err(err) if DB::refuses_returning(&err) => {
+                    let Some(plain) = &sql.claim_without_returning else {
+                        return Err(err);
+                    };
+                    tracing::info!(
+                        "the database has no INSERT ... RETURNING: claiming in two statements"
+                    );
+                    sql.returning_refused.store(true, Ordering::Relaxed);
+                    self.claim_without_returning(conn, plain, bound).await
+                }
+                Err(err) => Err(err),
+            },
+            ClaimReturns::Nothing => {
+                DB::execute(conn, &claim.sql, values).await?;
+                Ok(Claimed::Unknown)
+            }
+        }
+    }
+
+    async fn claim_without_returning(
         &self,
         conn: &mut DB::Connection,
-        statement: &Statement,
+        plain: &Statement,
         bound: &Bound<'_>,
-    ) -> Result<Option<i64>, Error> {
-        let values = bound.values(statement)?;
-        if self.sql.claim_returns_fence {
-            Ok(DB::fetch_int(conn, &statement.sql, values).await?)
-        } else {
-            DB::execute(conn, &statement.sql, values).await?;
-            Ok(None)
-        }
+    ) -> Result<Claimed, Error> {
+        DB::execute(conn, &plain.sql, bound.values(plain)?).await?;
+        Ok(Claimed::Unknown)
     }
 
     /// A claim the database refused: when it refused because the caller's
@@ -310,12 +350,7 @@ impl<DB: Backend> SqlStore<DB> {
         bound: &Bound<'_>,
     ) -> Result<Option<(Record, Millis)>, Error> {
         let row = DB::fetch_row(conn, &statement.sql, bound.values(statement)?).await?;
-        row.map(|row| {
-            let now = DB::int(&row, "db_now")?
-                .ok_or_else(|| Error::store("the database's clock read NULL"))?;
-            Ok((record_from_row::<DB>(&row)?, now))
-        })
-        .transpose()
+        row.map(|row| decode_read::<DB>(&row)).transpose()
     }
 
     /// A connection of the store's own pool for a plain read beside a
@@ -366,7 +401,17 @@ macro_rules! on_pool {
 #[async_trait]
 impl<DB: Backend> Store for SqlStore<DB> {
     async fn begin(&self, req: &BeginRequest<'_>) -> Result<Begin, Error> {
-        on_pool!(self, |conn| self.begin_on(&mut conn, req))
+        on_pool!(self, |conn| async {
+            // A plain read first where it is cheaper than a claim attempt
+            // that finds the key taken: a replay is then one read. The
+            // claim stays the one write that hands the key out.
+            if DB::READ_FIRST {
+                if let Some(answer) = self.peek_on(&mut conn, req).await? {
+                    return Ok(answer);
+                }
+            }
+            self.begin_on(&mut conn, req).await
+        })
     }
 
     async fn peek(&self, req: &BeginRequest<'_>) -> Result<Option<Begin>, Error> {
@@ -520,6 +565,23 @@ impl<'a> Bound<'a> {
             })
             .collect()
     }
+}
+
+/// What a claim statement answered.
+enum Claimed {
+    /// Claimed, with this fence.
+    Fence(i64),
+    /// The record as the claim left it, and the database's time.
+    Found(Record, Millis),
+    /// Nothing to go by: read the record.
+    Unknown,
+}
+
+/// A record's row and the database's time of the read (`db_now`).
+fn decode_read<DB: Backend>(row: &DB::Row) -> Result<(Record, Millis), Error> {
+    let now =
+        DB::int(row, "db_now")?.ok_or_else(|| Error::store("the database's clock read NULL"))?;
+    Ok((record_from_row::<DB>(row)?, now))
 }
 
 /// Decodes a record's row; a row this library could not have written is a

@@ -37,6 +37,21 @@ impl Statement {
     }
 }
 
+/// What a claim statement answers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ClaimReturns {
+    /// The fence when it claimed, no row when the key is taken (the
+    /// record is then read with [`Statements::claimed`]).
+    Fence,
+    /// The record as the claim left it (the caller's own, or the one that
+    /// holds the key) and `db_now`, in one round trip; no row only where
+    /// the record is not visible to the statement yet (read it then).
+    Record,
+    /// Nothing: the record is read with [`Statements::claimed`], and its
+    /// token says whose it is.
+    Nothing,
+}
+
 /// A backend's statements on one records table.
 ///
 /// Every one that reads a record selects its columns and `db_now`, the
@@ -44,12 +59,15 @@ impl Statement {
 #[derive(Debug)]
 pub struct Statements {
     pub table: String,
-    /// Claims a free key; returns the fence when `claim_returns_fence`.
+    /// Claims a free key; answers as `claim_returns` says.
     pub claim: Statement,
-    /// Whether [`claim`](Self::claim) returns the fence. MySQL's does not:
-    /// the record is read back with [`claimed`](Self::claimed) and the
-    /// token says whose it is.
-    pub claim_returns_fence: bool,
+    pub claim_returns: ClaimReturns,
+    /// The claim without `RETURNING`, for a server that refuses it (MySQL
+    /// has no `INSERT ... RETURNING`; MariaDB has since 10.5): it returns
+    /// nothing.
+    pub claim_without_returning: Option<Statement>,
+    /// Set once the server refused the claim's `RETURNING`.
+    pub returning_refused: std::sync::atomic::AtomicBool,
     /// The record read after a claim: a plain read, or a locking one where
     /// the claim ran inside a snapshot (MySQL).
     pub claimed: Statement,
@@ -91,14 +109,17 @@ pub struct Numbered {
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 impl Numbered {
     /// The statements on `table`, with `now` as the database's clock. The
-    /// claim returns the fence; the record is read back with a plain read.
-    pub fn on(&self, table: String, now: &str) -> Statements {
+    /// claim answers as `claim_returns` says; the record is read back with
+    /// a plain read.
+    pub fn on(&self, table: String, now: &str, claim_returns: ClaimReturns) -> Statements {
         use Param::*;
         const CLAIM: &[Param] = &[Scope, Key, Fingerprint, Token, Lease, Ttl];
         let s = |sql: &str, params: &'static [Param]| Statement::new(sql, &table, now, params);
         Statements {
             claim: s(self.claim, CLAIM),
-            claim_returns_fence: true,
+            claim_returns,
+            claim_without_returning: None,
+            returning_refused: Default::default(),
             claimed: s(self.select, &[Scope, Key]),
             take_over: self.take_over.map(|sql| s(sql, CLAIM)),
             select: s(self.select, &[Scope, Key]),

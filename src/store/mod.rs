@@ -141,6 +141,9 @@ pub trait Store: Send + Sync {
 /// tries the claim only when the key looks free. Should that claim find
 /// the key in progress after all, the duplicate does not wait: the attempt
 /// may have left a lock in the caller's transaction that the owner needs.
+/// A store whose claim locks nothing it does not claim says so
+/// ([`claim_locks_only_its_own`](TransactionalStore::claim_locks_only_its_own)),
+/// and its duplicates claim at once, one round trip fewer.
 #[async_trait]
 pub trait TransactionalStore<C: Send + ?Sized>: Store {
     /// [`Store::peek`] for a caller in a transaction on `conn`: a plain
@@ -162,6 +165,15 @@ pub trait TransactionalStore<C: Send + ?Sized>: Store {
     ) -> Result<(), Error>;
     /// [`Store::release`] on `conn`.
     async fn release_on(&self, conn: &mut C, claim: &Claim) -> Result<(), Error>;
+    /// Whether [`begin_on`](TransactionalStore::begin_on) locks no record
+    /// but the one it claims (PostgreSQL's `INSERT ... ON CONFLICT DO
+    /// NOTHING`): a duplicate then claims without looking first, and may
+    /// wait for an owner in progress. `false` (the default) looks first
+    /// with [`peek_in`](TransactionalStore::peek_in), and a claim attempt
+    /// that finds the key in progress does not wait.
+    fn claim_locks_only_its_own(&self) -> bool {
+        false
+    }
 }
 
 macro_rules! forward_transactional_store {
@@ -192,6 +204,9 @@ macro_rules! forward_transactional_store {
             }
             async fn release_on(&self, conn: &mut C, claim: &Claim) -> Result<(), Error> {
                 (**self).release_on(conn, claim).await
+            }
+            fn claim_locks_only_its_own(&self) -> bool {
+                (**self).claim_locks_only_its_own()
             }
         }
     )*};

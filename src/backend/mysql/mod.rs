@@ -1,11 +1,13 @@
 //! MySQL and MariaDB: their records statements, clock and migrations, the
 //! errors InnoDB answers with, and entity mode's statements ([`entity`]).
 
+use std::sync::atomic::Ordering;
+
 use sqlx::mysql::{MySql, MySqlConnection, MySqlPoolOptions, MySqlQueryResult};
 
 use super::dialect::Dialect;
 use super::migrate::{self, Bookkeeping};
-use super::statements::{Param, Statement, Statements};
+use super::statements::{ClaimReturns, Param, Statement, Statements};
 use super::SqlStore;
 use crate::error::Error;
 use crate::record::BeginRequest;
@@ -133,9 +135,11 @@ const FREE: &str = "(`{table}`.expires_at <= c.now_ms
 /// This attempt holds the key.
 const OURS: &str = "(`{table}`.claim_token = c.token OR {free})";
 
-const SELECT: &str = "SELECT scope, `key`, fingerprint, state, fence, lease_until, outcome_kind,
-        outcome, claim_token, created_at, expires_at, {now} AS db_now
-    FROM `{table}` WHERE scope = ? AND `key` = ?";
+/// A record's columns and the database's clock.
+const COLUMNS: &str = "scope, `key`, fingerprint, state, fence, lease_until, outcome_kind,
+        outcome, claim_token, created_at, expires_at, {now} AS db_now";
+
+const SELECT: &str = "SELECT {columns} FROM `{table}` WHERE scope = ? AND `key` = ?";
 
 const RENEW: &str = "UPDATE `{table}`
     SET lease_until = {now} + ?, expires_at = GREATEST(expires_at, {now} + ?)
@@ -171,15 +175,22 @@ impl Dialect for MySql {
 
     fn statements(table: String) -> Statements {
         let s = |sql: &str, params: &'static [Param]| Statement::new(sql, &table, NOW, params);
+        const CLAIM_PARAMS: &[Param] = &[Scope, Key, Fingerprint, Lease, Ttl, Token];
         let claim = CLAIM.replace("{ours}", OURS).replace("{free}", FREE);
+        let select = SELECT.replace("{columns}", COLUMNS);
         Statements {
-            claim: s(&claim, &[Scope, Key, Fingerprint, Lease, Ttl, Token]),
-            claim_returns_fence: false,
+            // MariaDB (10.5+) answers the row as the claim left it, locked
+            // and latest: the caller's claim, or the record holding the
+            // key, in one round trip.
+            claim: s(&format!("{claim} RETURNING {COLUMNS}"), CLAIM_PARAMS),
+            claim_returns: ClaimReturns::Record,
+            claim_without_returning: Some(s(&claim, CLAIM_PARAMS)),
+            returning_refused: Default::default(),
             // A locking read: it sees the latest committed row even inside
             // a REPEATABLE READ transaction.
-            claimed: s(&format!("{SELECT} FOR UPDATE"), &[Scope, Key]),
+            claimed: s(&format!("{select} FOR UPDATE"), &[Scope, Key]),
             take_over: None,
-            select: s(SELECT, &[Scope, Key]),
+            select: s(&select, &[Scope, Key]),
             renew: s(RENEW, &[Lease, Lease, Scope, Key, Token]),
             complete: s(
                 COMPLETE,
@@ -264,6 +275,14 @@ impl Dialect for MySql {
 
     /// InnoDB rolled the statement back to break a deadlock (error 1213,
     /// SQLSTATE 40001).
+    fn refuses_returning(err: &Error) -> bool {
+        // ER_PARSE_ERROR: MySQL, and MariaDB before 10.5, have no
+        // `INSERT ... RETURNING`.
+        database_error(err)
+            .and_then(|e| e.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>())
+            .is_some_and(|e| e.number() == 1064)
+    }
+
     fn is_deadlock(err: &Error) -> bool {
         database_error(err)
             .and_then(|e| e.code())
@@ -291,6 +310,16 @@ impl SqlStore<MySql> {
     }
 }
 
+impl SqlStore<MySql> {
+    /// Claims in two statements from now on, as on a server without
+    /// `INSERT ... RETURNING`: for tests of that path on MariaDB.
+    #[doc(hidden)]
+    pub fn __claim_without_returning(self) -> Self {
+        self.sql.returning_refused.store(true, Ordering::Relaxed);
+        self
+    }
+}
+
 super::transactional_store!(MySql, MySqlConnection);
 
 #[cfg(test)]
@@ -299,9 +328,31 @@ mod tests {
 
     #[test]
     fn claim_statement_has_no_placeholders_left() {
-        let sql = MySql::statements("t".into()).claim;
-        assert!(!sql.sql.contains('{'), "{}", sql.sql);
-        assert_eq!(sql.sql.matches('?').count(), sql.params.len());
+        let s = MySql::statements("t".into());
+        for sql in [&s.claim, s.claim_without_returning.as_ref().unwrap()] {
+            assert!(!sql.sql.contains('{'), "{}", sql.sql);
+            assert_eq!(sql.sql.matches('?').count(), sql.params.len());
+        }
+    }
+
+    /// The server's refusal of a statement it cannot parse is what turns
+    /// the claim's `RETURNING` off.
+    #[tokio::test]
+    async fn a_parse_error_is_a_refused_returning() {
+        let url = std::env::var("IDEM_MYSQL_URL")
+            .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".to_owned());
+        let pool = sqlx::MySqlPool::connect(&url).await.unwrap();
+        let err = sqlx::query("INSERT INTO nowhere (a) VALUES (?) RETURNING a b c")
+            .bind(1)
+            .execute(&pool)
+            .await
+            .unwrap_err();
+        assert!(MySql::refuses_returning(&Error::from(err)));
+        let err = sqlx::query("SELECT * FROM no_such_table_here")
+            .execute(&pool)
+            .await
+            .unwrap_err();
+        assert!(!MySql::refuses_returning(&Error::from(err)));
     }
 
     #[test]
@@ -309,6 +360,7 @@ mod tests {
         let s = MySql::statements("t".into());
         for statement in [
             &s.claim,
+            s.claim_without_returning.as_ref().unwrap(),
             &s.claimed,
             &s.select,
             &s.renew,

@@ -7,7 +7,7 @@ use sqlx::postgres::{PgConnection, PgPoolOptions, PgQueryResult, Postgres};
 use super::dialect::Dialect;
 use super::entity::EntityDatabase;
 use super::migrate::{self, Bookkeeping};
-use super::statements::{Numbered, Statements};
+use super::statements::{ClaimReturns, Numbered, Statements};
 use super::SqlStore;
 use crate::error::Error;
 
@@ -17,9 +17,10 @@ use listener::Listener;
 
 /// Records in a PostgreSQL database through a sqlx pool.
 ///
-/// The claim is `INSERT ... ON CONFLICT (scope, key) DO NOTHING`; when the
-/// key is taken, the record is read, and a free one (expired, or a lapsed
-/// lease) is taken over with an `UPDATE ... WHERE <still free>`. The primary
+/// The claim is `INSERT ... ON CONFLICT (scope, key) DO NOTHING`, which
+/// answers in the same round trip the record that holds a taken key; a
+/// free one (expired, or a lapsed lease) is taken over with an
+/// `UPDATE ... WHERE <still free>`. The primary
 /// key on `(scope, key)` decides, so any number of connections, processes
 /// and hosts sharing the database claim a key once; none of these
 /// statements locks a row it does not claim, so a duplicate never holds a
@@ -100,15 +101,32 @@ const NOW: &str = "(EXTRACT(EPOCH FROM clock_timestamp()) * 1000)::BIGINT";
 /// (`"idemmigr"` in ASCII).
 const MIGRATION_LOCK: i64 = 0x6964_656d_6d69_6772;
 
-/// Inserts a new record; a taken key is read, and taken over if free.
-const CLAIM: &str = r#"INSERT INTO "{table}"
-        (scope, key, fingerprint, state, fence, claim_token, lease_until,
-         created_at, expires_at)
-    SELECT $1, $2, $3, 'in_progress', 1, $4, c.now + $5, c.now,
-           c.now + GREATEST($5, $6)
-    FROM (SELECT {now} AS now) AS c
-    ON CONFLICT (scope, key) DO NOTHING
-    RETURNING fence"#;
+/// Inserts a new record, or, when the key is taken, answers the record
+/// that holds it, in one round trip: a replay is this one statement.
+///
+/// `ON CONFLICT DO NOTHING` locks nothing, so a duplicate (even inside a
+/// caller's transaction) holds no lock the owner needs. The existing row
+/// is read with the statement's snapshot: a row committed after it began
+/// (the conflict waited for its inserter) is not in it, and the statement
+/// answers no row; the record is then read again. A free record (expired,
+/// or a lapsed lease) is taken over with [`TAKE_OVER`].
+const CLAIM: &str = r#"WITH c AS (SELECT {now} AS now),
+    ins AS (
+        INSERT INTO "{table}"
+            (scope, key, fingerprint, state, fence, claim_token, lease_until,
+             created_at, expires_at)
+        SELECT $1, $2, $3, 'in_progress', 1, $4, c.now + $5, c.now,
+               c.now + GREATEST($5, $6)
+        FROM c
+        ON CONFLICT (scope, key) DO NOTHING
+        RETURNING scope, key, fingerprint, state, fence, claim_token, lease_until,
+            outcome_kind, outcome, created_at, expires_at)
+    SELECT ins.*, c.now AS db_now FROM ins, c
+    UNION ALL
+    SELECT t.scope, t.key, t.fingerprint, t.state, t.fence, t.claim_token, t.lease_until,
+        t.outcome_kind, t.outcome, t.created_at, t.expires_at, c.now AS db_now
+    FROM "{table}" AS t, c
+    WHERE t.scope = $1 AND t.key = $2 AND NOT EXISTS (SELECT 1 FROM ins)"#;
 
 const TAKE_OVER: &str = r#"UPDATE "{table}" AS t SET
         fingerprint = $3,
@@ -181,6 +199,7 @@ const PURGE: &str = r#"DELETE FROM "{table}"
 
 impl Dialect for Postgres {
     const PEEK_IN_CALLER: bool = true;
+    const CLAIM_LOCKS_ONLY_ITS_OWN: bool = true;
     type Wake = Listener;
 
     fn param(n: usize) -> String {
@@ -200,7 +219,7 @@ impl Dialect for Postgres {
             forget: FORGET,
             purge: PURGE,
         }
-        .on(table, NOW)
+        .on(table, NOW, ClaimReturns::Record)
     }
 
     fn rows_affected(result: &PgQueryResult) -> u64 {

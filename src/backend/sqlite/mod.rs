@@ -13,7 +13,7 @@ use sqlx::Connection;
 use super::dialect::Dialect;
 use super::entity::EntityDatabase;
 use super::migrate::{self, Bookkeeping};
-use super::statements::{Numbered, Statements};
+use super::statements::{ClaimReturns, Numbered, Statements};
 use super::SqlStore;
 use crate::error::Error;
 
@@ -131,6 +131,7 @@ const PURGE: &str = r#"DELETE FROM "{table}" WHERE rowid IN
 
 impl Dialect for Sqlite {
     const SMALL_OUTCOME_KIND: bool = false;
+    const READ_FIRST: bool = true;
     type Wake = ();
 
     fn param(n: usize) -> String {
@@ -151,7 +152,7 @@ impl Dialect for Sqlite {
             forget: FORGET,
             purge: PURGE,
         }
-        .on(table, NOW)
+        .on(table, NOW, ClaimReturns::Fence)
     }
 
     fn rows_affected(result: &SqliteQueryResult) -> u64 {
