@@ -742,11 +742,14 @@ trait Records: Send {
     async fn peek(&mut self, request: &BeginRequest<'_>) -> Result<Option<Begin>, Error>;
     async fn complete(&mut self, claim: &Claim, outcome: &Outcome) -> Result<(), Error>;
     async fn release(&mut self, claim: &Claim) -> Result<(), Error>;
+    /// Waits for the key to change, or `timeout`: the answer when the
+    /// change hands it over (the outcome the holder completed with), or
+    /// `None` to look at the record.
     async fn wait_for_change(
         &mut self,
         request: &BeginRequest<'_>,
         timeout: Duration,
-    ) -> Result<(), Error>;
+    ) -> Result<Option<Begin>, Error>;
     /// The longest pause between two looks at an in-progress key.
     fn max_poll(&self) -> Duration;
     /// Whether waiting is allowed: not while a claim attempt may have left
@@ -788,10 +791,8 @@ impl<S: Store + ?Sized> Records for Pooled<'_, S> {
         &mut self,
         request: &BeginRequest<'_>,
         timeout: Duration,
-    ) -> Result<(), Error> {
-        self.0
-            .wait_for_change(request.scope, request.key, timeout)
-            .await
+    ) -> Result<Option<Begin>, Error> {
+        self.0.wait_for_outcome(request, timeout).await
     }
     fn max_poll(&self) -> Duration {
         if self.0.wakes_across_processes() {
@@ -847,11 +848,11 @@ where
         &mut self,
         _request: &BeginRequest<'_>,
         timeout: Duration,
-    ) -> Result<(), Error> {
+    ) -> Result<Option<Begin>, Error> {
         // Polls: a wake-up through the store would take a second connection
         // while the caller's transaction holds one, and pools run dry.
         tokio::time::sleep(timeout).await;
-        Ok(())
+        Ok(None)
     }
     fn max_poll(&self) -> Duration {
         MAX_POLL
@@ -950,11 +951,14 @@ where
                     waited = true;
                 }
                 let pause = left.map_or(step, |left| step.min(left));
-                records.wait_for_change(request, pause).await?;
+                let handed = records.wait_for_change(request, pause).await?;
                 step = (step * 2).min(records.max_poll());
-                answer = match records.peek(request).await? {
+                answer = match handed {
                     Some(answer) => answer,
-                    None => records.begin(request).await?,
+                    None => match records.peek(request).await? {
+                        Some(answer) => answer,
+                        None => records.begin(request).await?,
+                    },
                 };
             }
         }

@@ -21,7 +21,7 @@ use crate::record::{
     decide, duration_millis, Begin, BeginRequest, Claim, ClaimToken, Millis, Outcome, OutcomeKind,
     Record, State,
 };
-use crate::store::{Store, Waiters};
+use crate::store::{Look, Store, Waiters};
 
 /// How many times a claim is tried against records that change under it
 /// (released, lapsed, purged between two statements) before giving up:
@@ -367,13 +367,19 @@ impl<DB: Backend> SqlStore<DB> {
             .ok()
     }
 
-    /// Whether the record of `(scope, key)` is held by a live claim now.
-    async fn held(&self, scope: &Scope, key: &Key) -> Result<bool, Error> {
+    /// Whether the record of `(scope, key)` is held by a live claim now,
+    /// and by which.
+    async fn look(&self, scope: &Scope, key: &Key) -> Result<Look, Error> {
         let mut conn = self.pool.acquire().await?;
-        Ok(self
-            .read_on(&mut conn, &self.sql.select, &Bound::key(scope, key))
-            .await?
-            .is_some_and(|(record, now)| record.holds_lease(now)))
+        Ok(
+            match self
+                .read_on(&mut conn, &self.sql.select, &Bound::key(scope, key))
+                .await?
+            {
+                Some((record, now)) if record.holds_lease(now) => Look::HeldBy(record.token),
+                _ => Look::Free,
+            },
+        )
     }
 }
 
@@ -425,7 +431,7 @@ impl<DB: Backend> Store for SqlStore<DB> {
 
     async fn complete(&self, claim: &Claim, outcome: &Outcome) -> Result<(), Error> {
         on_pool!(self, |conn| self.complete_on(&mut conn, claim, outcome))?;
-        self.waiters.wake(&claim.scope, &claim.key);
+        self.waiters.hand_over(claim, outcome);
         Ok(())
     }
 
@@ -474,8 +480,24 @@ impl<DB: Backend> Store for SqlStore<DB> {
     ) -> Result<(), Error> {
         DB::listen(self);
         self.waiters
-            .wait(scope, key, timeout, || self.held(scope, key))
-            .await
+            .wait(scope, key, timeout, || self.look(scope, key))
+            .await?;
+        Ok(())
+    }
+
+    async fn wait_for_outcome(
+        &self,
+        req: &BeginRequest<'_>,
+        timeout: Duration,
+    ) -> Result<Option<Begin>, Error> {
+        DB::listen(self);
+        let handed = self
+            .waiters
+            .wait(req.scope, req.key, timeout, || {
+                self.look(req.scope, req.key)
+            })
+            .await?;
+        Ok(handed.map(Begin::Replay))
     }
 
     fn wakes_across_processes(&self) -> bool {

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use super::{BeginRequest, Store, Waiters};
+use super::{BeginRequest, Look, Store, Waiters};
 use crate::error::Error;
 use crate::key::{Key, Scope};
 use crate::record::{
@@ -53,6 +53,15 @@ impl MemoryStore {
 
     fn slot(scope: &Scope, key: &Key) -> (String, String) {
         (scope.as_str().to_owned(), key.as_str().to_owned())
+    }
+
+    /// Whether a live claim holds `(scope, key)` now, and which.
+    fn look(&self, scope: &Scope, key: &Key) -> Look {
+        let now = now_millis();
+        match self.records().get(&Self::slot(scope, key)) {
+            Some(r) if r.holds_lease(now) => Look::HeldBy(r.token),
+            _ => Look::Free,
+        }
     }
 
     /// Runs `write` on the record if it is in progress under `claim`'s
@@ -148,7 +157,7 @@ impl Store for MemoryStore {
                 }
             },
         )?;
-        self.inner.waiters.wake(&claim.scope, &claim.key);
+        self.inner.waiters.hand_over(claim, outcome);
         Ok(())
     }
 
@@ -203,17 +212,29 @@ impl Store for MemoryStore {
         key: &Key,
         timeout: Duration,
     ) -> Result<(), Error> {
-        let waiters = &self.inner.waiters;
-        waiters
+        self.inner
+            .waiters
             .wait(scope, key, timeout, || async {
-                let now = now_millis();
-                Ok::<_, Error>(
-                    self.records()
-                        .get(&Self::slot(scope, key))
-                        .is_some_and(|r| r.holds_lease(now)),
-                )
+                Ok::<_, Error>(self.look(scope, key))
             })
-            .await
+            .await?;
+        Ok(())
+    }
+
+    async fn wait_for_outcome(
+        &self,
+        req: &BeginRequest<'_>,
+        timeout: Duration,
+    ) -> Result<Option<Begin>, Error> {
+        let (scope, key) = (req.scope, req.key);
+        let handed = self
+            .inner
+            .waiters
+            .wait(scope, key, timeout, || async {
+                Ok::<_, Error>(self.look(scope, key))
+            })
+            .await?;
+        Ok(handed.map(Begin::Replay))
     }
 
     fn detach(&self) -> Option<Arc<dyn Store>> {

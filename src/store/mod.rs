@@ -27,7 +27,7 @@ mod waiters;
 
 pub use memory::MemoryStore;
 pub use pass_through::PassThroughStore;
-pub(crate) use waiters::Waiters;
+pub(crate) use waiters::{Look, Waiters};
 
 /// A place to keep idempotency records.
 ///
@@ -110,6 +110,22 @@ pub trait Store: Send + Sync {
         let _ = (scope, key);
         tokio::time::sleep(timeout).await;
         Ok(())
+    }
+
+    /// [`wait_for_change`](Store::wait_for_change) for a duplicate whose
+    /// claim found the key in progress, answering it at once when the
+    /// change is the completion, in this process, of the very claim that
+    /// held the key: the outcome is handed over without a read. `None`:
+    /// look at the record. The default waits for a change and answers
+    /// `None`.
+    async fn wait_for_outcome(
+        &self,
+        request: &BeginRequest<'_>,
+        timeout: Duration,
+    ) -> Result<Option<Begin>, Error> {
+        self.wait_for_change(request.scope, request.key, timeout)
+            .await?;
+        Ok(None)
     }
 
     /// Whether [`wait_for_change`](Store::wait_for_change) is woken by
@@ -247,6 +263,13 @@ macro_rules! forward_store {
                 timeout: Duration,
             ) -> Result<(), Error> {
                 (**self).wait_for_change(scope, key, timeout).await
+            }
+            async fn wait_for_outcome(
+                &self,
+                request: &BeginRequest<'_>,
+                timeout: Duration,
+            ) -> Result<Option<Begin>, Error> {
+                (**self).wait_for_outcome(request, timeout).await
             }
             fn wakes_across_processes(&self) -> bool {
                 (**self).wakes_across_processes()

@@ -1,4 +1,5 @@
-//! In-process wake-ups for duplicates waiting on a key.
+//! In-process wake-ups for duplicates waiting on a key, and the outcome
+//! of a completion in this process handed straight to them.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -7,27 +8,71 @@ use std::time::Duration;
 use tokio::sync::Notify;
 
 use crate::key::{Key, Scope};
+use crate::record::{Claim, ClaimToken, Outcome};
 
 type Slot = (String, String);
 
 /// The duplicates of this process waiting on each key, so that a completion
 /// or release in this process wakes them at once instead of at their next
-/// poll.
+/// poll, and a completion answers them without a read.
 #[derive(Debug, Default)]
 pub(crate) struct Waiters {
-    slots: Mutex<HashMap<Slot, Arc<Notify>>>,
+    slots: Mutex<HashMap<Slot, Arc<Waiting>>>,
+}
+
+/// The waiters of one key.
+#[derive(Debug, Default)]
+struct Waiting {
+    notify: Notify,
+    /// The outcome a claim of this process completed with, by the claim's
+    /// token.
+    handed: Mutex<Option<(ClaimToken, Outcome)>>,
+}
+
+/// What a waiter saw when it began to wait, after registering.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Look {
+    /// Nobody holds the key (completed, released, lapsed, gone): look at
+    /// the record again.
+    Free,
+    /// A live claim holds it, with this token (`None` on rows written
+    /// before tokens existed).
+    HeldBy(Option<ClaimToken>),
 }
 
 impl Waiters {
-    /// Wakes every waiter of `(scope, key)`. Cheap when nobody waits.
-    pub(crate) fn wake(&self, scope: &Scope, key: &Key) {
+    fn slot(&self, scope: &Scope, key: &Key) -> Option<Arc<Waiting>> {
         let slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
         if slots.is_empty() {
+            return None;
+        }
+        slots
+            .get(&(scope.as_str().to_owned(), key.as_str().to_owned()))
+            .cloned()
+    }
+
+    /// Wakes every waiter of `(scope, key)`. Cheap when nobody waits.
+    pub(crate) fn wake(&self, scope: &Scope, key: &Key) {
+        if let Some(waiting) = self.slot(scope, key) {
+            waiting.notify.notify_waiters();
+        }
+    }
+
+    /// Wakes the waiters of the claim's key with the outcome the claim
+    /// was just completed with, in the store, committed. A waiter takes it
+    /// only if the claim it saw holding the key is this one (same token):
+    /// it was waiting when the record became this outcome, so that is its
+    /// answer, as a read right then would have said. A record kept for no
+    /// time (a zero TTL) is expired once completed: nothing is handed.
+    pub(crate) fn hand_over(&self, claim: &Claim, outcome: &Outcome) {
+        let Some(waiting) = self.slot(&claim.scope, &claim.key) else {
             return;
+        };
+        if !claim.ttl.is_zero() {
+            *waiting.handed.lock().unwrap_or_else(|e| e.into_inner()) =
+                Some((claim.token, outcome.clone()));
         }
-        if let Some(notify) = slots.get(&(scope.as_str().to_owned(), key.as_str().to_owned())) {
-            notify.notify_waiters();
-        }
+        waiting.notify.notify_waiters();
     }
 
     /// Wakes every waiter of every key (the notifications of a lost
@@ -35,46 +80,53 @@ impl Waiters {
     #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub(crate) fn wake_all(&self) {
         let slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
-        for notify in slots.values() {
-            notify.notify_waiters();
+        for waiting in slots.values() {
+            waiting.notify.notify_waiters();
         }
     }
 
     /// Waits for a wake-up of `(scope, key)` or `timeout`, whichever comes
-    /// first, while another caller holds the key. `held` looks at the record
-    /// (with the database's clock) after the waiter is registered, so a wake
-    /// between the caller's last look and the registration is not lost: if
-    /// the key is no longer held (completed, released, lapsed) this returns
-    /// at once.
+    /// first, while another caller holds the key. `look` reads the record
+    /// (with the database's clock) after the waiter is registered, so a
+    /// wake between the caller's last look and the registration is not
+    /// lost: if the key is no longer held (completed, released, lapsed)
+    /// this returns at once.
+    ///
+    /// Answers the outcome handed over by the completion of the very claim
+    /// `look` saw holding the key, or `None`: look at the record.
     pub(crate) async fn wait<F, Fut, E>(
         &self,
         scope: &Scope,
         key: &Key,
         timeout: Duration,
-        held: F,
-    ) -> Result<(), E>
+        look: F,
+    ) -> Result<Option<Outcome>, E>
     where
         F: FnOnce() -> Fut,
-        Fut: std::future::Future<Output = Result<bool, E>>,
+        Fut: std::future::Future<Output = Result<Look, E>>,
     {
         let slot: Slot = (scope.as_str().to_owned(), key.as_str().to_owned());
-        let notify = {
+        let waiting = {
             let mut slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
             slots.entry(slot.clone()).or_default().clone()
         };
         let _cleanup = Cleanup {
             waiters: self,
             slot,
-            notify: &notify,
+            waiting: &waiting,
         };
-        let notified = notify.notified();
+        let notified = waiting.notify.notified();
         tokio::pin!(notified);
         notified.as_mut().enable();
-        if !held().await? {
-            return Ok(());
-        }
+        let Look::HeldBy(holder) = look().await? else {
+            return Ok(None);
+        };
         let _ = tokio::time::timeout(timeout, notified).await;
-        Ok(())
+        let handed = waiting.handed.lock().unwrap_or_else(|e| e.into_inner());
+        Ok(handed
+            .as_ref()
+            .filter(|(token, _)| holder == Some(*token))
+            .map(|(_, outcome)| outcome.clone()))
     }
 }
 
@@ -82,16 +134,16 @@ impl Waiters {
 struct Cleanup<'a> {
     waiters: &'a Waiters,
     slot: Slot,
-    notify: &'a Arc<Notify>,
+    waiting: &'a Arc<Waiting>,
 }
 
 impl Drop for Cleanup<'_> {
     fn drop(&mut self) {
         let mut slots = self.waiters.slots.lock().unwrap_or_else(|e| e.into_inner());
         // The map's handle and ours: nobody else waits.
-        if Arc::strong_count(self.notify) <= 2 {
+        if Arc::strong_count(self.waiting) <= 2 {
             if let Some(existing) = slots.get(&self.slot) {
-                if Arc::ptr_eq(existing, self.notify) {
+                if Arc::ptr_eq(existing, self.waiting) {
                     slots.remove(&self.slot);
                 }
             }
@@ -114,7 +166,7 @@ mod tests {
         let start = Instant::now();
         let task = tokio::spawn(async move {
             w.wait(&s2, &k2, Duration::from_secs(10), || async {
-                Ok::<_, ()>(true)
+                Ok::<_, ()>(Look::HeldBy(None))
             })
             .await
         });
@@ -122,9 +174,68 @@ mod tests {
             tokio::task::yield_now().await;
         }
         waiters.wake(&scope, &key);
-        task.await.unwrap().unwrap();
+        assert_eq!(task.await.unwrap().unwrap(), None);
         assert!(start.elapsed() < Duration::from_secs(5));
         assert!(waiters.slots.lock().unwrap().is_empty());
+    }
+
+    fn claim(token: ClaimToken, ttl: Duration) -> Claim {
+        Claim {
+            scope: Scope::new("op"),
+            key: Key::new("k").unwrap(),
+            fence: 1,
+            token,
+            lease: Duration::from_secs(1),
+            ttl,
+        }
+    }
+
+    /// A waiter that saw `holder` hold the key, woken by the completion of
+    /// `completed` with the outcome `"done"`.
+    async fn handed_to(holder: Look, completed: ClaimToken, ttl: Duration) -> Option<Outcome> {
+        let waiters = Arc::new(Waiters::default());
+        let w = waiters.clone();
+        let task = tokio::spawn(async move {
+            let (scope, key) = (Scope::new("op"), Key::new("k").unwrap());
+            w.wait(&scope, &key, Duration::from_secs(10), || async {
+                Ok::<_, ()>(holder)
+            })
+            .await
+        });
+        while waiters.slots.lock().unwrap().is_empty() {
+            tokio::task::yield_now().await;
+        }
+        // Registered; give the waiter time to look and sleep.
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let outcome = Outcome {
+            kind: crate::record::OutcomeKind::Ok,
+            body: b"\"done\"".to_vec(),
+        };
+        waiters.hand_over(&claim(completed, ttl), &outcome);
+        let handed = task.await.unwrap().unwrap();
+        assert!(waiters.slots.lock().unwrap().is_empty());
+        handed
+    }
+
+    #[tokio::test]
+    async fn the_holders_completion_is_handed_over() {
+        let token = ClaimToken::new();
+        let ttl = Duration::from_secs(60);
+        let handed = handed_to(Look::HeldBy(Some(token)), token, ttl).await;
+        assert_eq!(handed.map(|o| o.body), Some(b"\"done\"".to_vec()));
+    }
+
+    /// Another claim's completion (the waiter saw a later claim hold the
+    /// key), a holder without a token, or a record kept for no time: the
+    /// waiter looks at the record itself.
+    #[tokio::test]
+    async fn nothing_else_is_handed_over() {
+        let (token, ttl) = (ClaimToken::new(), Duration::from_secs(60));
+        let other = Look::HeldBy(Some(ClaimToken::new()));
+        assert_eq!(handed_to(other, token, ttl).await, None);
+        assert_eq!(handed_to(Look::HeldBy(None), token, ttl).await, None);
+        let holder = Look::HeldBy(Some(token));
+        assert_eq!(handed_to(holder, token, Duration::ZERO).await, None);
     }
 
     #[tokio::test]
@@ -135,7 +246,7 @@ mod tests {
         let start = Instant::now();
         waiters
             .wait(&scope, &key, Duration::from_secs(10), || async {
-                Ok::<_, ()>(false)
+                Ok::<_, ()>(Look::Free)
             })
             .await
             .unwrap();
