@@ -96,7 +96,9 @@ pub use fingerprint::{key_of, Fingerprint, HashedKey};
 pub use key::{AsKey, Displayed, Key, KeyError, Scope, MAX_KEY_LEN, MAX_SCOPE_LEN};
 pub use policy::{InProgressPolicy, Policy};
 pub use record::{Begin, Claim, ClaimToken, Outcome, OutcomeKind, Record, State};
-pub use store::{BeginRequest, MemoryStore, PassThroughStore, Store, TransactionalStore};
+pub use store::{
+    BeginRequest, CachedStore, MemoryStore, PassThroughStore, Store, TransactionalStore,
+};
 pub use tracked::Tracked;
 
 // The attribute's documentation is the macro crate's: one introduction,

@@ -21,10 +21,12 @@ use crate::key::{Key, Scope};
 pub use crate::record::BeginRequest;
 use crate::record::{Begin, Claim, Outcome, Record};
 
+mod cached;
 mod memory;
 mod pass_through;
 mod waiters;
 
+pub use cached::CachedStore;
 pub use memory::MemoryStore;
 pub use pass_through::PassThroughStore;
 pub(crate) use waiters::{Look, Waiters};

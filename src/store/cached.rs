@@ -1,0 +1,275 @@
+//! A bounded cache of this process's completed outcomes in front of a
+//! store: a replay answered from memory.
+
+use std::collections::HashMap;
+use std::num::NonZeroUsize;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use lru::LruCache;
+
+use super::{BeginRequest, Store};
+use crate::error::Error;
+use crate::fingerprint::Fingerprint;
+use crate::key::{Key, Scope};
+use crate::record::{Begin, Claim, ClaimToken, Outcome, Record};
+
+type Slot = (String, String);
+
+/// A store with a local replay cache: a bounded LRU of the outcomes this
+/// process completed, by scope and key, so that a retry reaching the same
+/// process is replayed from memory, without a round trip.
+///
+/// The store stays the one that decides: a claim, a completion, a release
+/// and every answer the cache does not hold go to it. The cache answers a
+/// replay only when it is sure the store would answer the same:
+///
+/// - **the same payload**: an entry replays only to a request with the
+///   fingerprint it was completed with; another payload asks the store
+///   (which answers [`Error::KeyReused`]);
+/// - **not expired**: an entry lives for the claim's TTL from the moment
+///   the completion was *sent*, measured on this process's monotonic
+///   clock. The store starts the record's TTL when the completion *runs*,
+///   which is later, so the entry always expires first (the store's clock
+///   may be set anywhere; only its rate matters);
+/// - **not replaced**: a completed record is replaced only after it
+///   expires, or after [`forget`](Store::forget). Forgetting through this
+///   store drops the entry, also when the forget races a completion still
+///   on its way.
+///
+/// One limit follows from a cache being local: a key forgotten through
+/// another process (or another store value on the same records) is still
+/// replayed here from its entry, until the entry expires. Forget through
+/// the cached store, or leave the cache off where operators forget keys
+/// from elsewhere.
+///
+/// Only outcomes completed through this store are cached: replays read
+/// from the store are answered without their expiry, so they are not.
+/// Transactional mode does not use the cache (a completion commits with
+/// the caller's transaction, after the call).
+///
+/// ```
+/// use idem::{run, Call, CachedStore, MemoryStore};
+///
+/// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+/// let store = CachedStore::new(MemoryStore::new(), 10_000).unwrap();
+/// let charge = || run(&store, Call::new("charge", "key-1", &42), async {
+///     Ok::<_, idem::Error>(7)
+/// });
+/// assert_eq!(charge().await.unwrap(), 7);
+/// assert_eq!(charge().await.unwrap(), 7); // replayed from memory
+/// # });
+/// ```
+#[derive(Debug)]
+pub struct CachedStore<S> {
+    inner: S,
+    cache: Arc<Cache>,
+}
+
+impl<S: Clone> Clone for CachedStore<S> {
+    fn clone(&self) -> Self {
+        CachedStore {
+            inner: self.inner.clone(),
+            cache: self.cache.clone(),
+        }
+    }
+}
+
+impl<S: Store> CachedStore<S> {
+    /// `inner` with a cache of at most `capacity` outcomes (the least
+    /// recently used go first). A capacity of 0 is refused.
+    pub fn new(inner: S, capacity: usize) -> Result<Self, Error> {
+        let capacity = NonZeroUsize::new(capacity).ok_or_else(|| {
+            Error::Config("the local replay cache needs a capacity of at least 1".to_owned())
+        })?;
+        Ok(CachedStore {
+            inner,
+            cache: Arc::new(Cache {
+                state: Mutex::new(State {
+                    entries: LruCache::new(capacity),
+                    claims: HashMap::new(),
+                    forgets: 0,
+                }),
+                capacity,
+            }),
+        })
+    }
+}
+
+impl<S> CachedStore<S> {
+    /// The store behind the cache.
+    pub fn inner(&self) -> &S {
+        &self.inner
+    }
+
+    /// How many outcomes the cache holds (expired ones included until
+    /// they are looked up or pushed out).
+    pub fn cached(&self) -> usize {
+        self.cache.lock().entries.len()
+    }
+}
+
+#[derive(Debug)]
+struct Cache {
+    state: Mutex<State>,
+    capacity: NonZeroUsize,
+}
+
+#[derive(Debug)]
+struct State {
+    entries: LruCache<Slot, Entry>,
+    /// The fingerprint of each claim this store granted and that has not
+    /// ended yet, by token: what its completion is cached under.
+    claims: HashMap<ClaimToken, Fingerprint>,
+    /// How many forgets have run: a completion caches its outcome only if
+    /// none ran while it was on its way.
+    forgets: u64,
+}
+
+#[derive(Debug)]
+struct Entry {
+    fingerprint: Fingerprint,
+    outcome: Outcome,
+    /// When the store's record may expire, at the earliest.
+    until: Instant,
+}
+
+impl Cache {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The cached answer to `request`, if the cache is sure of it.
+    fn answer(&self, request: &BeginRequest<'_>) -> Option<Begin> {
+        let slot = slot(request.scope, request.key);
+        let mut state = self.lock();
+        let entry = state.entries.get(&slot)?;
+        if entry.until <= Instant::now() {
+            state.entries.pop(&slot);
+            return None;
+        }
+        (entry.fingerprint == *request.fingerprint).then(|| Begin::Replay(entry.outcome.clone()))
+    }
+
+    fn claimed(&self, token: ClaimToken, fingerprint: Fingerprint) {
+        let mut state = self.lock();
+        // Claims whose end went elsewhere (a store that failed, a process
+        // that lost its answer) are not kept past the cache's size.
+        if state.claims.len() >= self.capacity.get() {
+            state.claims.clear();
+        }
+        state.claims.insert(token, fingerprint);
+    }
+
+    fn ended(&self, token: &ClaimToken) -> Option<Fingerprint> {
+        self.lock().claims.remove(token)
+    }
+}
+
+fn slot(scope: &Scope, key: &Key) -> Slot {
+    (scope.as_str().to_owned(), key.as_str().to_owned())
+}
+
+#[async_trait]
+impl<S: Store> Store for CachedStore<S> {
+    async fn begin(&self, request: &BeginRequest<'_>) -> Result<Begin, Error> {
+        if let Some(answer) = self.cache.answer(request) {
+            return Ok(answer);
+        }
+        let answer = self.inner.begin(request).await?;
+        if let Begin::Claimed(claim) = &answer {
+            self.cache.claimed(claim.token, *request.fingerprint);
+        }
+        Ok(answer)
+    }
+
+    async fn peek(&self, request: &BeginRequest<'_>) -> Result<Option<Begin>, Error> {
+        if let Some(answer) = self.cache.answer(request) {
+            return Ok(Some(answer));
+        }
+        self.inner.peek(request).await
+    }
+
+    async fn renew(&self, claim: &Claim) -> Result<(), Error> {
+        self.inner.renew(claim).await
+    }
+
+    async fn complete(&self, claim: &Claim, outcome: &Outcome) -> Result<(), Error> {
+        let sent = Instant::now();
+        let forgets = self.cache.lock().forgets;
+        let completed = self.inner.complete(claim, outcome).await;
+        let fingerprint = self.cache.ended(&claim.token);
+        completed?;
+        let (Some(fingerprint), Some(until)) = (fingerprint, sent.checked_add(claim.ttl)) else {
+            return Ok(());
+        };
+        let mut state = self.cache.lock();
+        if state.forgets == forgets && claim.ttl > Duration::ZERO {
+            let entry = Entry {
+                fingerprint,
+                outcome: outcome.clone(),
+                until,
+            };
+            state.entries.put(slot(&claim.scope, &claim.key), entry);
+        }
+        Ok(())
+    }
+
+    async fn release(&self, claim: &Claim) -> Result<(), Error> {
+        self.cache.ended(&claim.token);
+        self.inner.release(claim).await
+    }
+
+    async fn get(&self, scope: &Scope, key: &Key) -> Result<Option<Record>, Error> {
+        self.inner.get(scope, key).await
+    }
+
+    async fn forget(&self, scope: &Scope, key: &Key) -> Result<bool, Error> {
+        // Counted first, so that a completion on its way now does not
+        // cache what is about to be forgotten; dropped after, so that no
+        // replay from the entry overlaps the forget's end.
+        self.cache.lock().forgets += 1;
+        let forgotten = self.inner.forget(scope, key).await;
+        let mut state = self.cache.lock();
+        state.forgets += 1;
+        state.entries.pop(&slot(scope, key));
+        drop(state);
+        forgotten
+    }
+
+    async fn purge_expired(&self, batch: usize) -> Result<u64, Error> {
+        self.inner.purge_expired(batch).await
+    }
+
+    async fn wait_for_change(
+        &self,
+        scope: &Scope,
+        key: &Key,
+        timeout: Duration,
+    ) -> Result<(), Error> {
+        self.inner.wait_for_change(scope, key, timeout).await
+    }
+
+    async fn wait_for_outcome(
+        &self,
+        request: &BeginRequest<'_>,
+        timeout: Duration,
+    ) -> Result<Option<Begin>, Error> {
+        self.inner.wait_for_outcome(request, timeout).await
+    }
+
+    fn wakes_across_processes(&self) -> bool {
+        self.inner.wakes_across_processes()
+    }
+
+    fn detach(&self) -> Option<Arc<dyn Store>> {
+        // A dropped caller's claim is handed back, or its outcome stored,
+        // through the same cache.
+        let inner = self.inner.detach()?;
+        Some(Arc::new(CachedStore {
+            inner,
+            cache: self.cache.clone(),
+        }))
+    }
+}
