@@ -5,21 +5,32 @@
 //! same run: baseline and subject alternate in rounds (A B, then B A), and
 //! the median of the per-round ratios is reported, since the machine is
 //! shared and noisy. The table is printed and written to `BENCHMARKS.md`
-//! (anything below the `<!-- notes -->` line of that file is kept).
+//! (anything below the `<!-- notes -->` line of that file is kept), with
+//! the chart `benchmarks.svg` beside it.
+//!
+//! The reference of a server is a client that sends the statements the
+//! store sends (from `SqlStore::__reference_statements`, so never a copy)
+//! without idem's engine: pgbench on PostgreSQL (when `pgbench` is on the
+//! PATH), a bare sqlx loop on MariaDB. It runs in the same rounds as the
+//! plain call and idem, and is reported as a ratio to the same plain call.
 //!
 //! Servers: `IDEM_POSTGRES_URL` and `IDEM_MYSQL_URL` (local defaults as in
 //! the tests); SQLite is a file in a temporary directory. `IDEM_BENCH_QUICK=1`
 //! shortens every measurement (for trying the harness, not for figures).
 //! `IDEM_BENCH_ONLY=postgres` (or `sqlite`, `mariadb`, comma-separated) runs
-//! some backends only.
+//! some backends only. B4' runs this binary again as child processes, with
+//! `IDEM_BENCH_CHILD` naming the backend (see [`child`]).
 
 use std::fmt::Write as _;
 use std::future::Future;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use futures::future::{FutureExt, LocalBoxFuture};
 use idem::{idempotent, Fingerprint, Store};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::sync::Barrier;
 
 const CONCURRENCY: usize = 4;
@@ -45,17 +56,28 @@ fn rounds() -> usize {
     }
 }
 
+/// How long one throughput measurement of B1 (and a reference loop) runs.
+/// pgbench counts in whole seconds: it runs for this rounded up.
+fn window() -> Duration {
+    Duration::from_millis(if quick() { 100 } else { 250 })
+}
+
 fn unique(tag: &str) -> String {
     static N: AtomicUsize = AtomicUsize::new(0);
     format!(
         "{tag}-{}-{}-{}",
         std::process::id(),
-        SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .unwrap()
-            .as_millis(),
+        unix_micros() / 1000,
         N.fetch_add(1, Ordering::Relaxed)
     )
+}
+
+/// The wall clock, shared by the processes of B4'.
+fn unix_micros() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_micros() as u64
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -74,6 +96,45 @@ fn percentile(v: &mut [f64], p: f64) -> f64 {
     v[i]
 }
 
+/// How long a throughput measurement runs.
+#[derive(Clone, Copy)]
+enum Span {
+    /// This many calls in all.
+    Calls(usize),
+    /// New calls start until this much time has passed.
+    For(Duration),
+}
+
+/// Calls per second of `op` run by `tasks` tasks for `span`.
+async fn throughput_of<F, Fut>(tasks: usize, span: Span, op: F) -> f64
+where
+    F: Fn() -> Fut + Clone + Send + 'static,
+    Fut: Future<Output = ()> + Send,
+{
+    let start = Instant::now();
+    let handles: Vec<_> = (0..tasks)
+        .map(|_| {
+            let op = op.clone();
+            tokio::spawn(async move {
+                let mut calls = 0;
+                while match span {
+                    Span::Calls(all) => calls < all / tasks,
+                    Span::For(window) => start.elapsed() < window,
+                } {
+                    op().await;
+                    calls += 1;
+                }
+                calls
+            })
+        })
+        .collect();
+    let mut calls = 0;
+    for h in handles {
+        calls += h.await.unwrap();
+    }
+    calls as f64 / start.elapsed().as_secs_f64()
+}
+
 /// Operations per second of `ops` calls of `op` spread over
 /// `CONCURRENCY` tasks.
 async fn throughput<F, Fut>(ops: usize, op: F) -> f64
@@ -81,21 +142,42 @@ where
     F: Fn() -> Fut + Clone + Send + 'static,
     Fut: Future<Output = ()> + Send,
 {
-    let start = Instant::now();
-    let tasks: Vec<_> = (0..CONCURRENCY)
-        .map(|_| {
-            let op = op.clone();
-            tokio::spawn(async move {
-                for _ in 0..ops / CONCURRENCY {
-                    op().await;
-                }
-            })
-        })
-        .collect();
-    for t in tasks {
-        t.await.unwrap();
+    throughput_of(CONCURRENCY, Span::Calls(ops), op).await
+}
+
+/// One measurement of an interleaved comparison.
+type Measure<'a> = Box<dyn Fn() -> LocalBoxFuture<'a, f64> + 'a>;
+
+fn measure<'a, F, Fut>(f: F) -> Measure<'a>
+where
+    F: Fn() -> Fut + 'a,
+    Fut: Future<Output = f64> + 'a,
+{
+    Box::new(move || f().boxed_local())
+}
+
+/// Runs the measures in rounds, in an order that alternates (A B C, then
+/// C B A); answers, for each, the median of its per-round ratios to the
+/// first measure (the baseline) and its own median.
+async fn interleave_all(measures: &[Measure<'_>]) -> Vec<(f64, f64)> {
+    let mut values = vec![Vec::new(); measures.len()];
+    for round in 0..rounds() {
+        let mut order: Vec<usize> = (0..measures.len()).collect();
+        if round % 2 == 1 {
+            order.reverse();
+        }
+        for i in order {
+            values[i].push(measures[i]().await);
+        }
     }
-    (ops / CONCURRENCY * CONCURRENCY) as f64 / start.elapsed().as_secs_f64()
+    let base = values[0].clone();
+    values
+        .into_iter()
+        .map(|v| {
+            let ratios = v.iter().zip(&base).map(|(s, b)| s / b).collect();
+            (median(ratios), median(v))
+        })
+        .collect()
 }
 
 /// Median over rounds of subject / baseline, alternating which runs first.
@@ -107,20 +189,77 @@ where
     FA: Future<Output = f64>,
     FB: Future<Output = f64>,
 {
-    let (mut ratios, mut base, mut subj) = (Vec::new(), Vec::new(), Vec::new());
-    for round in 0..rounds() {
-        let (a, b) = if round % 2 == 0 {
-            let a = baseline().await;
-            (a, subject().await)
-        } else {
-            let b = subject().await;
-            (baseline().await, b)
+    let both = interleave_all(&[measure(baseline), measure(subject)]).await;
+    (both[1].0, both[0].1, both[1].1)
+}
+
+/// A target of issue 14, checked against the measured value.
+#[derive(Clone, Copy, Debug)]
+enum Goal {
+    /// A figure reported, nothing to meet.
+    None,
+    AtLeast(f64),
+    AtMost(f64),
+    Above(f64),
+    Exactly(f64),
+    /// At least `min`, if any, and at most `within` below the reference's
+    /// ratio (above it is fine).
+    NearReference {
+        min: Option<f64>,
+        within: f64,
+    },
+}
+
+impl Goal {
+    /// The goal as the table says it, `unit` after the figure.
+    fn text(self, unit: &str) -> String {
+        // 0.5 and 15, not 0.50 and 15.00; 0.23 for 0.25 - 0.02.
+        let n = |v: f64| {
+            let s = format!("{v:.2}");
+            s.trim_end_matches('0').trim_end_matches('.').to_owned()
         };
-        ratios.push(b / a);
-        base.push(a);
-        subj.push(b);
+        match self {
+            Goal::None => "-".to_owned(),
+            Goal::AtLeast(v) => format!(">= {}{unit}", n(v)),
+            Goal::AtMost(v) => format!("<= {}{unit}", n(v)),
+            Goal::Above(v) => format!("> {}{unit}", n(v)),
+            Goal::Exactly(v) => format!("{}{unit}", n(v)),
+            Goal::NearReference { min, within } => {
+                let near = format!(">= reference - {}", n(within));
+                min.map_or(near.clone(), |min| format!(">= {} and {near}", n(min)))
+            }
+        }
     }
-    (median(ratios), median(base), median(subj))
+
+    /// Whether `value` meets the goal; `None` when there is nothing to
+    /// meet or the reference it needs was not measured.
+    fn met(self, value: f64, reference: Option<f64>) -> Option<bool> {
+        match self {
+            Goal::None => None,
+            Goal::AtLeast(v) => Some(value >= v),
+            Goal::AtMost(v) => Some(value <= v),
+            Goal::Above(v) => Some(value > v),
+            Goal::Exactly(v) => Some(value == v),
+            Goal::NearReference { min, within } => {
+                if min.is_some_and(|min| value < min) {
+                    return Some(false);
+                }
+                reference.map(|r| value >= r - within)
+            }
+        }
+    }
+}
+
+/// Issue 14's goals that differ between the backends.
+struct Goals {
+    /// B1, record mode, bare INSERT.
+    record: Goal,
+    /// B1, transactional mode, bare INSERT.
+    tx: Goal,
+    /// B2.
+    replay: Goal,
+    /// B4', waiter p99 in ms.
+    processes: Goal,
 }
 
 /// One row of the result table.
@@ -129,8 +268,39 @@ struct Row {
     backend: &'static str,
     what: String,
     measured: String,
-    goal: &'static str,
+    goal: String,
     met: Option<bool>,
+}
+
+impl Row {
+    /// A row whose goal is met by `value` (in `unit`), against the
+    /// reference's figure where the goal names one.
+    fn judged(
+        (id, backend): (&'static str, &'static str),
+        what: String,
+        measured: String,
+        (goal, unit): (Goal, &str),
+        (value, reference): (f64, Option<f64>),
+    ) -> Row {
+        Row {
+            id,
+            backend,
+            what,
+            measured,
+            goal: goal.text(unit),
+            met: goal.met(value, reference),
+        }
+    }
+}
+
+/// What the bench found, for the table and the chart.
+#[derive(Default)]
+struct Report {
+    rows: Vec<Row>,
+    /// B1, bare INSERT: (backend and mode, idem's ratio, the reference's).
+    b1: Vec<(String, f64, Option<f64>)>,
+    /// B7: tasks, and the calls per second of plain, the reference, idem.
+    b7: Vec<(usize, f64, Option<f64>, f64)>,
 }
 
 /// What differs between the backends: their SQL, and how to connect.
@@ -156,6 +326,222 @@ struct Dialect {
     analyze: Option<&'static str>,
     /// Creates B8's entity table, `bench_entity_charges`, if missing.
     entity_table: &'static str,
+    /// The client that measures the reference.
+    reference: Client,
+    goals: Goals,
+    /// Whether B7 (throughput vs concurrency) runs here.
+    curve: bool,
+}
+
+/// Who sends the reference's statements.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Client {
+    /// No reference on this backend.
+    None,
+    /// pgbench, `-M prepared`.
+    Pgbench,
+    /// A sqlx loop on the pool, one call after another in each task.
+    Loop,
+}
+
+/// Whether the reference is measured here: `None` where the backend has
+/// none, `Some(Err(why))` where it cannot be.
+fn reference_status(dialect: &Dialect) -> Option<Result<(), &'static str>> {
+    static PGBENCH: OnceLock<bool> = OnceLock::new();
+    match dialect.reference {
+        Client::None => None,
+        Client::Pgbench
+            if !*PGBENCH.get_or_init(|| {
+                std::process::Command::new("pgbench")
+                    .arg("--version")
+                    .output()
+                    .is_ok()
+            }) =>
+        {
+            Some(Err("pgbench not found"))
+        }
+        Client::Pgbench | Client::Loop => Some(Ok(())),
+    }
+}
+
+/// The reference's ratio as printed beside idem's.
+fn reference_note(reference: Option<Result<f64, &str>>) -> String {
+    match reference {
+        None => String::new(),
+        Some(Ok(r)) => format!(" (reference {r:.2})"),
+        Some(Err(why)) => format!(" (reference not measured: {why})"),
+    }
+}
+
+/// The calls a reference client makes.
+#[derive(Clone, Copy, Debug)]
+enum Script {
+    /// A first execution in record mode: each statement on its own.
+    Record,
+    /// A first execution in transactional mode: the same statements
+    /// between BEGIN and COMMIT.
+    Tx,
+    /// A replay: the one read by key.
+    Replay,
+}
+
+/// One statement of the reference, its parameters named as the store's
+/// `Param` (and the bench's `Amount`).
+#[derive(Clone, Debug)]
+struct Sql {
+    sql: String,
+    params: Vec<String>,
+}
+
+/// The reference's statements: the store's own, from
+/// `__reference_statements`, and the bench's business INSERT.
+#[derive(Debug)]
+struct RefSql {
+    /// A first execution: the claim, the read where the claim returns no
+    /// row (the store reads the record back then), the business INSERT,
+    /// the completion.
+    first: Vec<Sql>,
+    /// A replay: the record by key.
+    replay: Sql,
+}
+
+/// The key of the record the reference's replays read: numeric, as
+/// pgbench sets its keys, and below every key it makes.
+const REPLAY_KEY: &str = "0";
+
+impl RefSql {
+    /// The store's statement named `name`.
+    fn named(statements: &[(&'static str, String, Vec<String>)], name: &str) -> Sql {
+        statements
+            .iter()
+            .find(|(n, _, _)| *n == name)
+            .map(|(_, sql, params)| Sql {
+                sql: sql.clone(),
+                params: params.clone(),
+            })
+            .unwrap_or_else(|| panic!("the store has no {name:?} statement"))
+    }
+
+    /// pgbench's script for `script` (BEGIN/COMMIT around a first
+    /// execution in transactional mode) and its `-D` variables. Each `$n`
+    /// becomes its parameter's variable, cast to the type sqlx binds
+    /// (pgbench prepares without types). A first execution's key is
+    /// numeric: the run `run`, the client and a random number.
+    fn pgbench(&self, script: Script, run: usize) -> (String, Vec<String>) {
+        let mut text = match script {
+            Script::Replay => format!("\\set key {REPLAY_KEY}\n"),
+            Script::Record | Script::Tx => format!(
+                "\\set key {run} * 1000000000000000 + :client_id * 10000000000000 + random(1, 1000000000000)\n"
+            ),
+        };
+        let statements = match script {
+            Script::Replay => std::slice::from_ref(&self.replay),
+            Script::Record | Script::Tx => &self.first[..],
+        };
+        let tx = matches!(script, Script::Tx);
+        if tx {
+            text.push_str("BEGIN;\n");
+        }
+        let mut defines = Vec::new();
+        for statement in statements {
+            let mut sql = statement.sql.clone();
+            for (i, param) in statement.params.iter().enumerate().rev() {
+                let (value, ty) = param_value(param, REPLAY_KEY).pgbench();
+                let var = param.to_lowercase();
+                sql = sql.replace(&format!("${}", i + 1), &format!("CAST(:{var} AS {ty})"));
+                if param != "Key" {
+                    defines.push(format!("{var}={value}"));
+                }
+            }
+            let _ = writeln!(text, "{sql};");
+        }
+        if tx {
+            text.push_str("COMMIT;\n");
+        }
+        defines.sort();
+        defines.dedup();
+        (text, defines)
+    }
+}
+
+/// A value the reference binds.
+enum Val {
+    Text(String),
+    Bytes(Vec<u8>),
+    Int(i64),
+    Small(i16),
+}
+
+impl Val {
+    /// The value as pgbench's `-D` takes it, and its PostgreSQL type.
+    fn pgbench(&self) -> (String, &'static str) {
+        match self {
+            Val::Text(t) => (t.clone(), "text"),
+            Val::Bytes(b) => {
+                let hex: String = b.iter().map(|b| format!("{b:02x}")).collect();
+                (format!("\\x{hex}"), "bytea")
+            }
+            Val::Int(i) => (i.to_string(), "bigint"),
+            Val::Small(i) => (i.to_string(), "smallint"),
+        }
+    }
+}
+
+/// What the reference binds to a parameter, for `key`: the values of a
+/// call of the bench's record mode (one token for all calls: nothing reads
+/// it but the completion).
+fn param_value(param: &str, key: &str) -> Val {
+    match param {
+        "Scope" => Val::Text("bench.pay".to_owned()),
+        "Key" => Val::Text(key.to_owned()),
+        "Fingerprint" => Val::Bytes(Fingerprint::of(&500i64).unwrap().as_bytes().to_vec()),
+        "Token" => Val::Bytes(vec![0x5a; 16]),
+        "Lease" => Val::Int(60_000),
+        "Ttl" => Val::Int(24 * 3600 * 1000),
+        "OutcomeKind" => Val::Small(0),
+        "Outcome" => Val::Bytes(b"500".to_vec()),
+        "Amount" => Val::Int(500),
+        other => panic!("the reference has no value for the parameter {other}"),
+    }
+}
+
+/// pgbench's transactions per second for `script` with `clients` clients
+/// for `window` (rounded up to whole seconds), against `url`.
+async fn pgbench(url: &str, sql: &RefSql, script: Script, clients: usize, window: Duration) -> f64 {
+    static RUN: AtomicUsize = AtomicUsize::new(1);
+    let run = RUN.fetch_add(1, Ordering::Relaxed);
+    let (text, defines) = sql.pgbench(script, run);
+    let path = std::env::temp_dir().join(format!("idem-bench-{}-{run}.sql", std::process::id()));
+    std::fs::write(&path, &text).unwrap();
+    let mut command = tokio::process::Command::new("pgbench");
+    command.args(["-n", "-M", "prepared"]);
+    command.args([
+        "-c",
+        &clients.to_string(),
+        "-j",
+        &clients.min(2).to_string(),
+    ]);
+    command.args(["-T", &window.as_secs_f64().ceil().max(1.0).to_string()]);
+    command.arg("-f").arg(&path);
+    for d in &defines {
+        command.args(["-D", d]);
+    }
+    let out = command.arg(url).output().await.unwrap();
+    let _ = std::fs::remove_file(&path);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("tps = "))
+        .and_then(|l| l.split_whitespace().next())
+        .and_then(|tps| tps.parse().ok())
+        .filter(|_| out.status.success())
+        .unwrap_or_else(|| {
+            panic!(
+                "pgbench failed ({}):\n{stdout}\n{}\nscript:\n{text}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr)
+            )
+        })
 }
 
 /// B8's business row: entity mode keeps the token in the row itself.
@@ -184,24 +570,33 @@ macro_rules! backend {
                 pub cta: String,
                 /// The business INSERT.
                 insert: String,
+                /// Where SQLite's file is.
+                dir: PathBuf,
+                /// The reference's statements, made on first use.
+                reference: Arc<tokio::sync::OnceCell<RefSql>>,
             }
 
             impl Payments {
-                pub async fn new(dir: &tempfile::TempDir, tag: &str) -> Self {
-                    Self::setup($connect(&DIALECT, dir).await, tag).await
+                pub async fn new(dir: &Path, tag: &str) -> Self {
+                    Self::setup($connect(&DIALECT, dir, 16).await, dir, tag).await
                 }
 
                 /// The store and the tables, all of their own.
-                pub async fn setup(pool: sqlx::Pool<$db>, tag: &str) -> Self {
-                    let records = table_name(tag, "rec");
-                    let store = <$store>::new(pool.clone())
-                        .with_table_name(&records)
-                        .unwrap();
-                    store.migrate().await.unwrap();
+                pub async fn setup(pool: sqlx::Pool<$db>, dir: &Path, tag: &str) -> Self {
                     let (table, cta) = (table_name(tag, "pay"), table_name(tag, "cta"));
-                    sqlx::raw_sql(&DIALECT.tables.replace("{pay}", &table).replace("{cta}", &cta))
-                        .execute(&pool)
+                    let this = Self::open(pool, dir, &table_name(tag, "rec"), table, cta);
+                    this.store.migrate().await.unwrap();
+                    sqlx::raw_sql(&DIALECT.tables.replace("{pay}", &this.table).replace("{cta}", &this.cta))
+                        .execute(&this.pool)
                         .await
+                        .unwrap();
+                    this
+                }
+
+                /// On existing tables.
+                fn open(pool: sqlx::Pool<$db>, dir: &Path, records: &str, table: String, cta: String) -> Self {
+                    let store = <$store>::new(pool.clone())
+                        .with_table_name(records)
                         .unwrap();
                     let insert = format!(
                         "INSERT INTO {table} (pay_key, amount) VALUES ({}, {})",
@@ -214,6 +609,87 @@ macro_rules! backend {
                         table,
                         cta,
                         insert,
+                        dir: dir.to_owned(),
+                        reference: Arc::default(),
+                    }
+                }
+
+                /// B4''s child process: B4's calls on the records table
+                /// `records` of the parent.
+                pub async fn child(dir: &Path, records: &str) {
+                    let pool = $connect(&DIALECT, dir, 16).await;
+                    // B4 only calls `dup`, which writes no business row.
+                    let this = Self::open(pool, dir, records, String::new(), String::new());
+                    super::child(Arc::new(this)).await
+                }
+
+                /// The reference's statements. The first use makes one
+                /// call, on `REPLAY_KEY`, to see whether the claim returns
+                /// a row; that call's record is the one replays read.
+                async fn reference_sql(&self) -> &RefSql {
+                    self.reference
+                        .get_or_init(|| async {
+                            let named = self.store.__reference_statements();
+                            let sql = |name| RefSql::named(&named, name);
+                            let insert = Sql {
+                                sql: self.insert.clone(),
+                                params: vec!["Key".to_owned(), "Amount".to_owned()],
+                            };
+                            let mut first = vec![sql("claim")];
+                            if !Self::send(&self.pool, &first[0], REPLAY_KEY).await {
+                                first.push(sql("read"));
+                            }
+                            first.extend([insert, sql("complete")]);
+                            for statement in &first[1..] {
+                                Self::send(&self.pool, statement, REPLAY_KEY).await;
+                            }
+                            RefSql {
+                                first,
+                                replay: sql("select"),
+                            }
+                        })
+                        .await
+                }
+
+                /// Runs `statement` for `key` on `executor`; answers whether
+                /// it returned a row.
+                async fn send<'e, E>(executor: E, statement: &'e Sql, key: &str) -> bool
+                where
+                    E: sqlx::Executor<'e, Database = $db>,
+                {
+                    let mut query = sqlx::query(&statement.sql);
+                    for param in &statement.params {
+                        query = match param_value(param, key) {
+                            Val::Text(v) => query.bind(v),
+                            Val::Bytes(v) => query.bind(v),
+                            Val::Int(v) => query.bind(v),
+                            Val::Small(v) => query.bind(v),
+                        };
+                    }
+                    query.fetch_optional(executor).await.unwrap().is_some()
+                }
+
+                /// One call of the reference loop: the store's statements
+                /// on the pool, without idem's engine.
+                async fn reference_call(&self, script: Script) {
+                    let sql = self.reference_sql().await;
+                    let key = unique("ref");
+                    match script {
+                        Script::Replay => {
+                            Self::send(&self.pool, &sql.replay, REPLAY_KEY).await;
+                        }
+                        Script::Record => {
+                            for statement in &sql.first {
+                                Self::send(&self.pool, statement, &key).await;
+                            }
+                        }
+                        Script::Tx => {
+                            let mut tx = self.pool.begin().await.unwrap();
+                            for statement in &sql.first {
+                                Self::send(&mut *tx, statement, &key).await;
+                            }
+                            tx.commit().await.unwrap();
+                        }
                     }
                 }
 
@@ -361,8 +837,47 @@ macro_rules! backend {
             }
 
             impl Bench for Payments {
-                fn label(&self) -> &'static str {
-                    DIALECT.label
+                fn dialect(&self) -> &'static Dialect {
+                    &DIALECT
+                }
+                fn records(&self) -> String {
+                    self.store.table_name().to_owned()
+                }
+                fn dir(&self) -> &Path {
+                    &self.dir
+                }
+                fn reference(
+                    self: &Arc<Self>,
+                    script: Script,
+                    tasks: usize,
+                    window: Duration,
+                ) -> impl Future<Output = f64> + Send {
+                    let this = self.clone();
+                    async move {
+                        let sql = this.reference_sql().await;
+                        match DIALECT.reference {
+                            Client::Pgbench => pgbench(&server_url(&DIALECT), sql, script, tasks, window).await,
+                            Client::Loop => {
+                                throughput_of(tasks, Span::For(window), move || {
+                                    let this = this.clone();
+                                    async move { this.reference_call(script).await }
+                                })
+                                .await
+                            }
+                            Client::None => unreachable!("{} has no reference", DIALECT.label),
+                        }
+                    }
+                }
+                fn resized(&self, connections: u32) -> impl Future<Output = Self> + Send {
+                    async move {
+                        let pool = $connect(&DIALECT, &self.dir, connections).await;
+                        let mut this = Self::open(pool, &self.dir, self.store.table_name(), self.table.clone(), self.cta.clone());
+                        this.reference = self.reference.clone();
+                        this
+                    }
+                }
+                fn close(&self) -> impl Future<Output = ()> + Send {
+                    self.pool.close()
                 }
                 fn call(
                     self: &Arc<Self>,
@@ -413,7 +928,7 @@ macro_rules! backend {
                 fn fresh(&self, tag: &str) -> impl Future<Output = Self> + Send {
                     let tag = tag.to_owned();
                     let pool = self.pool.clone();
-                    async move { Payments::setup(pool, &tag).await }
+                    async move { Payments::setup(pool, &self.dir, &tag).await }
                 }
                 fn fill(
                     &self,
@@ -498,6 +1013,14 @@ backend!(
                SELECT $1, 'k' || g, $2, 'completed', 1, 0, '\\x353030'::bytea, 0, $3 FROM generate_series(1, {n}) g",
         analyze: Some("ANALYZE \"{records}\""),
         entity_table: "CREATE TABLE IF NOT EXISTS bench_entity_charges (token TEXT PRIMARY KEY, amount BIGINT NOT NULL)",
+        reference: Client::Pgbench,
+        goals: Goals {
+            record: Goal::NearReference { min: Some(0.33), within: 0.03 },
+            tx: Goal::NearReference { min: None, within: 0.03 },
+            replay: Goal::AtMost(0.15),
+            processes: Goal::AtMost(15.0),
+        },
+        curve: true,
     },
     server_pool
 );
@@ -519,6 +1042,14 @@ backend!(
                FROM seq_1_to_{n}",
         analyze: Some("ANALYZE TABLE `{records}`"),
         entity_table: "CREATE TABLE IF NOT EXISTS bench_entity_charges (token VARCHAR(255) PRIMARY KEY, amount BIGINT NOT NULL) ENGINE = InnoDB",
+        reference: Client::Loop,
+        goals: Goals {
+            record: Goal::AtLeast(0.28),
+            tx: Goal::AtLeast(0.45),
+            replay: Goal::AtMost(0.15),
+            processes: Goal::None,
+        },
+        curve: false,
     },
     server_pool
 );
@@ -540,34 +1071,68 @@ backend!(
                SELECT ?1, 'k' || n, ?2, 'completed', 1, 0, x'353030', 0, ?3 FROM g",
         analyze: None,
         entity_table: "CREATE TABLE IF NOT EXISTS bench_entity_charges (token TEXT PRIMARY KEY, amount INTEGER NOT NULL)",
+        reference: Client::None,
+        goals: Goals {
+            record: Goal::AtLeast(0.35),
+            tx: Goal::AtLeast(0.75),
+            replay: Goal::AtMost(0.10),
+            processes: Goal::None,
+        },
+        curve: false,
     },
     connect_sqlite
 );
 
-/// A pool of 16 connections on the dialect's server.
-async fn server_pool<DB: sqlx::Database>(
-    dialect: &Dialect,
-    _dir: &tempfile::TempDir,
-) -> sqlx::Pool<DB> {
+/// The URL of the dialect's server.
+fn server_url(dialect: &Dialect) -> String {
     let (var, default) = dialect.server.expect("a backend on a server");
-    let url = std::env::var(var).unwrap_or_else(|_| default.to_owned());
-    sqlx::pool::PoolOptions::<DB>::new()
-        .max_connections(16)
-        .connect(&url)
-        .await
-        .unwrap_or_else(|e| panic!("{} at {url} ({var}): {e}", dialect.label))
+    std::env::var(var).unwrap_or_else(|_| default.to_owned())
 }
 
-/// The SQLite store's own pool, on a file in `dir`.
-async fn connect_sqlite(_dialect: &Dialect, dir: &tempfile::TempDir) -> sqlx::SqlitePool {
-    let url = format!("sqlite://{}", dir.path().join("bench.db").display());
+/// A pool of `connections` connections on the dialect's server.
+async fn server_pool<DB: sqlx::Database>(
+    dialect: &Dialect,
+    _dir: &Path,
+    connections: u32,
+) -> sqlx::Pool<DB> {
+    let url = server_url(dialect);
+    sqlx::pool::PoolOptions::<DB>::new()
+        .max_connections(connections)
+        .connect(&url)
+        .await
+        .unwrap_or_else(|e| panic!("{} at {url}: {e}", dialect.label))
+}
+
+/// The SQLite store's own pool (of its own size), on a file in `dir`.
+async fn connect_sqlite(_dialect: &Dialect, dir: &Path, _connections: u32) -> sqlx::SqlitePool {
+    let url = format!("sqlite://{}", dir.join("bench.db").display());
     let store = idem::SqliteStore::connect(&url).await.unwrap();
     store.pool().clone()
 }
 
 /// What the generic measurements need from a backend.
 trait Bench: Send + Sync + Sized + 'static {
-    fn label(&self) -> &'static str;
+    fn dialect(&self) -> &'static Dialect;
+    fn label(&self) -> &'static str {
+        self.dialect().label
+    }
+    /// The records table.
+    fn records(&self) -> String;
+    /// Where SQLite's file is.
+    fn dir(&self) -> &Path;
+    /// The reference's calls per second: `script` by `tasks` clients for
+    /// `window`.
+    fn reference(
+        self: &Arc<Self>,
+        script: Script,
+        tasks: usize,
+        window: Duration,
+    ) -> impl Future<Output = f64> + Send;
+    /// The same tables through a pool of its own, of `connections`
+    /// connections.
+    fn resized(&self, connections: u32) -> impl Future<Output = Self> + Send;
+    /// Closes the pool.
+    fn close(&self) -> impl Future<Output = ()> + Send;
     fn call(self: &Arc<Self>, mode: Mode, body: Duration) -> impl Future<Output = ()> + Send;
     fn call_key(self: &Arc<Self>, mode: Mode, key: &str) -> impl Future<Output = ()> + Send;
     fn store(&self) -> Arc<dyn Store>;
@@ -597,79 +1162,149 @@ trait Bench: Send + Sync + Sized + 'static {
     fn drop_tables(&self) -> impl Future<Output = ()> + Send;
 }
 
-/// B1: first execution throughput, attribute vs none.
-async fn b1<B: Bench>(b: &Arc<B>, rows: &mut Vec<Row>) {
-    let ops = if quick() { 80 } else { 400 };
-    let slow_ops = if quick() { 16 } else { 48 };
-    let cases: [(&str, Mode, Mode, Duration, usize, &str, f64); 4] = [
+/// Plain calls, idem's and the reference's, interleaved.
+struct Compared {
+    /// idem / plain.
+    ratio: f64,
+    plain: f64,
+    idem: f64,
+    /// The reference's ratio to plain and its calls per second, or why it
+    /// was not measured; `None` where the backend has no reference.
+    reference: Option<Result<(f64, f64), &'static str>>,
+}
+
+impl Compared {
+    /// Plain calls (`modes.0`) and idem's (`modes.1`), each measured by
+    /// `run`, and the reference's `script` by `tasks` clients, if any.
+    async fn measure<'a, B: Bench, R>(
+        b: &'a Arc<B>,
+        modes: (Mode, Mode),
+        script: Option<Script>,
+        tasks: usize,
+        run: R,
+    ) -> Compared
+    where
+        R: Fn(Mode) -> LocalBoxFuture<'a, f64> + Copy + 'a,
+    {
+        let status = script.and(reference_status(b.dialect()));
+        let mut measures = vec![measure(move || run(modes.0)), measure(move || run(modes.1))];
+        if let (Some(script), Some(Ok(()))) = (script, status) {
+            measures.push(measure(move || b.reference(script, tasks, window())));
+        }
+        let found = interleave_all(&measures).await;
+        Compared {
+            ratio: found[1].0,
+            plain: found[0].1,
+            idem: found[1].1,
+            reference: status.map(|s| s.map(|()| found[2])),
+        }
+    }
+
+    fn reference_ratio(&self) -> Option<f64> {
+        self.reference.and_then(|r| r.ok()).map(|(ratio, _)| ratio)
+    }
+
+    /// The calls per second, as the row says them.
+    fn calls(&self) -> String {
+        let reference = match self.reference {
+            Some(Ok((_, calls))) => format!(", reference {calls:.0}"),
+            _ => String::new(),
+        };
+        format!(
+            "idem {:.0}, plain {:.0}{reference} calls/s",
+            self.idem, self.plain
+        )
+    }
+
+    /// idem's ratio, and the reference's.
+    fn measured(&self) -> String {
+        let reference = self.reference.map(|r| r.map(|(ratio, _)| ratio));
+        format!("{:.2}{}", self.ratio, reference_note(reference))
+    }
+}
+
+/// Calls per second of `mode` by `tasks` tasks on `b` for `span`.
+fn calls_of<B: Bench>(
+    b: &Arc<B>,
+    tasks: usize,
+    mode: Mode,
+    body: Duration,
+    span: Span,
+) -> impl Future<Output = f64> + Send + 'static {
+    let b = b.clone();
+    throughput_of(tasks, span, move || {
+        let b = b.clone();
+        async move { b.call(mode, body).await }
+    })
+}
+
+/// B1: first execution throughput, attribute vs none, and the reference.
+async fn b1<B: Bench>(b: &Arc<B>, report: &mut Report) {
+    let goals = &b.dialect().goals;
+    let (bare, slow) = (Duration::ZERO, Duration::from_millis(20));
+    let tx = (Mode::PlainTx, Mode::Tx);
+    let record = (Mode::Plain, Mode::Record);
+    let cases = [
         (
             "transactional, bare INSERT",
-            Mode::PlainTx,
-            Mode::Tx,
-            Duration::ZERO,
-            ops,
-            ">= 0.50",
-            0.5,
+            "tx",
+            tx,
+            bare,
+            Some(Script::Tx),
+            goals.tx,
         ),
         (
             "record mode, bare INSERT",
-            Mode::Plain,
-            Mode::Record,
-            Duration::ZERO,
-            ops,
-            ">= 0.35",
-            0.35,
+            "record",
+            record,
+            bare,
+            Some(Script::Record),
+            goals.record,
         ),
         (
             "transactional, 20 ms body",
-            Mode::PlainTx,
-            Mode::Tx,
-            Duration::from_millis(20),
-            slow_ops,
-            ">= 0.95",
-            0.95,
+            "",
+            tx,
+            slow,
+            None,
+            Goal::AtLeast(0.97),
         ),
         (
             "record mode, 20 ms body",
-            Mode::Plain,
-            Mode::Record,
-            Duration::from_millis(20),
-            slow_ops,
-            ">= 0.95",
-            0.95,
+            "",
+            record,
+            slow,
+            None,
+            Goal::AtLeast(0.97),
         ),
     ];
-    for (what, base, subj, body, n, goal, target) in cases {
-        let (ratio, a, s) = interleave(
-            || {
-                let b = b.clone();
-                throughput(n, move || {
-                    let b = b.clone();
-                    async move { b.call(base, body).await }
-                })
-            },
-            || {
-                let b = b.clone();
-                throughput(n, move || {
-                    let b = b.clone();
-                    async move { b.call(subj, body).await }
-                })
-            },
-        )
+    for (what, short, modes, body, script, goal) in cases {
+        let found = Compared::measure(b, modes, script, CONCURRENCY, |mode| {
+            calls_of(b, CONCURRENCY, mode, body, Span::For(window())).boxed_local()
+        })
         .await;
-        rows.push(Row {
-            id: "B1",
-            backend: b.label(),
-            what: format!("first execution, {what}: throughput vs no attribute ({s:.0} vs {a:.0} calls/s, {CONCURRENCY} tasks)"),
-            measured: format!("{ratio:.2}"),
-            goal,
-            met: Some(ratio >= target),
-        });
+        if script.is_some() {
+            let label = format!("{} {short}", b.label());
+            report
+                .b1
+                .push((label, found.ratio, found.reference_ratio()));
+        }
+        report.rows.push(Row::judged(
+            ("B1", b.label()),
+            format!(
+                "first execution, {what}: throughput vs no attribute ({}, {CONCURRENCY} tasks, {} ms each)",
+                found.calls(),
+                window().as_millis()
+            ),
+            found.measured(),
+            (goal, ""),
+            (found.ratio, found.reference_ratio()),
+        ));
     }
 }
 
 /// B2: replay latency vs first execution (record mode, one caller).
-async fn b2<B: Bench>(b: &Arc<B>, rows: &mut Vec<Row>) {
+async fn b2<B: Bench>(b: &Arc<B>, report: &mut Report) {
     let n = if quick() { 20 } else { 100 };
     let mut ratios = Vec::new();
     let (mut firsts, mut replays) = (Vec::new(), Vec::new());
@@ -693,22 +1328,35 @@ async fn b2<B: Bench>(b: &Arc<B>, rows: &mut Vec<Row>) {
         replays.push(r);
     }
     let ratio = median(ratios);
-    rows.push(Row {
-        id: "B2",
-        backend: b.label(),
-        what: format!(
+    // The reference's replay, one read, against its first execution, one
+    // client each: the ratio of their latencies.
+    let reference = match reference_status(b.dialect()) {
+        None => None,
+        Some(Err(why)) => Some(Err(why)),
+        Some(Ok(())) => {
+            let found = interleave_all(&[
+                measure(|| b.reference(Script::Replay, 1, window())),
+                measure(|| b.reference(Script::Record, 1, window())),
+            ])
+            .await;
+            Some(Ok(found[1].0))
+        }
+    };
+    report.rows.push(Row::judged(
+        ("B2", b.label()),
+        format!(
             "replay latency vs first execution, record mode ({:.2} ms vs {:.2} ms, median)",
             median(replays),
             median(firsts)
         ),
-        measured: format!("{ratio:.2}"),
-        goal: "<= 0.20",
-        met: Some(ratio <= 0.2),
-    });
+        format!("{ratio:.2}{}", reference_note(reference)),
+        (b.dialect().goals.replay, ""),
+        (ratio, None),
+    ));
 }
 
 /// B3: idem's record mode vs check-then-act (read the key, lock, write).
-async fn b3<B: Bench>(b: &Arc<B>, rows: &mut Vec<Row>) {
+async fn b3<B: Bench>(b: &Arc<B>, report: &mut Report) {
     let ops = if quick() { 80 } else { 400 };
     let (ratio, a, s) = interleave(
         || {
@@ -727,84 +1375,270 @@ async fn b3<B: Bench>(b: &Arc<B>, rows: &mut Vec<Row>) {
         },
     )
     .await;
-    rows.push(Row {
-        id: "B3",
-        backend: b.label(),
-        what: format!(
+    report.rows.push(Row::judged(
+        ("B3", b.label()),
+        format!(
             "record mode vs check-then-act (SELECT key, lock, INSERT record, business INSERT, UPDATE, unlock): throughput ({s:.0} vs {a:.0} calls/s)"
         ),
-        measured: format!("{ratio:.2}"),
-        goal: "(> 1 = idem faster)",
-        met: None,
-    });
+        format!("{ratio:.2}"),
+        (Goal::Above(1.0), ""),
+        (ratio, None),
+    ));
 }
 
-/// B4: 64 calls on one key released at once.
-async fn b4<B: Bench>(b: &Arc<B>, rows: &mut Vec<Row>) {
-    const CALLS: usize = 64;
-    let mut lags = Vec::new();
-    let mut max_runs = 0;
-    for _ in 0..rounds() {
-        let key = unique("b4");
-        let runs = Arc::new(AtomicUsize::new(0));
-        let barrier = Arc::new(Barrier::new(CALLS));
-        let tasks: Vec<_> = (0..CALLS)
-            .map(|_| {
-                let (b, key, runs, barrier) =
-                    (b.clone(), key.clone(), runs.clone(), barrier.clone());
-                tokio::spawn(async move {
-                    barrier.wait().await;
-                    let won = b.duplicate(&key, runs).await;
-                    (won, Instant::now())
-                })
-            })
-            .collect();
-        let mut done = Vec::new();
-        for t in tasks {
-            done.push(t.await.unwrap());
-        }
-        max_runs = max_runs.max(runs.load(Ordering::SeqCst));
-        let winner = done
+/// What rounds of calls on one key found.
+#[derive(Default)]
+struct OneKey {
+    /// The most body runs in a round.
+    max_runs: usize,
+    /// Each waiter's return after the winner's, in ms.
+    lags: Vec<f64>,
+}
+
+impl OneKey {
+    /// One round: each call's answer (whether it ran the body) and the
+    /// time it returned (µs of the wall clock).
+    fn add(&mut self, returns: &[(bool, u64)]) {
+        let runs = returns.iter().filter(|(won, _)| *won).count();
+        self.max_runs = self.max_runs.max(runs);
+        let winner = returns
             .iter()
             .find(|(won, _)| *won)
             .map(|(_, at)| *at)
             .expect("a winner");
-        for (won, at) in done {
+        for (won, at) in returns {
             if !won {
-                lags.push(at.saturating_duration_since(winner).as_secs_f64() * 1e3);
+                self.lags.push(at.saturating_sub(winner) as f64 / 1e3);
             }
         }
     }
-    let p50 = percentile(&mut lags, 0.5);
-    let p99 = percentile(&mut lags, 0.99);
-    rows.push(Row {
-        id: "B4",
-        backend: b.label(),
-        what: format!(
-            "{CALLS} concurrent calls on one key: body runs per key (max over {} rounds)",
-            rounds()
+
+    /// The rows: body runs, and the waiters' p99 against `goal`.
+    fn report(
+        mut self,
+        id: (&'static str, &'static str),
+        what: String,
+        goal: Goal,
+        report: &mut Report,
+    ) {
+        let p50 = percentile(&mut self.lags, 0.5);
+        let p99 = percentile(&mut self.lags, 0.99);
+        report.rows.push(Row::judged(
+            id,
+            format!("{what}: body runs per key (max over {} rounds)", rounds()),
+            format!("{}", self.max_runs),
+            (Goal::Exactly(1.0), ""),
+            (self.max_runs as f64, None),
+        ));
+        report.rows.push(Row::judged(
+            id,
+            format!(
+                "winner's return to each waiter's return: p50 {p50:.2} ms, p99 (n = {})",
+                self.lags.len()
+            ),
+            format!("{p99:.2} ms"),
+            (goal, " ms"),
+            (p99, None),
+        ));
+    }
+}
+
+/// `calls` calls on `key` released together (at `at`, µs of the wall
+/// clock, if given): whether each ran the body, and when it returned.
+async fn calls_on_one_key<B: Bench>(
+    b: &Arc<B>,
+    key: &str,
+    calls: usize,
+    at: Option<u64>,
+) -> Vec<(bool, u64)> {
+    if let Some(at) = at {
+        tokio::time::sleep(Duration::from_micros(at.saturating_sub(unix_micros()))).await;
+    }
+    let runs = Arc::new(AtomicUsize::new(0));
+    let barrier = Arc::new(Barrier::new(calls));
+    let tasks: Vec<_> = (0..calls)
+        .map(|_| {
+            let (b, key, runs, barrier) =
+                (b.clone(), key.to_owned(), runs.clone(), barrier.clone());
+            tokio::spawn(async move {
+                barrier.wait().await;
+                let won = b.duplicate(&key, runs).await;
+                (won, unix_micros())
+            })
+        })
+        .collect();
+    let mut returns = Vec::new();
+    for t in tasks {
+        returns.push(t.await.unwrap());
+    }
+    returns
+}
+
+/// B4: 64 calls on one key released at once.
+async fn b4<B: Bench>(b: &Arc<B>, report: &mut Report) {
+    const CALLS: usize = 64;
+    let mut found = OneKey::default();
+    for _ in 0..rounds() {
+        found.add(&calls_on_one_key(b, &unique("b4"), CALLS, None).await);
+    }
+    found.report(
+        ("B4", b.label()),
+        format!("{CALLS} concurrent calls on one key"),
+        Goal::AtMost(3.0),
+        report,
+    );
+}
+
+/// The variable that makes this binary B4''s child, naming the backend;
+/// `IDEM_BENCH_CHILD_DIR` and `IDEM_BENCH_CHILD_TABLE` say where SQLite's
+/// file is and which records table to use.
+const CHILD: &str = "IDEM_BENCH_CHILD";
+
+/// B4': B4's 64 calls spread over 4 processes (this binary again), each
+/// making 16 at the same instant of the wall clock.
+async fn b4_processes<B: Bench>(b: &Arc<B>, report: &mut Report) {
+    const PROCESSES: usize = 4;
+    let exe = std::env::current_exe().unwrap();
+    let mut children = Vec::new();
+    for _ in 0..PROCESSES {
+        let mut child = tokio::process::Command::new(&exe)
+            .env(CHILD, b.label())
+            .env("IDEM_BENCH_CHILD_DIR", b.dir())
+            .env("IDEM_BENCH_CHILD_TABLE", b.records())
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        let stdin = child.stdin.take().unwrap();
+        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        assert_eq!(lines.next_line().await.unwrap().as_deref(), Some("ready"));
+        children.push((child, stdin, lines));
+    }
+    let mut found = OneKey::default();
+    for _ in 0..rounds() {
+        let round = format!("{} {}\n", unique("b4p"), unix_micros() + 100_000);
+        for (_, stdin, _) in &mut children {
+            stdin.write_all(round.as_bytes()).await.unwrap();
+        }
+        let mut returns = Vec::new();
+        for (_, _, lines) in &mut children {
+            while let Some(line) = lines.next_line().await.unwrap() {
+                let Some((won, at)) = line.split_once(' ') else {
+                    break;
+                };
+                returns.push((won == "1", at.parse().unwrap()));
+            }
+        }
+        found.add(&returns);
+    }
+    for (mut child, stdin, _) in children {
+        drop(stdin);
+        child.wait().await.unwrap();
+    }
+    found.report(
+        ("B4'", b.label()),
+        format!(
+            "{} calls on one key from {PROCESSES} processes ({CHILD_CALLS} each, at one instant)",
+            PROCESSES * CHILD_CALLS
         ),
-        measured: format!("{max_runs}"),
-        goal: "1",
-        met: Some(max_runs == 1),
-    });
-    rows.push(Row {
-        id: "B4",
-        backend: b.label(),
-        what: format!(
-            "winner's return to each waiter's return: p50 {p50:.2} ms, p99 (n = {})",
-            lags.len()
-        ),
-        measured: format!("{p99:.2} ms"),
-        goal: "<= 10 ms",
-        met: Some(p99 <= 10.0),
-    });
+        b.dialect().goals.processes,
+        report,
+    );
+}
+
+/// The calls each child of B4' makes.
+const CHILD_CALLS: usize = 16;
+
+/// B4''s child: opens its connections and its listener with a first
+/// round of calls, says `ready`, then for each line `key at` on its
+/// standard input makes its calls on `key` at `at`, and answers a line
+/// `ran returned_at` for each, then `end`.
+async fn child<B: Bench>(b: Arc<B>) {
+    // One call runs the body, the others wait: the pool's connections are
+    // open, and PostgreSQL's listener is listening.
+    calls_on_one_key(&b, &unique("warm"), CHILD_CALLS, None).await;
+    println!("ready");
+    let mut lines = BufReader::new(tokio::io::stdin()).lines();
+    while let Some(line) = lines.next_line().await.unwrap() {
+        let (key, at) = line.split_once(' ').unwrap();
+        let returns = calls_on_one_key(&b, key, CHILD_CALLS, Some(at.parse().unwrap())).await;
+        let mut out = String::new();
+        for (won, at) in returns {
+            let _ = writeln!(out, "{} {at}", u8::from(won));
+        }
+        println!("{out}end");
+    }
+}
+
+/// Runs B4''s child on the backend labelled `label`.
+async fn child_main(label: &str) {
+    let dir = PathBuf::from(std::env::var("IDEM_BENCH_CHILD_DIR").unwrap());
+    let table = std::env::var("IDEM_BENCH_CHILD_TABLE").unwrap();
+    match label {
+        l if l == pg::DIALECT.label => pg::Payments::child(&dir, &table).await,
+        l if l == my::DIALECT.label => my::Payments::child(&dir, &table).await,
+        l if l == lite::DIALECT.label => lite::Payments::child(&dir, &table).await,
+        other => panic!("no backend {other}"),
+    }
+}
+
+/// B7: throughput vs concurrency, record mode with a bare INSERT: plain,
+/// the reference (as many clients) and idem, through a pool of as many
+/// connections as tasks. Each measurement opens its pool (and prepares its
+/// statements) before it starts and closes it after, so that pgbench's
+/// connections fit in the server's.
+async fn b7<B: Bench>(b: &Arc<B>, report: &mut Report) {
+    let window = Duration::from_millis(if quick() { 100 } else { 300 });
+    let mut previous: Option<f64> = None;
+    for tasks in [1, 4, 16, 64] {
+        let found = Compared::measure(
+            b,
+            (Mode::Plain, Mode::Record),
+            Some(Script::Record),
+            tasks,
+            |mode| {
+                let b = b.clone();
+                async move {
+                    let sized = Arc::new(b.resized(tasks as u32).await);
+                    calls_of(&sized, tasks, mode, Duration::ZERO, Span::Calls(2 * tasks)).await;
+                    let calls =
+                        calls_of(&sized, tasks, mode, Duration::ZERO, Span::For(window)).await;
+                    sized.close().await;
+                    calls
+                }
+                .boxed_local()
+            },
+        )
+        .await;
+        report.b7.push((
+            tasks,
+            found.plain,
+            found.reference.and_then(|r| r.ok()).map(|(_, calls)| calls),
+            found.idem,
+        ));
+        report.rows.push(Row::judged(
+            ("B7", b.label()),
+            format!(
+                "record mode, bare INSERT, concurrency {tasks} (tasks, connections, pgbench clients): throughput vs no attribute ({}, {} ms each)",
+                found.calls(),
+                window.as_millis()
+            ),
+            found.measured(),
+            (
+                previous.map_or(Goal::None, |p| Goal::AtLeast(p - 0.02)),
+                if previous.is_some() { " (row above - 0.02)" } else { "" },
+            ),
+            (found.ratio, None),
+        ));
+        previous = Some(found.ratio);
+    }
 }
 
 /// B8: entity mode, 20 distinct keys at once, each body taking 200 ms:
 /// the wall time of the 20 against one body. Unrelated tokens must not
 /// wait for each other.
-async fn b8<B: Bench>(b: &Arc<B>, rows: &mut Vec<Row>) {
+async fn b8<B: Bench>(b: &Arc<B>, report: &mut Report) {
     const CALLS: usize = 20;
     let body = Duration::from_millis(200);
     // The first call migrates the claims' table.
@@ -829,22 +1663,21 @@ async fn b8<B: Bench>(b: &Arc<B>, rows: &mut Vec<Row>) {
         walls.push(started.elapsed().as_secs_f64() / body.as_secs_f64());
     }
     let ratio = percentile(&mut walls, 0.5);
-    rows.push(Row {
-        id: "B8",
-        backend: b.label(),
-        what: format!(
+    report.rows.push(Row::judged(
+        ("B8", b.label()),
+        format!(
             "entity mode, {CALLS} distinct keys at once, 200 ms body: wall time in bodies (median of {} rounds)",
             rounds()
         ),
-        measured: format!("{ratio:.2}"),
-        goal: "<= 1.5",
-        met: Some(ratio <= 1.5),
-    });
+        format!("{ratio:.2}"),
+        (Goal::AtMost(1.5), ""),
+        (ratio, None),
+    ));
 }
 
 /// B5: replay latency with 10 thousand vs 1 million stored records, and
 /// the purge rate while claims run.
-async fn b5<B: Bench>(b: &Arc<B>, rows: &mut Vec<Row>) {
+async fn b5<B: Bench>(b: &Arc<B>, report: &mut Report) {
     let (small, large) = if quick() {
         (10_000, 100_000)
     } else {
@@ -873,16 +1706,15 @@ async fn b5<B: Bench>(b: &Arc<B>, rows: &mut Vec<Row>) {
         || replay(large_b.clone(), large),
     )
     .await;
-    rows.push(Row {
-        id: "B5",
-        backend: b.label(),
-        what: format!(
+    report.rows.push(Row::judged(
+        ("B5", b.label()),
+        format!(
             "replay latency with {large} vs {small} stored records ({s:.2} vs {a:.2} ms; bulk-loaded in {load:.0} s by one INSERT ... SELECT)"
         ),
-        measured: format!("{ratio:.2}"),
-        goal: "<= 1.5",
-        met: Some(ratio <= 1.5),
-    });
+        format!("{ratio:.2}"),
+        (Goal::AtMost(1.5), ""),
+        (ratio, None),
+    ));
 
     // Purge: expired records, while 4 tasks claim new keys.
     let expired = if quick() { 20_000 } else { 200_000 };
@@ -909,7 +1741,7 @@ async fn b5<B: Bench>(b: &Arc<B>, rows: &mut Vec<Row>) {
     for c in claimers {
         c.await.unwrap();
     }
-    rows.push(Row {
+    report.rows.push(Row {
         id: "B5",
         backend: b.label(),
         what: format!(
@@ -917,7 +1749,7 @@ async fn b5<B: Bench>(b: &Arc<B>, rows: &mut Vec<Row>) {
             claims.load(Ordering::Relaxed) as f64 / secs
         ),
         measured: format!("{:.0} records/s", purged as f64 / secs),
-        goal: "-",
+        goal: "-".to_owned(),
         met: None,
     });
     for bb in [small_b, large_b, purge_b] {
@@ -926,7 +1758,7 @@ async fn b5<B: Bench>(b: &Arc<B>, rows: &mut Vec<Row>) {
 }
 
 /// B6: the memory store's cost per call vs a plain function call.
-async fn b6(rows: &mut Vec<Row>) {
+async fn b6(report: &mut Report) {
     #[inline(never)]
     async fn plain(amount: i64) -> Result<i64, idem::Error> {
         Ok(std::hint::black_box(amount))
@@ -965,14 +1797,18 @@ async fn b6(rows: &mut Vec<Row>) {
         replay.push(t.elapsed().as_secs_f64() * 1e9 / n as f64);
     }
     let (b, f, r) = (median(base), median(first), median(replay));
-    rows.push(Row {
-        id: "B6",
-        backend: "memory",
-        what: format!("cost per call: first execution {f:.0} ns, replay {r:.0} ns, plain async fn call {b:.1} ns"),
-        measured: format!("+{:.2} µs", (f - b) / 1e3),
-        goal: "-",
-        met: None,
-    });
+    for (what, ns, goal) in [("first execution", f, 1.0), ("replay", r, 0.5)] {
+        let cost = (ns - b) / 1e3;
+        report.rows.push(Row::judged(
+            ("B6", "memory"),
+            format!(
+                "cost per call, {what}: {ns:.0} ns against {b:.1} ns for a plain async fn call"
+            ),
+            format!("+{cost:.2} µs"),
+            (Goal::AtMost(goal), " µs"),
+            (cost, None),
+        ));
+    }
 }
 
 fn main() {
@@ -981,17 +1817,24 @@ fn main() {
         .enable_all()
         .build()
         .unwrap();
-    runtime.block_on(main_async());
+    match std::env::var(CHILD) {
+        Ok(label) => runtime.block_on(child_main(&label)),
+        Err(_) => runtime.block_on(main_async()),
+    }
 }
 
-async fn each<B: Bench>(b: &Arc<B>, rows: &mut Vec<Row>) {
+async fn each<B: Bench>(b: &Arc<B>, report: &mut Report) {
     let t = Instant::now();
-    b1(b, rows).await;
-    b2(b, rows).await;
-    b3(b, rows).await;
-    b4(b, rows).await;
-    b5(b, rows).await;
-    b8(b, rows).await;
+    b1(b, report).await;
+    b2(b, report).await;
+    b3(b, report).await;
+    b4(b, report).await;
+    b4_processes(b, report).await;
+    b5(b, report).await;
+    b8(b, report).await;
+    if b.dialect().curve {
+        b7(b, report).await;
+    }
     b.drop_tables().await;
     eprintln!("{} done in {:.0} s", b.label(), t.elapsed().as_secs_f64());
 }
@@ -1000,26 +1843,27 @@ async fn main_async() {
     let started = Instant::now();
     let date = cmd("date", &["-u", "+%Y-%m-%d %H:%M UTC"]);
     let load_before = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
-    let mut rows = Vec::new();
+    let mut report = Report::default();
     let dir = tempfile::tempdir().unwrap();
+    let dir = dir.path();
     let only = std::env::var("IDEM_BENCH_ONLY").unwrap_or_default();
     let wanted = |backend: &str| only.is_empty() || only.contains(backend);
     if wanted("sqlite") {
-        each(&Arc::new(lite::Payments::new(&dir, "b").await), &mut rows).await;
+        each(&Arc::new(lite::Payments::new(dir, "b").await), &mut report).await;
     }
     if wanted("postgres") {
-        each(&Arc::new(pg::Payments::new(&dir, "b").await), &mut rows).await;
+        each(&Arc::new(pg::Payments::new(dir, "b").await), &mut report).await;
     }
     if wanted("mariadb") {
-        each(&Arc::new(my::Payments::new(&dir, "b").await), &mut rows).await;
+        each(&Arc::new(my::Payments::new(dir, "b").await), &mut report).await;
     }
-    b6(&mut rows).await;
+    b6(&mut report).await;
     let load_after = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
 
     let mut table = String::new();
     let _ = writeln!(table, "| | backend | measurement | measured | goal | met |");
     let _ = writeln!(table, "|---|---|---|---|---|---|");
-    for r in &rows {
+    for r in &report.rows {
         let met = match r.met {
             Some(true) => "yes",
             Some(false) => "**no**",
@@ -1090,12 +1934,179 @@ async fn main_async() {
     );
     let _ = writeln!(
         md,
-        "- every ratio is the median of {} per-round ratios, baseline and subject alternating (A B, B A, ...) in one run; throughput with {CONCURRENCY} tasks\n",
+        "- every ratio is the median of {} per-round ratios, baseline and subject alternating (A B, B A, ...) in one run; throughput with {CONCURRENCY} tasks",
         rounds()
     );
+    let pgbench = cmd("pgbench", &["--version"]);
+    let _ = writeln!(
+        md,
+        "- reference: the statements the store sends for the same call, without idem's engine, in the same rounds, as a ratio to the same plain call: on PostgreSQL {pgbench} (`-M prepared -c <tasks> -j 2 -T 1`), on MariaDB a sqlx loop on the pool (as long as idem's measurement); a replay's reference is the one read by key (B2: its latency against the reference's first execution, one client)\n"
+    );
+    let chart_written = chart(&report, Path::new(CHART));
+    match &chart_written {
+        Ok(()) => {
+            let _ = writeln!(
+                md,
+                "![B7: calls per second against tasks on PostgreSQL, plain, reference and idem; B1: idem's and the reference's ratios to plain calls]({CHART})\n"
+            );
+        }
+        Err(e) => eprintln!("{CHART} not written: {e}"),
+    }
     let _ = writeln!(md, "{table}");
     md.push_str(&notes);
     std::fs::write("BENCHMARKS.md", md).unwrap();
+}
+
+/// The chart beside `BENCHMARKS.md`.
+const CHART: &str = "benchmarks.svg";
+
+/// B7's calls per second against tasks (plain, reference, idem), and
+/// B1's ratios to plain calls (idem, reference), as SVG at `path`.
+fn chart(report: &Report, path: &Path) -> Result<(), Box<dyn std::error::Error>> {
+    use plotters::prelude::*;
+    const REFERENCE: RGBColor = RGBColor(0, 140, 0);
+    let root = SVGBackend::new(path, (900, 760)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let (top, bottom) = root.split_vertically(420);
+    if !report.b7.is_empty() {
+        let calls: Vec<f64> = report
+            .b7
+            .iter()
+            .flat_map(|&(_, plain, reference, idem)| [Some(plain), reference, Some(idem)])
+            .flatten()
+            .collect();
+        let (lowest, highest) = (
+            calls.iter().copied().fold(f64::MAX, f64::min),
+            calls.iter().copied().fold(0.0, f64::max),
+        );
+        let tasks: Vec<f64> = report.b7.iter().map(|p| p.0 as f64).collect();
+        let mut chart = panel(&top, "B7, PostgreSQL: record mode, bare INSERT")
+            .build_cartesian_2d(
+                (0.8f64..80.0).log_scale().with_key_points(tasks),
+                (lowest * 0.7..highest * 1.5).log_scale(),
+            )?;
+        chart
+            .configure_mesh()
+            .x_desc("tasks (and connections, and pgbench clients)")
+            .y_desc("calls per second (log scale)")
+            .x_label_formatter(&|x| format!("{x:.0}"))
+            .y_label_formatter(&|y| format!("{y:.0}"))
+            .draw()?;
+        let curves = [
+            (
+                "plain (no attribute)",
+                BLUE,
+                report
+                    .b7
+                    .iter()
+                    .map(|p| Some((p.0 as f64, p.1)))
+                    .collect::<Vec<_>>(),
+            ),
+            (
+                "reference (pgbench)",
+                REFERENCE,
+                report
+                    .b7
+                    .iter()
+                    .map(|p| p.2.map(|r| (p.0 as f64, r)))
+                    .collect(),
+            ),
+            (
+                "idem, record mode",
+                RED,
+                report.b7.iter().map(|p| Some((p.0 as f64, p.3))).collect(),
+            ),
+        ];
+        for (name, color, points) in curves {
+            let points: Vec<(f64, f64)> = points.into_iter().flatten().collect();
+            chart
+                .draw_series(LineSeries::new(points.clone(), color.stroke_width(2)))?
+                .label(name)
+                .legend(move |(x, y)| {
+                    PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
+                });
+            chart.draw_series(
+                points
+                    .into_iter()
+                    .map(|p| Circle::new(p, 4, color.filled())),
+            )?;
+        }
+        chart
+            .configure_series_labels()
+            .position(SeriesLabelPosition::UpperLeft)
+            .background_style(WHITE)
+            .border_style(BLACK)
+            .draw()?;
+    }
+    if !report.b1.is_empty() {
+        let labels: Vec<&str> = report
+            .b1
+            .iter()
+            .map(|(label, _, _)| label.as_str())
+            .collect();
+        let highest = report
+            .b1
+            .iter()
+            .flat_map(|&(_, idem, reference)| [idem, reference.unwrap_or(0.0)])
+            .fold(0.0, f64::max);
+        let mut chart = panel(
+            &bottom,
+            "B1, first execution, bare INSERT: throughput / plain calls",
+        )
+        // Integer ranges are inclusive: one segment per label.
+        .build_cartesian_2d(
+            (0..labels.len() - 1).into_segmented(),
+            0f64..(highest * 1.2).max(0.1),
+        )?;
+        chart
+            .configure_mesh()
+            .x_labels(labels.len())
+            .x_label_formatter(&|v| match v {
+                SegmentValue::CenterOf(i) => labels.get(*i).copied().unwrap_or_default().to_owned(),
+                _ => String::new(),
+            })
+            .y_desc("ratio to plain calls")
+            .draw()?;
+        let at = |i: usize, ratio: f64| (SegmentValue::CenterOf(i), ratio);
+        chart
+            .draw_series(
+                report
+                    .b1
+                    .iter()
+                    .enumerate()
+                    .map(|(i, p)| Circle::new(at(i, p.1), 6, RED.filled())),
+            )?
+            .label("idem")
+            .legend(|(x, y)| Circle::new((x + 10, y), 6, RED.filled()));
+        chart
+            .draw_series(report.b1.iter().enumerate().filter_map(|(i, p)| {
+                p.2.map(|r| Cross::new(at(i, r), 7, REFERENCE.stroke_width(3)))
+            }))?
+            .label("reference")
+            .legend(|(x, y)| Cross::new((x + 10, y), 7, REFERENCE.stroke_width(3)));
+        chart
+            .configure_series_labels()
+            .position(SeriesLabelPosition::UpperRight)
+            .background_style(WHITE)
+            .border_style(BLACK)
+            .draw()?;
+    }
+    root.present()?;
+    Ok(())
+}
+
+/// One of the chart's panels, with its caption.
+fn panel<'a, 'b, DB: plotters::prelude::DrawingBackend>(
+    area: &'a plotters::prelude::DrawingArea<DB, plotters::coord::Shift>,
+    caption: &str,
+) -> plotters::prelude::ChartBuilder<'a, 'b, DB> {
+    let mut builder = plotters::prelude::ChartBuilder::on(area);
+    builder
+        .caption(caption, ("sans-serif", 20))
+        .margin(15)
+        .x_label_area_size(40)
+        .y_label_area_size(70);
+    builder
 }
 
 fn cmd(program: &str, args: &[&str]) -> String {

@@ -27,6 +27,7 @@ pub(crate) mod mysql;
 #[cfg(feature = "postgres")]
 pub(crate) mod postgres;
 pub(crate) mod records;
+mod reference;
 #[cfg(feature = "sqlite")]
 pub(crate) mod sqlite;
 mod statements;

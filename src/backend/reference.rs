@@ -1,0 +1,29 @@
+//! The statements a store sends, for the benchmark's reference clients
+//! (pgbench, a bare sqlx loop), so that they never drift from the store.
+
+use super::records::SqlStore;
+use super::Backend;
+
+impl<DB: Backend> SqlStore<DB> {
+    /// The store's statements as `(name, SQL, parameters in order)`:
+    /// `"claim"`, `"read"` (the record read after a claim that returned no
+    /// row), `"complete"` and `"select"` (the record by scope and key).
+    /// The parameter names are those of the store's `Param`
+    /// (`"Scope"`, `"Key"`, `"Fingerprint"`, ...).
+    #[doc(hidden)]
+    pub fn __reference_statements(&self) -> Vec<(&'static str, String, Vec<String>)> {
+        let sql = &self.sql;
+        [
+            ("claim", &sql.claim),
+            ("read", &sql.claimed),
+            ("complete", &sql.complete),
+            ("select", &sql.select),
+        ]
+        .into_iter()
+        .map(|(name, s)| {
+            let params = s.params.iter().map(|p| format!("{p:?}")).collect();
+            (name, s.sql.clone(), params)
+        })
+        .collect()
+    }
+}
