@@ -769,3 +769,53 @@ fn spawnable<F: std::future::Future + Send + 'static>(_: F) {}
 async fn sqlite_store_futures_can_be_spawned() {
     spawnable(async { idem::SqliteStore::connect("sqlite::memory:").await });
 }
+
+/// PostgreSQL: a completion nobody waited for sends no `NOTIFY` (a
+/// notifying commit takes a database-wide lock), and one that a duplicate
+/// of another process found in progress does, so that duplicate is woken.
+#[cfg(feature = "postgres")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_a_completion_waited_for_notifies() {
+    use common::backend::postgres;
+    let (first, _guard) = postgres::store(4).await;
+    let other = Arc::new(postgres::store_at(first.table_name(), 4).await);
+    let mut listener = sqlx::postgres::PgListener::connect_with(first.pool())
+        .await
+        .unwrap();
+    listener.listen(first.table_name()).await.unwrap();
+    let runs = Runs::default();
+    let policy = Policy::new().wait(Duration::from_secs(20));
+
+    charge(&first, "alone", policy, &runs).await.unwrap();
+    let heard = tokio::time::timeout(Duration::from_millis(300), listener.recv()).await;
+    assert!(
+        heard.is_err(),
+        "a completion nobody waited for notified: {heard:?}"
+    );
+
+    let (started, start) = oneshot::channel();
+    let owner = {
+        let (first, runs) = (Arc::new(first.clone()), runs.clone());
+        tokio::spawn(async move {
+            run(
+                &*first,
+                Call::new(SCOPE, "waited", &1).with_policy(policy),
+                async {
+                    let _ = started.send(());
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                    Ok::<_, Error>(runs.next())
+                },
+            )
+            .await
+        })
+    };
+    start.await.unwrap();
+    let duplicate = charge(&*other, "waited", policy, &runs).await.unwrap();
+    let notified = tokio::time::timeout(Duration::from_secs(5), listener.recv())
+        .await
+        .expect("the waited-for completion did not notify")
+        .unwrap();
+    assert_eq!(notified.payload(), format!("waited {SCOPE}"));
+    assert_eq!(owner.await.unwrap().unwrap(), duplicate);
+    assert_eq!(runs.count(), 2);
+}

@@ -373,7 +373,7 @@ impl<DB: Backend> SqlStore<DB> {
         let mut conn = self.pool.acquire().await?;
         Ok(
             match self
-                .read_on(&mut conn, &self.sql.select, &Bound::key(scope, key))
+                .read_on(&mut conn, &self.sql.look, &Bound::key(scope, key))
                 .await?
             {
                 Some((record, now)) if record.holds_lease(now) => Look::HeldBy(record.token),

@@ -76,6 +76,10 @@ pub struct Statements {
     pub take_over: Option<Statement>,
     /// The record, by scope and key, with a plain read.
     pub select: Statement,
+    /// The record as a duplicate sees it when it starts to wait (by scope
+    /// and key): the plain read, or one that also marks the record waited
+    /// on (PostgreSQL).
+    pub look: Statement,
     pub renew: Statement,
     pub complete: Statement,
     pub release: Statement,
@@ -99,6 +103,7 @@ pub struct Numbered {
     pub claim: &'static str,
     pub take_over: Option<&'static str>,
     pub select: &'static str,
+    pub look: Option<&'static str>,
     pub renew: &'static str,
     pub complete: &'static str,
     pub release: &'static str,
@@ -123,6 +128,7 @@ impl Numbered {
             claimed: s(self.select, &[Scope, Key]),
             take_over: self.take_over.map(|sql| s(sql, CLAIM)),
             select: s(self.select, &[Scope, Key]),
+            look: s(self.look.unwrap_or(self.select), &[Scope, Key]),
             renew: s(self.renew, &[Scope, Key, Token, Lease]),
             complete: s(
                 self.complete,

@@ -191,6 +191,7 @@ impl Dialect for MySql {
             claimed: s(&format!("{select} FOR UPDATE"), &[Scope, Key]),
             take_over: None,
             select: s(&select, &[Scope, Key]),
+            look: s(&select, &[Scope, Key]),
             renew: s(RENEW, &[Lease, Lease, Scope, Key, Token]),
             complete: s(
                 COMPLETE,

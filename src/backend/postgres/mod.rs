@@ -29,7 +29,10 @@ use listener::Listener;
 ///
 /// Duplicates waiting on a key are woken as soon as the first call completes
 /// or releases it: in this process directly, in other processes through
-/// `LISTEN`/`NOTIFY` on a channel named after the table. The listening
+/// `LISTEN`/`NOTIFY` on a channel named after the table. A completion
+/// notifies only when a duplicate found its record in progress (and marked
+/// it): a notifying commit takes a lock on the whole database, so commits
+/// that notify run one at a time, and calls nobody waits for do not. The listening
 /// connection is opened on the first wait, with the pool's connect options
 /// but outside the pool, and closed when the last clone of the store is
 /// dropped. Should it fail, waiters fall back to polling.
@@ -78,6 +81,12 @@ CREATE INDEX IF NOT EXISTS "{index}" ON "{table}" (expires_at);
     r#"ALTER TABLE "{table}" ADD COLUMN IF NOT EXISTS claim_token BYTEA
     CHECK (octet_length(claim_token) = 16);
 "#,
+    // Whether a duplicate found the record in progress and may wait on
+    // it: only then do its completion and release notify (a notifying
+    // commit takes a database-wide lock, so commits that notify run one
+    // at a time). Once set it stays set for the row.
+    r#"ALTER TABLE "{table}" ADD COLUMN IF NOT EXISTS waited BOOLEAN NOT NULL DEFAULT false;
+"#,
 ];
 
 const BOOKKEEPING: Bookkeeping = Bookkeeping {
@@ -110,6 +119,13 @@ const MIGRATION_LOCK: i64 = 0x6964_656d_6d69_6772;
 /// (the conflict waited for its inserter) is not in it, and the statement
 /// answers no row; the record is then read again. A free record (expired,
 /// or a lapsed lease) is taken over with [`TAKE_OVER`].
+///
+/// A duplicate that finds the record in progress marks it `waited`, so
+/// that the owner's completion or release notifies the waiters of every
+/// process. Only the first one writes: the others find it marked (after
+/// waiting for the first one's row lock, at most). A completion between
+/// the snapshot and the mark leaves it unmarked; the waiter's own look
+/// after it registers (a new snapshot) then sees the record completed.
 const CLAIM: &str = r#"WITH c AS (SELECT {now} AS now),
     ins AS (
         INSERT INTO "{table}"
@@ -120,7 +136,13 @@ const CLAIM: &str = r#"WITH c AS (SELECT {now} AS now),
         FROM c
         ON CONFLICT (scope, key) DO NOTHING
         RETURNING scope, key, fingerprint, state, fence, claim_token, lease_until,
-            outcome_kind, outcome, created_at, expires_at)
+            outcome_kind, outcome, created_at, expires_at),
+    mark AS (
+        UPDATE "{table}" AS t SET waited = true
+        FROM c
+        WHERE t.scope = $1 AND t.key = $2 AND NOT EXISTS (SELECT 1 FROM ins)
+          AND t.state = 'in_progress' AND NOT t.waited
+          AND t.lease_until > c.now AND t.fingerprint = $3)
     SELECT ins.*, c.now AS db_now FROM ins, c
     UNION ALL
     SELECT t.scope, t.key, t.fingerprint, t.state, t.fence, t.claim_token, t.lease_until,
@@ -150,18 +172,29 @@ const SELECT: &str = r#"SELECT scope, key, fingerprint, state, fence, claim_toke
         outcome_kind, outcome, created_at, expires_at, {now} AS db_now
     FROM "{table}" WHERE scope = $1 AND key = $2"#;
 
+/// The record as a waiter sees it when it starts to wait, marking it
+/// `waited` while in progress (a duplicate's claim has marked it already,
+/// unless the waiter waits without one).
+const LOOK: &str = r#"WITH mark AS (
+        UPDATE "{table}" SET waited = true
+        WHERE scope = $1 AND key = $2 AND state = 'in_progress' AND NOT waited)
+    SELECT scope, key, fingerprint, state, fence, claim_token, lease_until,
+        outcome_kind, outcome, created_at, expires_at, {now} AS db_now
+    FROM "{table}" WHERE scope = $1 AND key = $2"#;
+
 const RENEW: &str = r#"UPDATE "{table}" AS t
     SET lease_until = c.now + $4, expires_at = GREATEST(t.expires_at, c.now + $4)
     FROM (SELECT {now} AS now) AS c
     WHERE t.scope = $1 AND t.key = $2 AND t.claim_token = $3
       AND t.state = 'in_progress'"#;
 
-/// Completes, and in the same round trip tells the listeners of every
-/// process (`NOTIFY` on the table's channel, delivered when the
-/// transaction commits) that the key changed: the payload is the key, a
-/// space, then the scope (a key has no spaces; both are short enough for
-/// `NOTIFY`, as checked below). The statement answers one row per record
-/// written, so the fenced check counts the same as the bare `UPDATE`.
+/// Completes, and in the same round trip, when a duplicate marked the
+/// record `waited`, tells the listeners of every process (`NOTIFY` on the
+/// table's channel, delivered when the transaction commits) that the key
+/// changed: the payload is the key, a space, then the scope (a key has no
+/// spaces; both are short enough for `NOTIFY`, as checked below). The
+/// statement answers one row per record written, notifying or not, so the
+/// fenced check counts the same as the bare `UPDATE`.
 const COMPLETE: &str = r#"WITH done AS (
         UPDATE "{table}"
         SET state = 'completed', outcome_kind = $1, outcome = $2,
@@ -169,8 +202,8 @@ const COMPLETE: &str = r#"WITH done AS (
         WHERE scope = $4 AND key = $5 AND claim_token = $6
           AND (state = 'in_progress'
                OR (state = 'completed' AND outcome_kind = $1 AND outcome = $2))
-        RETURNING 1)
-    SELECT pg_notify('{table}', $5 || ' ' || $4) FROM done"#;
+        RETURNING waited)
+    SELECT CASE WHEN done.waited THEN pg_notify('{table}', $5 || ' ' || $4) END FROM done"#;
 
 // `NOTIFY` refuses payloads of 8000 bytes or more: the longest key, a
 // space and the longest stored scope stay far below.
@@ -180,8 +213,8 @@ const _: () = assert!(crate::key::MAX_KEY_LEN + 1 + crate::key::MAX_SCOPE_LEN < 
 const RELEASE: &str = r#"WITH done AS (
         DELETE FROM "{table}"
         WHERE scope = $1 AND key = $2 AND claim_token = $3 AND state = 'in_progress'
-        RETURNING 1)
-    SELECT pg_notify('{table}', $2 || ' ' || $1) FROM done"#;
+        RETURNING waited)
+    SELECT CASE WHEN done.waited THEN pg_notify('{table}', $2 || ' ' || $1) END FROM done"#;
 
 /// Forgets, and notifies as [`COMPLETE`] does.
 const FORGET: &str = r#"WITH done AS (
@@ -213,6 +246,7 @@ impl Dialect for Postgres {
             claim: CLAIM,
             take_over: Some(TAKE_OVER),
             select: SELECT,
+            look: Some(LOOK),
             renew: RENEW,
             complete: COMPLETE,
             release: RELEASE,

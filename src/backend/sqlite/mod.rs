@@ -146,6 +146,7 @@ impl Dialect for Sqlite {
             claim: CLAIM,
             take_over: None,
             select: SELECT,
+            look: None,
             renew: RENEW,
             complete: COMPLETE,
             release: RELEASE,
