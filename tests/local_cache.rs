@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use common::backend;
+use common::{backend, Runs};
 use idem::{
     run, Begin, BeginRequest, CachedStore, Call, Claim, Error, Key, MemoryStore, Outcome, Policy,
     Record, Scope, Store,
@@ -17,19 +17,6 @@ use idem::{
 use tokio::sync::{oneshot, Mutex};
 
 const SCOPE: &str = "local_cache.charge";
-
-/// Counts body runs; each run returns its number.
-#[derive(Clone, Default)]
-struct Runs(Arc<AtomicUsize>);
-
-impl Runs {
-    fn next(&self) -> usize {
-        self.0.fetch_add(1, Ordering::SeqCst) + 1
-    }
-    fn count(&self) -> usize {
-        self.0.load(Ordering::SeqCst)
-    }
-}
 
 async fn charge(
     store: &dyn Store,

@@ -5,27 +5,14 @@
 
 mod common;
 
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use common::backend::Guard;
 use common::servers::Db;
+use common::Runs;
 use idem::{run, Call, Error, Key, Policy, Scope, State, Store};
 use tokio::sync::oneshot;
-
-/// Counts body runs.
-#[derive(Clone, Default)]
-struct Runs(Arc<AtomicUsize>);
-
-impl Runs {
-    fn next(&self) -> usize {
-        self.0.fetch_add(1, Ordering::SeqCst) + 1
-    }
-    fn count(&self) -> usize {
-        self.0.load(Ordering::SeqCst)
-    }
-}
 
 const SCOPE: &str = "sql_stores.charge";
 
@@ -565,30 +552,22 @@ common::backends!(postgres, mysql => {
         let fingerprint = Fingerprint::of_bytes(b"one payload");
         for commit in [true, false] {
             let key = Key::new(format!("uncommitted-{commit}")).unwrap();
-            let request = || BeginRequest {
-                scope: &scope,
-                key: &key,
-                fingerprint: &fingerprint,
-                token: ClaimToken::new(),
-                lease: Duration::from_secs(30),
-                ttl: Duration::from_secs(60),
-            };
+            fn request<'a>(scope: &'a Scope, key: &'a Key, fp: &'a Fingerprint) -> BeginRequest<'a> {
+                BeginRequest {
+                    scope,
+                    key,
+                    fingerprint: fp,
+                    token: ClaimToken::new(),
+                    lease: Duration::from_secs(30),
+                    ttl: Duration::from_secs(60),
+                }
+            }
             let mut owner = store.pool().begin().await.unwrap();
-            let owned = store.begin_on(&mut *owner, &request()).await.unwrap();
+            let owned = store.begin_on(&mut *owner, &request(&scope, &key, &fingerprint)).await.unwrap();
             assert!(matches!(owned, Begin::Claimed(_)), "{owned:?}");
             let duplicate = {
                 let (store, scope, key) = (store.clone(), scope.clone(), key.clone());
-                tokio::spawn(async move {
-                    let request = BeginRequest {
-                        scope: &scope,
-                        key: &key,
-                        fingerprint: &fingerprint,
-                        token: ClaimToken::new(),
-                        lease: Duration::from_secs(30),
-                        ttl: Duration::from_secs(60),
-                    };
-                    store.begin(&request).await
-                })
+                tokio::spawn(async move { store.begin(&request(&scope, &key, &fingerprint)).await })
             };
             tokio::time::sleep(Duration::from_millis(300)).await;
             assert!(!duplicate.is_finished(), "the claim did not wait for the owner's");

@@ -22,6 +22,25 @@ pub mod http;
 pub mod namespace;
 pub mod servers;
 
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+/// Counts body runs, shared by clones; each run gets its number.
+#[derive(Clone, Debug, Default)]
+pub struct Runs(Arc<AtomicUsize>);
+
+impl Runs {
+    /// Counts one more run, and returns its number (1 for the first).
+    pub fn next(&self) -> usize {
+        self.0.fetch_add(1, Ordering::SeqCst) + 1
+    }
+
+    /// How many runs were counted.
+    pub fn count(&self) -> usize {
+        self.0.load(Ordering::SeqCst)
+    }
+}
+
 /// Runs a test body on each backend named (`memory`, `sqlite_file`,
 /// `sqlite_memory`, `postgres`, `mysql`): for each, a module of that name,
 /// compiled when the backend's feature is on, with the body in it. There
