@@ -85,7 +85,8 @@ async fn postgres_migrations_table_is_the_one_named() {
     .fetch_one(&pool)
     .await
     .unwrap();
-    assert_eq!(recorded, 2);
+    // One row per migration of the records table.
+    assert_eq!(recorded, 3);
     let in_default: i64 = sqlx::query_scalar(
         "SELECT COUNT(*) FROM pg_class WHERE oid = to_regclass('idem_migrations')",
     )

@@ -119,13 +119,6 @@ const MIGRATION_LOCK: i64 = 0x6964_656d_6d69_6772;
 /// (the conflict waited for its inserter) is not in it, and the statement
 /// answers no row; the record is then read again. A free record (expired,
 /// or a lapsed lease) is taken over with [`TAKE_OVER`].
-///
-/// A duplicate that finds the record in progress marks it `waited`, so
-/// that the owner's completion or release notifies the waiters of every
-/// process. Only the first one writes: the others find it marked (after
-/// waiting for the first one's row lock, at most). A completion between
-/// the snapshot and the mark leaves it unmarked; the waiter's own look
-/// after it registers (a new snapshot) then sees the record completed.
 const CLAIM: &str = r#"WITH c AS (SELECT {now} AS now),
     ins AS (
         INSERT INTO "{table}"
@@ -136,13 +129,7 @@ const CLAIM: &str = r#"WITH c AS (SELECT {now} AS now),
         FROM c
         ON CONFLICT (scope, key) DO NOTHING
         RETURNING scope, key, fingerprint, state, fence, claim_token, lease_until,
-            outcome_kind, outcome, created_at, expires_at),
-    mark AS (
-        UPDATE "{table}" AS t SET waited = true
-        FROM c
-        WHERE t.scope = $1 AND t.key = $2 AND NOT EXISTS (SELECT 1 FROM ins)
-          AND t.state = 'in_progress' AND NOT t.waited
-          AND t.lease_until > c.now AND t.fingerprint = $3)
+            outcome_kind, outcome, created_at, expires_at)
     SELECT ins.*, c.now AS db_now FROM ins, c
     UNION ALL
     SELECT t.scope, t.key, t.fingerprint, t.state, t.fence, t.claim_token, t.lease_until,
@@ -172,15 +159,31 @@ const SELECT: &str = r#"SELECT scope, key, fingerprint, state, fence, claim_toke
         outcome_kind, outcome, created_at, expires_at, {now} AS db_now
     FROM "{table}" WHERE scope = $1 AND key = $2"#;
 
-/// The record as a waiter sees it when it starts to wait, marking it
-/// `waited` while in progress (a duplicate's claim has marked it already,
-/// unless the waiter waits without one).
-const LOOK: &str = r#"WITH mark AS (
+/// The record as a waiter sees it when it starts to wait (registered in
+/// this process, listening), marking it `waited` while it is in progress,
+/// so that its completion or release notifies. Only the first waiter
+/// writes; the mark runs on the store's pool, never in a caller's
+/// transaction, and holds the row for its own commit only.
+///
+/// The row is the mark's when it marked (the latest version), else the
+/// statement's snapshot: marked already (every later completion
+/// notifies), or not in progress any more. In that last case a completion
+/// committed between the snapshot and the mark can show the record still
+/// in progress though nothing will notify: the waiter then looks again
+/// at its next poll (at most 500 ms later); waiters in the completing
+/// process are woken in process all the same.
+const LOOK: &str = r#"WITH c AS (SELECT {now} AS now),
+    mark AS (
         UPDATE "{table}" SET waited = true
-        WHERE scope = $1 AND key = $2 AND state = 'in_progress' AND NOT waited)
-    SELECT scope, key, fingerprint, state, fence, claim_token, lease_until,
-        outcome_kind, outcome, created_at, expires_at, {now} AS db_now
-    FROM "{table}" WHERE scope = $1 AND key = $2"#;
+        WHERE scope = $1 AND key = $2 AND state = 'in_progress' AND NOT waited
+        RETURNING scope, key, fingerprint, state, fence, claim_token, lease_until,
+            outcome_kind, outcome, created_at, expires_at)
+    SELECT mark.*, c.now AS db_now FROM mark, c
+    UNION ALL
+    SELECT t.scope, t.key, t.fingerprint, t.state, t.fence, t.claim_token, t.lease_until,
+        t.outcome_kind, t.outcome, t.created_at, t.expires_at, c.now AS db_now
+    FROM "{table}" AS t, c
+    WHERE t.scope = $1 AND t.key = $2 AND NOT EXISTS (SELECT 1 FROM mark)"#;
 
 const RENEW: &str = r#"UPDATE "{table}" AS t
     SET lease_until = c.now + $4, expires_at = GREATEST(t.expires_at, c.now + $4)
