@@ -1,6 +1,8 @@
 //! A store in process memory, for tests and single-process tools.
 
+use std::collections::hash_map::{Entry, OccupiedEntry};
 use std::collections::HashMap;
+use std::hash::{Hash, Hasher};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -25,8 +27,24 @@ pub struct MemoryStore {
 
 #[derive(Debug, Default)]
 struct Inner {
-    records: Mutex<HashMap<(String, String), Record>>,
+    records: Mutex<HashMap<Slot, Record>>,
     waiters: Waiters,
+}
+
+/// Where a record is kept: its scope and key, shared with the record (a
+/// clone only counts a reference), so that a look-up copies nothing.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Slot {
+    scope: Scope,
+    key: Key,
+}
+
+impl Hash for Slot {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        // The stored form of the scope says all of it.
+        self.scope.as_str().hash(state);
+        self.key.as_str().hash(state);
+    }
 }
 
 impl MemoryStore {
@@ -45,32 +63,35 @@ impl MemoryStore {
         self.len() == 0
     }
 
-    fn records(&self) -> MutexGuard<'_, HashMap<(String, String), Record>> {
+    fn records(&self) -> MutexGuard<'_, HashMap<Slot, Record>> {
         // A panic while holding the lock cannot leave a half-written record:
         // every write is a single insert, remove or field update.
         self.inner.records.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn slot(scope: &Scope, key: &Key) -> (String, String) {
-        (scope.as_str().to_owned(), key.as_str().to_owned())
+    fn slot(scope: &Scope, key: &Key) -> Slot {
+        Slot {
+            scope: scope.clone(),
+            key: key.clone(),
+        }
     }
 
     /// Runs `write` on the record if it is in progress under `claim`'s
-    /// token (or `also` accepts it), then wakes the key's waiters.
+    /// token (or `also` accepts it).
     fn fenced(
         &self,
         claim: &Claim,
         also: impl Fn(&Record) -> bool,
-        write: impl FnOnce(&mut HashMap<(String, String), Record>, (String, String), Millis),
+        write: impl FnOnce(OccupiedEntry<'_, Slot, Record>, Millis),
     ) -> Result<(), Error> {
         let now = now_millis();
         let mut records = self.records();
-        let slot = Self::slot(&claim.scope, &claim.key);
-        match records.get(&slot) {
-            Some(r)
-                if r.token == Some(claim.token) && (r.state == State::InProgress || also(r)) =>
+        match records.entry(Self::slot(&claim.scope, &claim.key)) {
+            Entry::Occupied(entry)
+                if entry.get().token == Some(claim.token)
+                    && (entry.get().state == State::InProgress || also(entry.get())) =>
             {
-                write(&mut records, slot, now);
+                write(entry, now);
                 Ok(())
             }
             _ => Err(Error::LeaseLost),
@@ -82,34 +103,34 @@ impl MemoryStore {
 impl Store for MemoryStore {
     async fn begin(&self, req: &BeginRequest<'_>) -> Result<Begin, Error> {
         let now = now_millis();
+        let lease_until = now.saturating_add(duration_millis(req.lease));
+        let claimed = |fence| Record {
+            scope: req.scope.clone(),
+            key: req.key.clone(),
+            fingerprint: *req.fingerprint,
+            state: State::InProgress,
+            fence,
+            token: Some(req.token),
+            lease_until: Some(lease_until),
+            outcome: None,
+            created_at: now,
+            expires_at: now
+                .saturating_add(duration_millis(req.ttl))
+                .max(lease_until),
+        };
         let mut records = self.records();
-        let slot = Self::slot(req.scope, req.key);
-        let fence = match records.get(&slot) {
-            None => 1,
-            Some(existing) => match decide(req, existing, now).answer()? {
+        let fence = match records.entry(Self::slot(req.scope, req.key)) {
+            Entry::Vacant(slot) => slot.insert(claimed(1)).fence,
+            Entry::Occupied(mut slot) => match decide(req, slot.get(), now).answer()? {
                 Some(answer) => return Ok(answer),
                 // Free under the lock: this is the atomic takeover.
-                None => existing.fence + 1,
+                None => {
+                    let fence = slot.get().fence + 1;
+                    slot.insert(claimed(fence));
+                    fence
+                }
             },
         };
-        let lease_until = now.saturating_add(duration_millis(req.lease));
-        records.insert(
-            slot,
-            Record {
-                scope: req.scope.clone(),
-                key: req.key.clone(),
-                fingerprint: *req.fingerprint,
-                state: State::InProgress,
-                fence,
-                token: Some(req.token),
-                lease_until: Some(lease_until),
-                outcome: None,
-                created_at: now,
-                expires_at: now
-                    .saturating_add(duration_millis(req.ttl))
-                    .max(lease_until),
-            },
-        );
         Ok(Begin::Claimed(Claim::granted(req, fence)))
     }
 
@@ -125,12 +146,11 @@ impl Store for MemoryStore {
         self.fenced(
             claim,
             |_| false,
-            |records, slot, now| {
-                if let Some(r) = records.get_mut(&slot) {
-                    let lease_until = now.saturating_add(duration_millis(claim.lease));
-                    r.lease_until = Some(lease_until);
-                    r.expires_at = r.expires_at.max(lease_until);
-                }
+            |mut slot, now| {
+                let r = slot.get_mut();
+                let lease_until = now.saturating_add(duration_millis(claim.lease));
+                r.lease_until = Some(lease_until);
+                r.expires_at = r.expires_at.max(lease_until);
             },
         )
     }
@@ -139,13 +159,12 @@ impl Store for MemoryStore {
         self.fenced(
             claim,
             |r| r.outcome.as_ref() == Some(outcome),
-            |records, slot, now| {
-                if let Some(r) = records.get_mut(&slot) {
-                    r.state = State::Completed;
-                    r.outcome = Some(outcome.clone());
-                    r.lease_until = None;
-                    r.expires_at = now.saturating_add(duration_millis(claim.ttl));
-                }
+            |mut slot, now| {
+                let r = slot.get_mut();
+                r.state = State::Completed;
+                r.outcome = Some(outcome.clone());
+                r.lease_until = None;
+                r.expires_at = now.saturating_add(duration_millis(claim.ttl));
             },
         )?;
         self.inner.waiters.wake(&claim.scope, &claim.key);
@@ -156,8 +175,8 @@ impl Store for MemoryStore {
         self.fenced(
             claim,
             |_| false,
-            |records, slot, _| {
-                records.remove(&slot);
+            |slot, _| {
+                slot.remove();
             },
         )?;
         self.inner.waiters.wake(&claim.scope, &claim.key);
