@@ -524,8 +524,8 @@ where
                 };
             }
         };
-        guard.saving(stored.clone());
-        match save(store, &claim, &stored, SaveFor::Caller).await {
+        let stored = guard.saving(stored);
+        match save(store, &claim, stored, SaveFor::Caller).await {
             // Still not stored: the guard keeps trying in the background
             // (when it can) as it drops. The caller gets its value now.
             Saved::NotYet => {}
@@ -1198,8 +1198,14 @@ impl<'s, S: Store + ?Sized> Guard<'s, S> {
         self.holding = Holding::Claim;
     }
 
-    fn saving(&mut self, outcome: Outcome) {
+    /// Holds `outcome` to store it in the background should the caller
+    /// be dropped, and lends it meanwhile: the caller stores it from here.
+    fn saving(&mut self, outcome: Outcome) -> &Outcome {
         self.holding = Holding::Outcome(outcome);
+        match &self.holding {
+            Holding::Outcome(outcome) => outcome,
+            _ => unreachable!("just set"),
+        }
     }
 
     fn disarm(&mut self) {
