@@ -1,12 +1,14 @@
 //! A store in process memory, for tests and single-process tools.
 
-use std::collections::hash_map::{Entry, OccupiedEntry};
-use std::collections::HashMap;
-use std::hash::{Hash, Hasher};
+use std::collections::hash_map::RandomState;
+use std::hash::{BuildHasher, Hash, Hasher};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use indexmap::map::raw_entry_v1::{RawEntryMut, RawOccupiedEntryMut};
+use indexmap::map::RawEntryApiV1;
+use indexmap::{Equivalent, IndexMap};
 
 use super::{BeginRequest, Store, Waiters};
 use crate::error::Error;
@@ -27,12 +29,20 @@ pub struct MemoryStore {
 
 #[derive(Debug, Default)]
 struct Inner {
-    records: Mutex<HashMap<Slot, Record>>,
+    records: Mutex<Records>,
     waiters: Waiters,
 }
 
+/// The records by slot, in the order they were written (a removal moves
+/// the last one into the gap): the hashed index holds only positions, and
+/// each record sits with its slot and hash, so a look-up reads one small
+/// index entry, then the record, and growing the map hashes nothing again.
+/// Records written together, which are read together again when their
+/// calls are retried, are found side by side.
+type Records = IndexMap<Slot, Record, RandomState>;
+
 /// Where a record is kept: its scope and key, shared with the record (a
-/// clone only counts a reference), so that a look-up copies nothing.
+/// clone only counts a reference).
 #[derive(Clone, Debug, PartialEq, Eq)]
 struct Slot {
     scope: Scope,
@@ -41,9 +51,41 @@ struct Slot {
 
 impl Hash for Slot {
     fn hash<H: Hasher>(&self, state: &mut H) {
+        At::of(&self.scope, &self.key).hash(state);
+    }
+}
+
+/// A slot by reference, to look a record up without a clone.
+#[derive(Clone, Copy)]
+struct At<'a> {
+    scope: &'a Scope,
+    key: &'a Key,
+}
+
+impl<'a> At<'a> {
+    fn of(scope: &'a Scope, key: &'a Key) -> Self {
+        At { scope, key }
+    }
+
+    fn slot(self) -> Slot {
+        Slot {
+            scope: self.scope.clone(),
+            key: self.key.clone(),
+        }
+    }
+}
+
+impl Hash for At<'_> {
+    fn hash<H: Hasher>(&self, state: &mut H) {
         // The stored form of the scope says all of it.
         self.scope.as_str().hash(state);
         self.key.as_str().hash(state);
+    }
+}
+
+impl Equivalent<Slot> for At<'_> {
+    fn equivalent(&self, slot: &Slot) -> bool {
+        *self.key == slot.key && *self.scope == slot.scope
     }
 }
 
@@ -63,17 +105,10 @@ impl MemoryStore {
         self.len() == 0
     }
 
-    fn records(&self) -> MutexGuard<'_, HashMap<Slot, Record>> {
+    fn records(&self) -> MutexGuard<'_, Records> {
         // A panic while holding the lock cannot leave a half-written record:
         // every write is a single insert, remove or field update.
         self.inner.records.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    fn slot(scope: &Scope, key: &Key) -> Slot {
-        Slot {
-            scope: scope.clone(),
-            key: key.clone(),
-        }
     }
 
     /// Runs `write` on the record if it is in progress under `claim`'s
@@ -82,12 +117,13 @@ impl MemoryStore {
         &self,
         claim: &Claim,
         also: impl Fn(&Record) -> bool,
-        write: impl FnOnce(OccupiedEntry<'_, Slot, Record>, Millis),
+        write: impl FnOnce(RawOccupiedEntryMut<'_, Slot, Record, RandomState>, Millis),
     ) -> Result<(), Error> {
+        let at = At::of(&claim.scope, &claim.key);
         let now = now_millis();
         let mut records = self.records();
-        match records.entry(Self::slot(&claim.scope, &claim.key)) {
-            Entry::Occupied(entry)
+        match records.raw_entry_mut_v1().from_key(&at) {
+            RawEntryMut::Occupied(entry)
                 if entry.get().token == Some(claim.token)
                     && (entry.get().state == State::InProgress || also(entry.get())) =>
             {
@@ -118,10 +154,20 @@ impl Store for MemoryStore {
                 .saturating_add(duration_millis(req.ttl))
                 .max(lease_until),
         };
+        let at = At::of(req.scope, req.key);
         let mut records = self.records();
-        let fence = match records.entry(Self::slot(req.scope, req.key)) {
-            Entry::Vacant(slot) => slot.insert(claimed(1)).fence,
-            Entry::Occupied(mut slot) => match decide(req, slot.get(), now).answer()? {
+        // Hashed once, for the look-up and the insert.
+        let hash = records.hasher().hash_one(at);
+        let fence = match records
+            .raw_entry_mut_v1()
+            .from_key_hashed_nocheck(hash, &at)
+        {
+            RawEntryMut::Vacant(slot) => {
+                slot.insert_hashed_nocheck(hash, at.slot(), claimed(1))
+                    .1
+                    .fence
+            }
+            RawEntryMut::Occupied(mut slot) => match decide(req, slot.get(), now).answer()? {
                 Some(answer) => return Ok(answer),
                 // Free under the lock: this is the atomic takeover.
                 None => {
@@ -136,7 +182,7 @@ impl Store for MemoryStore {
 
     async fn peek(&self, req: &BeginRequest<'_>) -> Result<Option<Begin>, Error> {
         let now = now_millis();
-        match self.records().get(&Self::slot(req.scope, req.key)) {
+        match self.records().get(&At::of(req.scope, req.key)) {
             None => Ok(None),
             Some(record) => decide(req, record, now).answer(),
         }
@@ -176,7 +222,7 @@ impl Store for MemoryStore {
             claim,
             |_| false,
             |slot, _| {
-                slot.remove();
+                slot.swap_remove();
             },
         )?;
         self.inner.waiters.wake(&claim.scope, &claim.key);
@@ -184,11 +230,11 @@ impl Store for MemoryStore {
     }
 
     async fn get(&self, scope: &Scope, key: &Key) -> Result<Option<Record>, Error> {
-        Ok(self.records().get(&Self::slot(scope, key)).cloned())
+        Ok(self.records().get(&At::of(scope, key)).cloned())
     }
 
     async fn forget(&self, scope: &Scope, key: &Key) -> Result<bool, Error> {
-        let removed = self.records().remove(&Self::slot(scope, key)).is_some();
+        let removed = self.records().swap_remove(&At::of(scope, key)).is_some();
         self.inner.waiters.wake(scope, key);
         Ok(removed)
     }
@@ -207,7 +253,7 @@ impl Store for MemoryStore {
                 .take(batch)
                 .collect();
             for slot in &expired {
-                records.remove(slot);
+                records.swap_remove(slot);
             }
             total += expired.len() as u64;
             if expired.len() < batch {
@@ -228,7 +274,7 @@ impl Store for MemoryStore {
                 let now = now_millis();
                 Ok::<_, Error>(
                     self.records()
-                        .get(&Self::slot(scope, key))
+                        .get(&At::of(scope, key))
                         .is_some_and(|r| r.holds_lease(now)),
                 )
             })
