@@ -909,8 +909,9 @@ where
     R: Records,
     O: OutcomePolicy<T, E>,
 {
-    // `None`: a bound too far to be represented, so no bound.
-    let deadline = Instant::now().checked_add(call.policy.wait_bound());
+    // From the call's start, read once for the whole call. `None`: a
+    // bound too far to be represented, so no bound.
+    let deadline = call.started.checked_add(call.policy.wait_bound());
     let mut step = FIRST_POLL;
     let mut waited = false;
     let mut answer = records.begin(request).await?;
