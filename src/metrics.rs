@@ -19,8 +19,9 @@
 //! principal or the key, so that label sets stay small.
 
 use std::cell::RefCell;
-use std::collections::HashMap;
 use std::time::Duration;
+
+use indexmap::IndexMap;
 
 use crate::key::Scope;
 
@@ -109,7 +110,15 @@ thread_local! {
     /// that is not `'static` is otherwise allocated at every call, even
     /// without a recorder. Only keys are kept, never a recorder's handles,
     /// so a recorder installed later (or a local one) sees every call.
-    static KEYS: RefCell<HashMap<Box<str>, Keys>> = RefCell::new(HashMap::new());
+    static KEYS: RefCell<Cache> = RefCell::new(Cache::default());
+}
+
+/// The keys of each operation, and which operation was counted last: a
+/// thread counting the same operation again finds it without hashing.
+#[derive(Default)]
+struct Cache {
+    operations: IndexMap<Box<str>, Keys>,
+    last: usize,
 }
 
 /// An operation's key of each metric, built on its first use.
@@ -134,20 +143,29 @@ where
     // Without the cache (its thread is ending, or it is borrowed already
     // by a recorder that counts in turn while it is called), `f` is left
     // to the end.
-    let _ = KEYS.try_with(|keys| {
-        let Ok(mut keys) = keys.try_borrow_mut() else {
+    let _ = KEYS.try_with(|cache| {
+        let Ok(mut cache) = cache.try_borrow_mut() else {
             return;
         };
-        if let Some(entry) = keys.get_mut(operation) {
+        let cache = &mut *cache;
+        let last = cache.last;
+        if let Some((name, entry)) = cache.operations.get_index_mut(last) {
+            if **name == *operation {
+                return call(entry);
+            }
+        }
+        if let Some((index, _, entry)) = cache.operations.get_full_mut(operation) {
+            cache.last = index;
             return call(entry);
         }
-        if keys.len() >= CACHED_OPERATIONS {
-            keys.clear();
+        if cache.operations.len() >= CACHED_OPERATIONS {
+            cache.operations.clear();
         }
-        call(
-            keys.entry(operation.into())
-                .or_insert_with(|| [const { None }; METRICS]),
-        );
+        let (index, _) = cache
+            .operations
+            .insert_full(operation.into(), [const { None }; METRICS]);
+        cache.last = index;
+        call(&mut cache.operations[index]);
     });
     if let Some(f) = f.take() {
         let keys = metrics.map(|metric| build(operation, metric));
