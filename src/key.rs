@@ -1,5 +1,6 @@
 //! Client keys and operation scopes.
 
+use std::cell::Cell;
 use std::fmt;
 use std::sync::Arc;
 
@@ -294,15 +295,26 @@ impl Scope {
         }
     }
 
-    /// [`Scope::new`] for a borrowed operation: one copy, when the
-    /// operation is kept as it is.
+    /// [`Scope::new`] for a borrowed operation: no copy when this thread
+    /// made the same scope last (a scope is mostly a literal, one per
+    /// operation), one copy otherwise.
     fn borrowed(operation: &str) -> Self {
         if operation.len() >= SCOPE_PART_LEN || operation.contains('\n') {
             return Scope::new(operation);
         }
+        let joined = LAST_SCOPE
+            .try_with(|last| {
+                let joined = match last.take() {
+                    Some(joined) if *joined == *operation => joined,
+                    _ => Arc::from(operation),
+                };
+                last.set(Some(joined.clone()));
+                joined
+            })
+            .unwrap_or_else(|_| Arc::from(operation));
         Scope {
             operation_len: operation.len(),
-            joined: operation.into(),
+            joined,
         }
     }
 
@@ -381,6 +393,12 @@ impl Scope {
             joined: stored.into(),
         }
     }
+}
+
+thread_local! {
+    /// The text of the scope this thread made last from a borrowed
+    /// operation, shared by the next scope of the same operation.
+    static LAST_SCOPE: Cell<Option<Arc<str>>> = const { Cell::new(None) };
 }
 
 /// The stored form of a part of 255 bytes or more: its first bytes (cut at
@@ -501,6 +519,21 @@ mod tests {
         assert_eq!(Scope::from_stored(s.as_str()), s);
         let empty = Scope::new("op").with_principal("");
         assert_eq!(Scope::from_stored(empty.as_str()), empty);
+    }
+
+    /// A scope from a borrowed operation is the scope `Scope::new` makes,
+    /// whichever scope this thread made before it.
+    #[test]
+    fn borrowed_scopes_are_new_ones() {
+        let long = "o".repeat(SCOPE_PART_LEN + 1);
+        for op in ["op", "op", "other", "a\nb", long.as_str(), "op", ""] {
+            let scope = Scope::from(op);
+            assert_eq!(scope, Scope::new(op), "{op:?}");
+            assert_eq!(scope.operation(), Scope::new(op).operation());
+            assert_eq!(scope.principal(), None);
+        }
+        assert_eq!(Scope::from("op").with_principal("p").as_str(), "op\np");
+        assert_eq!(Scope::from("op").as_str(), "op");
     }
 
     /// A long operation or principal is stored as a prefix and a digest of

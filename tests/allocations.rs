@@ -47,16 +47,17 @@ async fn call(store: &idem::MemoryStore, key: &str) -> i64 {
 
 /// What a call allocates, at most:
 ///
-/// - a replay: its scope and its key (`Call::new` owns them), the two boxed
-///   futures of the claim (the engine's, then the store's: `async_trait`),
-///   and the copy of the stored outcome it is answered with;
-/// - a first execution: its scope and key, the boxed futures of the claim
-///   and the completion, the outcome's bytes, and the record's copy of
-///   them; and, now and then, the growth of the store's map.
+/// - a replay: its key (`Call::new` owns it; the scope shares the text of
+///   the thread's last scope of the same operation), the two boxed futures
+///   of the claim (the engine's, then the store's: `async_trait`), and the
+///   copy of the stored outcome it is answered with;
+/// - a first execution: its key, the boxed futures of the claim and the
+///   completion, the outcome's bytes, and the record's copy of them; and,
+///   now and then, the growth of the store's map.
 ///
-/// So no metric, span, fingerprint or look-up allocates.
-const REPLAY: usize = 5;
-const FIRST: usize = 7;
+/// So no metric, span, fingerprint, scope or look-up allocates.
+const REPLAY: usize = 4;
+const FIRST: usize = 6;
 
 #[test]
 fn calls_allocate_only_what_they_keep_or_box() {
