@@ -16,6 +16,7 @@
 //! build.
 
 use std::fmt;
+use std::io::Write;
 
 use serde::Serialize;
 use serde_json::Value;
@@ -33,10 +34,9 @@ impl Fingerprint {
     /// documentation).
     pub fn of<T: Serialize + ?Sized>(payload: &T) -> Result<Self, Error> {
         let value = serde_json::to_value(payload)?;
+        // Hashed as it is written: no text is kept.
         let mut hasher = Sha256::new();
-        let mut buf = Vec::with_capacity(128);
-        write_canonical(&value, &mut buf)?;
-        hasher.update(&buf);
+        write_canonical(&value, &mut hasher)?;
         Ok(Fingerprint(hasher.finalize().into()))
     }
 
@@ -101,36 +101,40 @@ impl fmt::Debug for Fingerprint {
 }
 
 /// Writes `value`'s canonical JSON text (see the module documentation) to
-/// `out`.
-pub(crate) fn write_canonical(value: &Value, out: &mut Vec<u8>) -> Result<(), Error> {
+/// `out`: a buffer, or a hasher.
+pub(crate) fn write_canonical<W: Write>(value: &Value, out: &mut W) -> Result<(), Error> {
     match value {
         Value::Object(map) => {
             let mut entries: Vec<(&String, &Value)> = map.iter().collect();
             entries.sort_unstable_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
-            out.push(b'{');
+            put(out, b"{")?;
             for (i, (k, v)) in entries.into_iter().enumerate() {
                 if i > 0 {
-                    out.push(b',');
+                    put(out, b",")?;
                 }
                 serde_json::to_writer(&mut *out, k)?;
-                out.push(b':');
+                put(out, b":")?;
                 write_canonical(v, out)?;
             }
-            out.push(b'}');
+            put(out, b"}")?;
         }
         Value::Array(items) => {
-            out.push(b'[');
+            put(out, b"[")?;
             for (i, v) in items.iter().enumerate() {
                 if i > 0 {
-                    out.push(b',');
+                    put(out, b",")?;
                 }
                 write_canonical(v, out)?;
             }
-            out.push(b']');
+            put(out, b"]")?;
         }
         scalar => serde_json::to_writer(&mut *out, scalar)?,
     }
     Ok(())
+}
+
+fn put<W: Write>(out: &mut W, bytes: &[u8]) -> Result<(), Error> {
+    Ok(out.write_all(bytes).map_err(serde_json::Error::io)?)
 }
 
 /// A key derived from several fields, or from any serializable value:

@@ -1,14 +1,18 @@
 //! Client keys and operation scopes.
 
+use std::cell::Cell;
 use std::fmt;
+use std::sync::Arc;
 
 /// The longest key accepted, in bytes.
 pub const MAX_KEY_LEN: usize = 255;
 
 /// A validated idempotency key: 1 to 255 bytes of visible ASCII
 /// (`0x21..=0x7E`, so no spaces and no control characters).
+// Shared, not copied: a call hands its key to its claim, its record and
+// its guard, and cloning it only counts a reference.
 #[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct Key(String);
+pub struct Key(Arc<str>);
 
 /// Which key rule a value broke.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -44,8 +48,13 @@ impl Key {
     /// Validates `value` as a key.
     pub fn new(value: impl Into<String>) -> Result<Self, KeyError> {
         let value = value.into();
-        Self::check(&value)?;
-        Ok(Key(value))
+        Self::checked(&value)
+    }
+
+    /// Validates `value` as a key, copying it once.
+    pub(crate) fn checked(value: &str) -> Result<Self, KeyError> {
+        Self::check(value)?;
+        Ok(Key(Arc::from(value)))
     }
 
     /// Checks the key rules without allocating.
@@ -93,14 +102,14 @@ impl TryFrom<String> for Key {
 impl TryFrom<&str> for Key {
     type Error = KeyError;
     fn try_from(value: &str) -> Result<Self, KeyError> {
-        Key::new(value)
+        Key::checked(value)
     }
 }
 
 impl std::str::FromStr for Key {
     type Err = KeyError;
     fn from_str(value: &str) -> Result<Self, KeyError> {
-        Key::new(value)
+        Key::checked(value)
     }
 }
 
@@ -128,13 +137,13 @@ impl AsKey for Key {
 
 impl AsKey for str {
     fn to_key(&self) -> Result<Key, KeyError> {
-        Key::new(self)
+        Key::checked(self)
     }
 }
 
 impl AsKey for String {
     fn to_key(&self) -> Result<Key, KeyError> {
-        Key::new(self.as_str())
+        Key::checked(self)
     }
 }
 
@@ -158,7 +167,13 @@ macro_rules! integer_keys {
     ($($ty:ty),*) => {$(
         impl AsKey for $ty {
             fn to_key(&self) -> Result<Key, KeyError> {
-                Ok(Key(self.to_string()))
+                // Written on the stack, then copied once: 40 bytes hold
+                // any of these integers in decimal.
+                let mut text = [0; 40];
+                let mut rest = &mut text[..];
+                let _ = std::io::Write::write_fmt(&mut rest, format_args!("{self}"));
+                let len = 40 - rest.len();
+                Ok(Key(Arc::from(std::str::from_utf8(&text[..len]).unwrap_or_default())))
             }
         }
     )*};
@@ -171,7 +186,8 @@ integer_keys!(u8, u16, u32, u64, u128, usize, i8, i16, i32, i64, i128, isize);
 #[cfg_attr(docsrs, doc(cfg(feature = "uuid")))]
 impl AsKey for uuid::Uuid {
     fn to_key(&self) -> Result<Key, KeyError> {
-        Ok(Key(self.hyphenated().to_string()))
+        let mut text = [0; uuid::fmt::Hyphenated::LENGTH];
+        Ok(Key(Arc::from(&*self.hyphenated().encode_lower(&mut text))))
     }
 }
 
@@ -255,8 +271,8 @@ const DIGEST_MARK: &str = "...sha256:";
 pub struct Scope {
     // `operation` alone, or `operation '\n' principal`, each part shortened
     // where it is long: the operation has no line feed (nor has its
-    // shortened form), so the split is unambiguous.
-    joined: String,
+    // shortened form), so the split is unambiguous. Shared, like a `Key`.
+    joined: Arc<str>,
     operation_len: usize,
 }
 
@@ -275,6 +291,29 @@ impl Scope {
         };
         Scope {
             operation_len: joined.len(),
+            joined: joined.into(),
+        }
+    }
+
+    /// [`Scope::new`] for a borrowed operation: no copy when this thread
+    /// made the same scope last (a scope is mostly a literal, one per
+    /// operation), one copy otherwise.
+    fn borrowed(operation: &str) -> Self {
+        if operation.len() >= SCOPE_PART_LEN || operation.contains('\n') {
+            return Scope::new(operation);
+        }
+        let joined = LAST_SCOPE
+            .try_with(|last| {
+                let joined = match last.take() {
+                    Some(joined) if *joined == *operation => joined,
+                    _ => Arc::from(operation),
+                };
+                last.set(Some(joined.clone()));
+                joined
+            })
+            .unwrap_or_else(|_| Arc::from(operation));
+        Scope {
+            operation_len: operation.len(),
             joined,
         }
     }
@@ -314,15 +353,18 @@ impl Scope {
     /// assert_eq!(ledger.transfer(t("globex")).await.unwrap(), "globex moved 5");
     /// # });
     /// ```
-    pub fn with_principal(mut self, principal: impl AsRef<str>) -> Self {
+    pub fn with_principal(self, principal: impl AsRef<str>) -> Self {
         let principal = principal.as_ref();
-        self.joined.truncate(self.operation_len);
-        self.joined.push('\n');
-        match shortened(principal) {
-            Some(short) => self.joined.push_str(&short),
-            None => self.joined.push_str(principal),
+        let short = shortened(principal);
+        let principal = short.as_deref().unwrap_or(principal);
+        let mut joined = String::with_capacity(self.operation_len + 1 + principal.len());
+        joined.push_str(self.operation());
+        joined.push('\n');
+        joined.push_str(principal);
+        Scope {
+            joined: joined.into(),
+            operation_len: self.operation_len,
         }
-        self
     }
 
     /// The operation part, as stored.
@@ -348,9 +390,15 @@ impl Scope {
     pub fn from_stored(stored: &str) -> Self {
         Scope {
             operation_len: stored.find('\n').unwrap_or(stored.len()),
-            joined: stored.to_owned(),
+            joined: stored.into(),
         }
     }
+}
+
+thread_local! {
+    /// The text of the scope this thread made last from a borrowed
+    /// operation, shared by the next scope of the same operation.
+    static LAST_SCOPE: Cell<Option<Arc<str>>> = const { Cell::new(None) };
 }
 
 /// The stored form of a part of 255 bytes or more: its first bytes (cut at
@@ -393,7 +441,7 @@ impl fmt::Display for Scope {
 
 impl From<&str> for Scope {
     fn from(value: &str) -> Self {
-        Scope::new(value)
+        Scope::borrowed(value)
     }
 }
 
@@ -471,6 +519,21 @@ mod tests {
         assert_eq!(Scope::from_stored(s.as_str()), s);
         let empty = Scope::new("op").with_principal("");
         assert_eq!(Scope::from_stored(empty.as_str()), empty);
+    }
+
+    /// A scope from a borrowed operation is the scope `Scope::new` makes,
+    /// whichever scope this thread made before it.
+    #[test]
+    fn borrowed_scopes_are_new_ones() {
+        let long = "o".repeat(SCOPE_PART_LEN + 1);
+        for op in ["op", "op", "other", "a\nb", long.as_str(), "op", ""] {
+            let scope = Scope::from(op);
+            assert_eq!(scope, Scope::new(op), "{op:?}");
+            assert_eq!(scope.operation(), Scope::new(op).operation());
+            assert_eq!(scope.principal(), None);
+        }
+        assert_eq!(Scope::from("op").with_principal("p").as_str(), "op\np");
+        assert_eq!(Scope::from("op").as_str(), "op");
     }
 
     /// A long operation or principal is stored as a prefix and a digest of

@@ -18,7 +18,10 @@
 //! Each carries an `operation` label: the scope's operation, never the
 //! principal or the key, so that label sets stay small.
 
+use std::cell::RefCell;
 use std::time::Duration;
+
+use indexmap::IndexMap;
 
 use crate::key::Scope;
 
@@ -44,44 +47,210 @@ pub const ABANDONED: &str = "idem_abandoned_total";
 /// The name of the replay latency histogram.
 pub const REPLAY_LATENCY: &str = "idem_replay_latency_seconds";
 
-fn operation(scope: &Scope) -> String {
-    scope.operation().to_owned()
+/// Each metric of this module, by its place in an operation's cached keys.
+#[derive(Clone, Copy)]
+enum Metric {
+    Executions,
+    Replays,
+    ReplayLatency,
+    KeyReused,
+    InProgress,
+    Takeovers,
+    LeaseLost,
+    StoreRetries,
+    Unprotected,
+    AbandonedReleased,
+    AbandonedSaved,
+    AbandonedLeft,
+}
+
+/// How many metrics an operation has keys for.
+const METRICS: usize = Metric::AbandonedLeft as usize + 1;
+
+impl Metric {
+    fn name(self) -> &'static str {
+        match self {
+            Metric::Executions => EXECUTIONS,
+            Metric::Replays => REPLAYS,
+            Metric::ReplayLatency => REPLAY_LATENCY,
+            Metric::KeyReused => KEY_REUSED,
+            Metric::InProgress => IN_PROGRESS,
+            Metric::Takeovers => TAKEOVERS,
+            Metric::LeaseLost => LEASE_LOST,
+            Metric::StoreRetries => STORE_RETRIES,
+            Metric::Unprotected => UNPROTECTED,
+            Metric::AbandonedReleased | Metric::AbandonedSaved | Metric::AbandonedLeft => ABANDONED,
+        }
+    }
+
+    /// The `what` label of the abandoned-calls counter.
+    fn what(self) -> Option<&'static str> {
+        match self {
+            Metric::AbandonedReleased => Some("released"),
+            Metric::AbandonedSaved => Some("saved"),
+            Metric::AbandonedLeft => Some("left"),
+            _ => None,
+        }
+    }
+}
+
+/// What `metrics::counter!` gives a recorder when called in this module.
+static METADATA: metrics::Metadata<'static> =
+    metrics::Metadata::new(module_path!(), metrics::Level::INFO, Some(module_path!()));
+
+/// The most operations a thread keeps the metric keys of. Operations are
+/// few (their names are written in code, or are route templates), so this
+/// only bounds the memory of a scope made of raw request paths: past it,
+/// the cache starts again.
+const CACHED_OPERATIONS: usize = 256;
+
+thread_local! {
+    /// The keys of each operation seen by this thread, built on first use,
+    /// so that a metric call builds no label: a metric key with a label
+    /// that is not `'static` is otherwise allocated at every call, even
+    /// without a recorder. Only keys are kept, never a recorder's handles,
+    /// so a recorder installed later (or a local one) sees every call.
+    static KEYS: RefCell<Cache> = RefCell::new(Cache::default());
+}
+
+/// The keys of each operation, and which operation was counted last: a
+/// thread counting the same operation again finds it without hashing.
+#[derive(Default)]
+struct Cache {
+    operations: IndexMap<Box<str>, Keys>,
+    last: usize,
+}
+
+/// An operation's key of each metric, built on its first use.
+type Keys = [Option<metrics::Key>; METRICS];
+
+/// Calls `f` with the keys of `metrics` for `scope`'s operation, from this
+/// thread's cache.
+fn with_keys<const N: usize, F>(scope: &Scope, metrics: [Metric; N], f: F)
+where
+    F: FnOnce([&metrics::Key; N]),
+{
+    let operation = scope.operation();
+    let mut f = Some(f);
+    let mut call = |entry: &mut Keys| {
+        for metric in metrics {
+            entry[metric as usize].get_or_insert_with(|| build(operation, metric));
+        }
+        if let Some(f) = f.take() {
+            f(metrics.map(|metric| entry[metric as usize].as_ref().expect("built above")));
+        }
+    };
+    // Without the cache (its thread is ending, or it is borrowed already
+    // by a recorder that counts in turn while it is called), `f` is left
+    // to the end.
+    let _ = KEYS.try_with(|cache| {
+        let Ok(mut cache) = cache.try_borrow_mut() else {
+            return;
+        };
+        let cache = &mut *cache;
+        let last = cache.last;
+        if let Some((name, entry)) = cache.operations.get_index_mut(last) {
+            if **name == *operation {
+                return call(entry);
+            }
+        }
+        if let Some((index, _, entry)) = cache.operations.get_full_mut(operation) {
+            cache.last = index;
+            return call(entry);
+        }
+        if cache.operations.len() >= CACHED_OPERATIONS {
+            cache.operations.clear();
+        }
+        let (index, _) = cache
+            .operations
+            .insert_full(operation.into(), [const { None }; METRICS]);
+        cache.last = index;
+        call(&mut cache.operations[index]);
+    });
+    if let Some(f) = f.take() {
+        let keys = metrics.map(|metric| build(operation, metric));
+        f(std::array::from_fn(|i| &keys[i]));
+    }
+}
+
+/// The key of `metric` for `operation`, as `metrics::counter!(name,
+/// "operation" => operation)` builds it (and `"what" => what` for the
+/// abandoned calls).
+fn build(operation: &str, metric: Metric) -> metrics::Key {
+    build_parts(metric.name(), operation, metric.what())
+}
+
+fn build_parts(name: &'static str, operation: &str, what: Option<&'static str>) -> metrics::Key {
+    let operation = metrics::Label::new("operation", operation.to_owned());
+    let labels = match what {
+        Some(what) => vec![operation, metrics::Label::new("what", what)],
+        None => vec![operation],
+    };
+    metrics::Key::from_parts(name, labels)
+}
+
+fn count(scope: &Scope, metric: Metric) {
+    with_keys(scope, [metric], |[key]| {
+        metrics::with_recorder(|recorder| recorder.register_counter(key, &METADATA).increment(1));
+    });
 }
 
 pub(crate) fn executed(scope: &Scope) {
-    metrics::counter!(EXECUTIONS, "operation" => operation(scope)).increment(1);
+    count(scope, Metric::Executions);
 }
 
 pub(crate) fn replayed(scope: &Scope, latency: Duration) {
-    metrics::counter!(REPLAYS, "operation" => operation(scope)).increment(1);
-    metrics::histogram!(REPLAY_LATENCY, "operation" => operation(scope))
-        .record(latency.as_secs_f64());
+    with_keys(
+        scope,
+        [Metric::Replays, Metric::ReplayLatency],
+        |[replays, latency_key]| {
+            metrics::with_recorder(|recorder| {
+                recorder.register_counter(replays, &METADATA).increment(1);
+                recorder
+                    .register_histogram(latency_key, &METADATA)
+                    .record(latency.as_secs_f64());
+            });
+        },
+    );
 }
 
 pub(crate) fn key_reused(scope: &Scope) {
-    metrics::counter!(KEY_REUSED, "operation" => operation(scope)).increment(1);
+    count(scope, Metric::KeyReused);
 }
 
 pub(crate) fn in_progress(scope: &Scope) {
-    metrics::counter!(IN_PROGRESS, "operation" => operation(scope)).increment(1);
+    count(scope, Metric::InProgress);
 }
 
 pub(crate) fn taken_over(scope: &Scope) {
-    metrics::counter!(TAKEOVERS, "operation" => operation(scope)).increment(1);
+    count(scope, Metric::Takeovers);
 }
 
 pub(crate) fn lease_lost(scope: &Scope) {
-    metrics::counter!(LEASE_LOST, "operation" => operation(scope)).increment(1);
+    count(scope, Metric::LeaseLost);
 }
 
 pub(crate) fn store_retried(scope: &Scope) {
-    metrics::counter!(STORE_RETRIES, "operation" => operation(scope)).increment(1);
+    count(scope, Metric::StoreRetries);
 }
 
 pub(crate) fn unprotected(scope: &Scope) {
-    metrics::counter!(UNPROTECTED, "operation" => operation(scope)).increment(1);
+    count(scope, Metric::Unprotected);
 }
 
+/// `what` became of an abandoned call's claim: `released`, `saved` or
+/// `left`.
 pub(crate) fn abandoned(scope: &Scope, what: &'static str) {
-    metrics::counter!(ABANDONED, "operation" => operation(scope), "what" => what).increment(1);
+    let metric = match what {
+        "released" => Metric::AbandonedReleased,
+        "saved" => Metric::AbandonedSaved,
+        "left" => Metric::AbandonedLeft,
+        // Not one of the three: a key of its own, not cached.
+        _ => {
+            let key = build_parts(ABANDONED, scope.operation(), Some(what));
+            metrics::with_recorder(|r| r.register_counter(&key, &METADATA).increment(1));
+            return;
+        }
+    };
+    count(scope, metric);
 }

@@ -1,10 +1,14 @@
 //! A store in process memory, for tests and single-process tools.
 
-use std::collections::HashMap;
+use std::collections::hash_map::RandomState;
+use std::hash::{BuildHasher, Hash, Hasher};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use indexmap::map::raw_entry_v1::{RawEntryMut, RawOccupiedEntryMut};
+use indexmap::map::RawEntryApiV1;
+use indexmap::{Equivalent, IndexMap};
 
 use super::{BeginRequest, Look, Store, Waiters};
 use crate::error::Error;
@@ -25,8 +29,64 @@ pub struct MemoryStore {
 
 #[derive(Debug, Default)]
 struct Inner {
-    records: Mutex<HashMap<(String, String), Record>>,
+    records: Mutex<Records>,
     waiters: Waiters,
+}
+
+/// The records by slot, in the order they were written (a removal moves
+/// the last one into the gap): the hashed index holds only positions, and
+/// each record sits with its slot and hash, so a look-up reads one small
+/// index entry, then the record, and growing the map hashes nothing again.
+/// Records written together, which are read together again when their
+/// calls are retried, are found side by side.
+type Records = IndexMap<Slot, Record, RandomState>;
+
+/// Where a record is kept: its scope and key, shared with the record (a
+/// clone only counts a reference).
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Slot {
+    scope: Scope,
+    key: Key,
+}
+
+impl Hash for Slot {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        At::of(&self.scope, &self.key).hash(state);
+    }
+}
+
+/// A slot by reference, to look a record up without a clone.
+#[derive(Clone, Copy)]
+struct At<'a> {
+    scope: &'a Scope,
+    key: &'a Key,
+}
+
+impl<'a> At<'a> {
+    fn of(scope: &'a Scope, key: &'a Key) -> Self {
+        At { scope, key }
+    }
+
+    fn slot(self) -> Slot {
+        Slot {
+            scope: self.scope.clone(),
+            key: self.key.clone(),
+        }
+    }
+}
+
+impl Hash for At<'_> {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        // The stored form of the scope says all of it.
+        self.scope.as_str().hash(state);
+        self.key.as_str().hash(state);
+    }
+}
+
+impl Equivalent<Slot> for At<'_> {
+    fn equivalent(&self, slot: &Slot) -> bool {
+        *self.key == slot.key && *self.scope == slot.scope
+    }
 }
 
 impl MemoryStore {
@@ -45,41 +105,38 @@ impl MemoryStore {
         self.len() == 0
     }
 
-    fn records(&self) -> MutexGuard<'_, HashMap<(String, String), Record>> {
+    fn records(&self) -> MutexGuard<'_, Records> {
         // A panic while holding the lock cannot leave a half-written record:
         // every write is a single insert, remove or field update.
         self.inner.records.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn slot(scope: &Scope, key: &Key) -> (String, String) {
-        (scope.as_str().to_owned(), key.as_str().to_owned())
-    }
-
     /// Whether a live claim holds `(scope, key)` now, and which.
     fn look(&self, scope: &Scope, key: &Key) -> Look {
         let now = now_millis();
-        match self.records().get(&Self::slot(scope, key)) {
+        match self.records().get(&At::of(scope, key)) {
             Some(r) if r.holds_lease(now) => Look::HeldBy(r.token),
             _ => Look::Free,
         }
     }
 
     /// Runs `write` on the record if it is in progress under `claim`'s
-    /// token (or `also` accepts it), then wakes the key's waiters.
+    /// token (or `also` accepts it).
     fn fenced(
         &self,
         claim: &Claim,
         also: impl Fn(&Record) -> bool,
-        write: impl FnOnce(&mut HashMap<(String, String), Record>, (String, String), Millis),
+        write: impl FnOnce(RawOccupiedEntryMut<'_, Slot, Record, RandomState>, Millis),
     ) -> Result<(), Error> {
+        let at = At::of(&claim.scope, &claim.key);
         let now = now_millis();
         let mut records = self.records();
-        let slot = Self::slot(&claim.scope, &claim.key);
-        match records.get(&slot) {
-            Some(r)
-                if r.token == Some(claim.token) && (r.state == State::InProgress || also(r)) =>
+        match records.raw_entry_mut_v1().from_key(&at) {
+            RawEntryMut::Occupied(entry)
+                if entry.get().token == Some(claim.token)
+                    && (entry.get().state == State::InProgress || also(entry.get())) =>
             {
-                write(&mut records, slot, now);
+                write(entry, now);
                 Ok(())
             }
             _ => Err(Error::LeaseLost),
@@ -91,40 +148,50 @@ impl MemoryStore {
 impl Store for MemoryStore {
     async fn begin(&self, req: &BeginRequest<'_>) -> Result<Begin, Error> {
         let now = now_millis();
+        let lease_until = now.saturating_add(duration_millis(req.lease));
+        let claimed = |fence| Record {
+            scope: req.scope.clone(),
+            key: req.key.clone(),
+            fingerprint: *req.fingerprint,
+            state: State::InProgress,
+            fence,
+            token: Some(req.token),
+            lease_until: Some(lease_until),
+            outcome: None,
+            created_at: now,
+            expires_at: now
+                .saturating_add(duration_millis(req.ttl))
+                .max(lease_until),
+        };
+        let at = At::of(req.scope, req.key);
         let mut records = self.records();
-        let slot = Self::slot(req.scope, req.key);
-        let fence = match records.get(&slot) {
-            None => 1,
-            Some(existing) => match decide(req, existing, now).answer()? {
+        // Hashed once, for the look-up and the insert.
+        let hash = records.hasher().hash_one(at);
+        let fence = match records
+            .raw_entry_mut_v1()
+            .from_key_hashed_nocheck(hash, &at)
+        {
+            RawEntryMut::Vacant(slot) => {
+                slot.insert_hashed_nocheck(hash, at.slot(), claimed(1))
+                    .1
+                    .fence
+            }
+            RawEntryMut::Occupied(mut slot) => match decide(req, slot.get(), now).answer()? {
                 Some(answer) => return Ok(answer),
                 // Free under the lock: this is the atomic takeover.
-                None => existing.fence + 1,
+                None => {
+                    let fence = slot.get().fence + 1;
+                    slot.insert(claimed(fence));
+                    fence
+                }
             },
         };
-        let lease_until = now.saturating_add(duration_millis(req.lease));
-        records.insert(
-            slot,
-            Record {
-                scope: req.scope.clone(),
-                key: req.key.clone(),
-                fingerprint: *req.fingerprint,
-                state: State::InProgress,
-                fence,
-                token: Some(req.token),
-                lease_until: Some(lease_until),
-                outcome: None,
-                created_at: now,
-                expires_at: now
-                    .saturating_add(duration_millis(req.ttl))
-                    .max(lease_until),
-            },
-        );
         Ok(Begin::Claimed(Claim::granted(req, fence)))
     }
 
     async fn peek(&self, req: &BeginRequest<'_>) -> Result<Option<Begin>, Error> {
         let now = now_millis();
-        match self.records().get(&Self::slot(req.scope, req.key)) {
+        match self.records().get(&At::of(req.scope, req.key)) {
             None => Ok(None),
             Some(record) => decide(req, record, now).answer(),
         }
@@ -134,12 +201,11 @@ impl Store for MemoryStore {
         self.fenced(
             claim,
             |_| false,
-            |records, slot, now| {
-                if let Some(r) = records.get_mut(&slot) {
-                    let lease_until = now.saturating_add(duration_millis(claim.lease));
-                    r.lease_until = Some(lease_until);
-                    r.expires_at = r.expires_at.max(lease_until);
-                }
+            |mut slot, now| {
+                let r = slot.get_mut();
+                let lease_until = now.saturating_add(duration_millis(claim.lease));
+                r.lease_until = Some(lease_until);
+                r.expires_at = r.expires_at.max(lease_until);
             },
         )
     }
@@ -148,13 +214,12 @@ impl Store for MemoryStore {
         self.fenced(
             claim,
             |r| r.outcome.as_ref() == Some(outcome),
-            |records, slot, now| {
-                if let Some(r) = records.get_mut(&slot) {
-                    r.state = State::Completed;
-                    r.outcome = Some(outcome.clone());
-                    r.lease_until = None;
-                    r.expires_at = now.saturating_add(duration_millis(claim.ttl));
-                }
+            |mut slot, now| {
+                let r = slot.get_mut();
+                r.state = State::Completed;
+                r.outcome = Some(outcome.clone());
+                r.lease_until = None;
+                r.expires_at = now.saturating_add(duration_millis(claim.ttl));
             },
         )?;
         self.inner.waiters.hand_over(claim, outcome);
@@ -165,8 +230,8 @@ impl Store for MemoryStore {
         self.fenced(
             claim,
             |_| false,
-            |records, slot, _| {
-                records.remove(&slot);
+            |slot, _| {
+                slot.swap_remove();
             },
         )?;
         self.inner.waiters.wake(&claim.scope, &claim.key);
@@ -174,11 +239,11 @@ impl Store for MemoryStore {
     }
 
     async fn get(&self, scope: &Scope, key: &Key) -> Result<Option<Record>, Error> {
-        Ok(self.records().get(&Self::slot(scope, key)).cloned())
+        Ok(self.records().get(&At::of(scope, key)).cloned())
     }
 
     async fn forget(&self, scope: &Scope, key: &Key) -> Result<bool, Error> {
-        let removed = self.records().remove(&Self::slot(scope, key)).is_some();
+        let removed = self.records().swap_remove(&At::of(scope, key)).is_some();
         self.inner.waiters.wake(scope, key);
         Ok(removed)
     }
@@ -197,7 +262,7 @@ impl Store for MemoryStore {
                 .take(batch)
                 .collect();
             for slot in &expired {
-                records.remove(slot);
+                records.swap_remove(slot);
             }
             total += expired.len() as u64;
             if expired.len() < batch {
