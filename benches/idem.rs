@@ -1110,6 +1110,7 @@ async fn server_pool<DB: sqlx::Database>(
     let url = server_url(dialect);
     sqlx::pool::PoolOptions::<DB>::new()
         .max_connections(connections)
+        .test_before_acquire(false)
         .connect(&url)
         .await
         .unwrap_or_else(|e| panic!("{} at {url}: {e}", dialect.label))
