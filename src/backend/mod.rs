@@ -70,8 +70,10 @@ pub(crate) mod dialect {
         /// caller's transaction.
         const CLAIM_LOCKS_ONLY_ITS_OWN: bool = false;
         /// A claim on the store's pool reads the record first, and claims
-        /// only when the read has no answer (SQLite: a read runs beside
-        /// the writer, where the claim takes the database's write lock).
+        /// only when the read has no answer: where a claim that finds the
+        /// key taken costs a lock (SQLite's write lock on the database,
+        /// InnoDB's row lock of the upsert), a replay is then one plain
+        /// read.
         const READ_FIRST: bool = false;
 
         /// What the store keeps to wake waiters in other processes.

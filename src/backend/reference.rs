@@ -7,12 +7,14 @@ use super::Backend;
 impl<DB: Backend> SqlStore<DB> {
     /// The store's statements as `(name, SQL, parameters in order)`:
     /// `"claim"`, `"read"` (the record read after a claim that returned no
-    /// row), `"complete"` and `"select"` (the record by scope and key).
+    /// row), `"complete"`, `"select"` (the record by scope and key), and
+    /// `"read first"` where a claim on the pool reads the record first.
     /// The parameter names are those of the store's `Param`
     /// (`"Scope"`, `"Key"`, `"Fingerprint"`, ...).
     #[doc(hidden)]
     pub fn __reference_statements(&self) -> Vec<(&'static str, String, Vec<String>)> {
         let sql = &self.sql;
+        let read_first = DB::READ_FIRST.then_some(("read first", &sql.select));
         [
             ("claim", &sql.claim),
             ("read", &sql.claimed),
@@ -20,6 +22,7 @@ impl<DB: Backend> SqlStore<DB> {
             ("select", &sql.select),
         ]
         .into_iter()
+        .chain(read_first)
         .map(|(name, s)| {
             let params = s.params.iter().map(|p| format!("{p:?}")).collect();
             (name, s.sql.clone(), params)

@@ -165,6 +165,9 @@ use Param::*;
 
 impl Dialect for MySql {
     const TEXT_AS_BYTES: bool = true;
+    // A claim that finds the key taken locks the row (the upsert), so a
+    // replay reads first: one plain read, no lock, no write.
+    const READ_FIRST: bool = true;
     type Wake = ();
 
     const QUOTE: char = '`';
