@@ -20,9 +20,12 @@ pub(crate) mod entity;
 /// The claim is one `INSERT ... ON DUPLICATE KEY UPDATE` statement: the
 /// primary key on `(scope, key)` decides, so any number of connections,
 /// processes and hosts sharing the database claim a key once. Each attempt
-/// writes a fresh random claim token with the record; reading the record
-/// back on the same connection tells whether this attempt holds it (then
-/// with which fence) or why not. Leases and expiry use the database's clock
+/// writes a fresh random claim token with the record; the row the
+/// statement leaves, answered in the same round trip (`RETURNING`, MariaDB
+/// 10.5+) or read back on the same connection (MySQL), tells whether this
+/// attempt holds it (then with which fence) or why not. On the pool a
+/// claim reads the record first, so a replay is one plain read that locks
+/// nothing. Leases and expiry use the database's clock
 /// (`UTC_TIMESTAMP(6)`), never the application's.
 ///
 /// Scopes are limited to 1024 bytes ([`Error::Config`] beyond). Duplicates
