@@ -798,3 +798,50 @@ async fn only_a_completion_waited_for_notifies() {
     assert_eq!(owner.await.unwrap().unwrap(), duplicate);
     assert_eq!(runs.count(), 2);
 }
+
+/// PostgreSQL: a waiter's look marks the record it waits on, but never
+/// waits for a row lock to do so. A transactional owner that took a
+/// lapsed record over holds its row until its transaction ends; a waiter
+/// looking meanwhile returns (and polls) instead of blocking on it.
+#[cfg(feature = "postgres")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_look_does_not_wait_for_an_open_takeover() {
+    use common::backend::postgres;
+    use idem::{Begin, BeginRequest, ClaimToken, Fingerprint};
+    let (store, _guard) = postgres::store(4).await;
+    let (scope, key) = (Scope::new(SCOPE), Key::new("lapsed").unwrap());
+    let fingerprint = Fingerprint::of_bytes(b"one payload");
+    let request = |lease| BeginRequest {
+        scope: &scope,
+        key: &key,
+        fingerprint: &fingerprint,
+        token: ClaimToken::new(),
+        lease,
+        ttl: Duration::from_secs(60),
+    };
+    // An owner that stopped: its lease lapses.
+    let first = store
+        .begin(&request(Duration::from_millis(200)))
+        .await
+        .unwrap();
+    assert!(matches!(first, Begin::Claimed(_)), "{first:?}");
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    // A transactional retry takes it over; its row stays locked.
+    let mut tx = store.pool().begin().await.unwrap();
+    let taken = store
+        .begin_on(&mut *tx, &request(Duration::from_secs(30)))
+        .await
+        .unwrap();
+    assert!(matches!(taken, Begin::Claimed(_)), "{taken:?}");
+    let looked = tokio::time::timeout(
+        Duration::from_secs(5),
+        store.wait_for_change(&scope, &key, Duration::from_millis(300)),
+    )
+    .await;
+    tx.rollback().await.unwrap();
+    assert!(
+        looked.is_ok(),
+        "the waiter's look waited for the open takeover"
+    );
+    looked.unwrap().unwrap();
+}

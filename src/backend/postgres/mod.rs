@@ -171,11 +171,17 @@ const SELECT: &str = r#"SELECT scope, key, fingerprint, state, fence, claim_toke
 /// committed between the snapshot and the mark can show the record still
 /// in progress though nothing will notify: the waiter then looks again
 /// at its next poll (at most 500 ms later); waiters in the completing
-/// process are woken in process all the same.
+/// process are woken in process all the same. A row locked by a write
+/// still open (a transactional owner's takeover) is skipped, not waited
+/// for: the waiter then polls, within its own wait bound.
 const LOOK: &str = r#"WITH c AS (SELECT {now} AS now),
     mark AS (
         UPDATE "{table}" SET waited = true
-        WHERE scope = $1 AND key = $2 AND state = 'in_progress' AND NOT waited
+        WHERE ctid = (
+            SELECT ctid FROM "{table}"
+            WHERE scope = $1 AND key = $2 AND state = 'in_progress' AND NOT waited
+            FOR UPDATE SKIP LOCKED)
+          AND state = 'in_progress' AND NOT waited
         RETURNING scope, key, fingerprint, state, fence, claim_token, lease_until,
             outcome_kind, outcome, created_at, expires_at)
     SELECT mark.*, c.now AS db_now FROM mark, c
