@@ -209,10 +209,6 @@ impl<DB: Backend> SqlStore<DB> {
                 }
                 Err(err) => Err(err),
             },
-            ClaimReturns::Nothing => {
-                DB::execute(conn, &claim.sql, values).await?;
-                Ok(Claimed::Unknown)
-            }
         }
     }
 
@@ -367,6 +363,20 @@ impl<DB: Backend> SqlStore<DB> {
             .ok()
     }
 
+    /// Waits on `(scope, key)` as [`Waiters::wait`] does, listening to
+    /// other processes where the backend can.
+    async fn wait_on(
+        &self,
+        scope: &Scope,
+        key: &Key,
+        timeout: Duration,
+    ) -> Result<Option<Outcome>, Error> {
+        DB::listen(self);
+        self.waiters
+            .wait(scope, key, timeout, || self.look(scope, key))
+            .await
+    }
+
     /// Whether the record of `(scope, key)` is held by a live claim now,
     /// and by which.
     async fn look(&self, scope: &Scope, key: &Key) -> Result<Look, Error> {
@@ -478,11 +488,7 @@ impl<DB: Backend> Store for SqlStore<DB> {
         key: &Key,
         timeout: Duration,
     ) -> Result<(), Error> {
-        DB::listen(self);
-        self.waiters
-            .wait(scope, key, timeout, || self.look(scope, key))
-            .await?;
-        Ok(())
+        self.wait_on(scope, key, timeout).await.map(drop)
     }
 
     async fn wait_for_outcome(
@@ -490,13 +496,7 @@ impl<DB: Backend> Store for SqlStore<DB> {
         req: &BeginRequest<'_>,
         timeout: Duration,
     ) -> Result<Option<Begin>, Error> {
-        DB::listen(self);
-        let handed = self
-            .waiters
-            .wait(req.scope, req.key, timeout, || {
-                self.look(req.scope, req.key)
-            })
-            .await?;
+        let handed = self.wait_on(req.scope, req.key, timeout).await?;
         Ok(handed.map(Begin::Replay))
     }
 

@@ -47,9 +47,6 @@ pub enum ClaimReturns {
     /// holds the key) and `db_now`, in one round trip; no row only where
     /// the record is not visible to the statement yet (read it then).
     Record,
-    /// Nothing: the record is read with [`Statements::claimed`], and its
-    /// token says whose it is.
-    Nothing,
 }
 
 /// A backend's statements on one records table.

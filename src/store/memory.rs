@@ -111,6 +111,17 @@ impl MemoryStore {
         self.inner.records.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// Waits on `(scope, key)` as [`Waiters::wait`] does.
+    async fn wait_on(
+        &self,
+        scope: &Scope,
+        key: &Key,
+        timeout: Duration,
+    ) -> Result<Option<Outcome>, Error> {
+        let look = || async { Ok::<_, Error>(self.look(scope, key)) };
+        self.inner.waiters.wait(scope, key, timeout, look).await
+    }
+
     /// Whether a live claim holds `(scope, key)` now, and which.
     fn look(&self, scope: &Scope, key: &Key) -> Look {
         let now = now_millis();
@@ -277,13 +288,7 @@ impl Store for MemoryStore {
         key: &Key,
         timeout: Duration,
     ) -> Result<(), Error> {
-        self.inner
-            .waiters
-            .wait(scope, key, timeout, || async {
-                Ok::<_, Error>(self.look(scope, key))
-            })
-            .await?;
-        Ok(())
+        self.wait_on(scope, key, timeout).await.map(drop)
     }
 
     async fn wait_for_outcome(
@@ -291,14 +296,7 @@ impl Store for MemoryStore {
         req: &BeginRequest<'_>,
         timeout: Duration,
     ) -> Result<Option<Begin>, Error> {
-        let (scope, key) = (req.scope, req.key);
-        let handed = self
-            .inner
-            .waiters
-            .wait(scope, key, timeout, || async {
-                Ok::<_, Error>(self.look(scope, key))
-            })
-            .await?;
+        let handed = self.wait_on(req.scope, req.key, timeout).await?;
         Ok(handed.map(Begin::Replay))
     }
 
