@@ -38,6 +38,8 @@ async fn charge(
 struct Watched<S> {
     inner: S,
     begins: AtomicUsize,
+    /// The next completion fails before reaching the store.
+    fail_completion: std::sync::atomic::AtomicBool,
     hold_completion: Mutex<Option<(oneshot::Sender<()>, oneshot::Receiver<()>)>>,
 }
 
@@ -46,6 +48,7 @@ impl<S> Watched<S> {
         Watched {
             inner,
             begins: AtomicUsize::new(0),
+            fail_completion: Default::default(),
             hold_completion: Mutex::new(None),
         }
     }
@@ -64,6 +67,9 @@ impl<S: Store> Store for Watched<S> {
         self.inner.renew(claim).await
     }
     async fn complete(&self, claim: &Claim, outcome: &Outcome) -> Result<(), Error> {
+        if self.fail_completion.swap(false, Ordering::SeqCst) {
+            return Err(Error::store("injected: the completion failed"));
+        }
         let completed = self.inner.complete(claim, outcome).await;
         if let Some((written, go_on)) = self.hold_completion.lock().await.take() {
             let _ = written.send(());
@@ -182,6 +188,28 @@ async fn a_forget_overtaking_a_completion_leaves_nothing_cached() {
         charge(&*store, "k", 5, Policy::new(), &runs).await.unwrap(),
         2
     );
+}
+
+/// A completion that failed and was sent again still caches its outcome.
+#[tokio::test]
+async fn a_completion_sent_again_is_cached() {
+    let store = cached(MemoryStore::new());
+    store.inner().fail_completion.store(true, Ordering::SeqCst);
+    let runs = Runs::default();
+    assert_eq!(
+        charge(&store, "k", 5, Policy::new(), &runs).await.unwrap(),
+        1
+    );
+    assert!(
+        !store.inner().fail_completion.load(Ordering::SeqCst),
+        "no completion failed"
+    );
+    assert_eq!(store.cached(), 1);
+    assert_eq!(
+        charge(&store, "k", 5, Policy::new(), &runs).await.unwrap(),
+        1
+    );
+    assert_eq!((runs.count(), begins(&store)), (1, 1));
 }
 
 /// A capacity of 0 is refused with a typed error.

@@ -198,9 +198,14 @@ impl<S: Store> Store for CachedStore<S> {
     async fn complete(&self, claim: &Claim, outcome: &Outcome) -> Result<(), Error> {
         let sent = Instant::now();
         let forgets = self.cache.lock().forgets;
-        let completed = self.inner.complete(claim, outcome).await;
+        if let Err(err) = self.inner.complete(claim, outcome).await {
+            // A completion that may be sent again keeps what it caches.
+            if matches!(err, Error::LeaseLost) {
+                self.cache.ended(&claim.token);
+            }
+            return Err(err);
+        }
         let fingerprint = self.cache.ended(&claim.token);
-        completed?;
         let (Some(fingerprint), Some(until)) = (fingerprint, sent.checked_add(claim.ttl)) else {
             return Ok(());
         };
