@@ -116,6 +116,7 @@ use crate::key::{AsKey, Key, Scope};
 use crate::metrics;
 use crate::policy::Policy;
 use crate::record::{Begin, Claim, ClaimToken, Outcome, OutcomeKind};
+use crate::steps::Operation;
 use crate::store::{BeginRequest, Store, TransactionalStore};
 
 /// The longest pause between two looks at an in-progress key when the store
@@ -509,7 +510,10 @@ where
             Err(answer) => return answer,
         };
         guard.running(claim.clone());
-        let result = renewing(store, &claim, body).await;
+        // The body's durable steps journal through an owned handle on the
+        // store, fenced by this claim.
+        let operation = Operation::new(store.detach(), claim.clone(), call.fingerprint);
+        let result = renewing(store, &claim, operation.scope(body)).await;
         let stored = match outcomes.encode(&result) {
             Some(Ok(outcome)) => outcome,
             // Nothing to store: release the key. Should that fail, the
@@ -578,7 +582,10 @@ where
         // else sees it, and a competing claim waits for the transaction to
         // end, so the lease needs no renewal.
         guard.running(claim.clone());
-        let (result, conn) = body(records.conn).await;
+        // Nothing outlives the caller's transaction to journal steps in:
+        // they run with their keys, unjournaled.
+        let operation = Operation::new(None, claim.clone(), call.fingerprint);
+        let (result, conn) = operation.scope(body(records.conn)).await;
         // Whatever happens next happens on the caller's transaction: if it
         // fails, the caller's transaction fails with it and rolls back.
         guard.disarm();

@@ -130,9 +130,40 @@ pub enum Error {
     /// A payload, an outcome or a stored record could not be (de)serialized.
     #[error("idempotency serialization error: {0}")]
     Serialization(#[from] serde_json::Error),
-    /// A configuration value was rejected (table name, policy).
+    /// A configuration value was rejected (table name, policy), or an API
+    /// was used where it cannot work (a step outside an operation).
     #[error("invalid idempotency configuration: {0}")]
     Config(String),
+    /// A durable step whose policy is to refuse is in doubt: an earlier
+    /// attempt started it and journaled no outcome, so whether its effect
+    /// happened is unknown (HTTP 502). Every attempt gets this error until
+    /// an operator resolves the step ([`steps::resolve`](crate::steps::resolve)).
+    #[error(
+        "the outcome of step {seq} ({step:?}) is unknown: an earlier attempt started it and \
+         journaled no outcome; an operator must resolve it (its downstream key is {step_key})"
+    )]
+    OutcomeUnknown {
+        /// The step's name.
+        step: String,
+        /// The step's place in the operation, from 0.
+        seq: u32,
+        /// The key the step gave its downstream.
+        step_key: String,
+    },
+    /// The operation called its durable steps in another order, or under
+    /// other names, than the attempt that wrote its journal (HTTP 500).
+    #[error(
+        "step {seq} is journaled as {journaled:?} but this run calls {called:?}: an operation \
+         must call the same steps in the same order at every attempt"
+    )]
+    StepMismatch {
+        /// The step's place in the operation, from 0.
+        seq: u32,
+        /// The name in the journal.
+        journaled: String,
+        /// The name this run called.
+        called: String,
+    },
 }
 
 impl Error {
@@ -190,6 +221,22 @@ enum Kind {
     Store,
     Serialization,
     Config,
+    OutcomeUnknown,
+    StepMismatch,
+}
+
+/// The step of an `outcome_unknown` or `step_mismatch` error.
+#[derive(Serialize, Deserialize)]
+struct StepForm {
+    seq: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    step: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    step_key: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    journaled: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    called: Option<String>,
 }
 
 /// A [`KeyError`] inside an `invalid_key` error.
@@ -214,10 +261,13 @@ struct Form {
     key_error: Option<KeyErrorForm>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     source: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    step: Option<StepForm>,
 }
 
 impl Serialize for Error {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let mut step = None;
         let (kind, retry_after_ms, key_error, source) = match self {
             Error::KeyReused => (Kind::KeyReused, None, None, None),
             Error::InProgress { retry_after } => {
@@ -246,6 +296,34 @@ impl Serialize for Error {
                 (Kind::Serialization, None, None, Some(source.to_string()))
             }
             Error::Config(source) => (Kind::Config, None, None, Some(source.clone())),
+            Error::OutcomeUnknown {
+                step: name,
+                seq,
+                step_key,
+            } => {
+                step = Some(StepForm {
+                    seq: *seq,
+                    step: Some(name.clone()),
+                    step_key: Some(step_key.clone()),
+                    journaled: None,
+                    called: None,
+                });
+                (Kind::OutcomeUnknown, None, None, None)
+            }
+            Error::StepMismatch {
+                seq,
+                journaled,
+                called,
+            } => {
+                step = Some(StepForm {
+                    seq: *seq,
+                    step: None,
+                    step_key: None,
+                    journaled: Some(journaled.clone()),
+                    called: Some(called.clone()),
+                });
+                (Kind::StepMismatch, None, None, None)
+            }
         };
         Form {
             kind,
@@ -253,6 +331,7 @@ impl Serialize for Error {
             retry_after_ms,
             key_error,
             source,
+            step,
         }
         .serialize(serializer)
     }
@@ -292,6 +371,22 @@ impl<'de> Deserialize<'de> for Error {
                 Error::Serialization(<serde_json::Error as serde::de::Error>::custom(source))
             }
             Kind::Config => Error::Config(source),
+            Kind::OutcomeUnknown => {
+                let step = form.step.ok_or_else(|| missing("step"))?;
+                Error::OutcomeUnknown {
+                    step: step.step.unwrap_or_default(),
+                    seq: step.seq,
+                    step_key: step.step_key.unwrap_or_default(),
+                }
+            }
+            Kind::StepMismatch => {
+                let step = form.step.ok_or_else(|| missing("step"))?;
+                Error::StepMismatch {
+                    seq: step.seq,
+                    journaled: step.journaled.unwrap_or_default(),
+                    called: step.called.unwrap_or_default(),
+                }
+            }
         })
     }
 }

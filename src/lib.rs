@@ -59,10 +59,12 @@ pub mod fingerprint;
 #[cfg(feature = "http")]
 #[cfg_attr(docsrs, doc(cfg(feature = "http")))]
 pub mod http;
+pub mod journal;
 mod key;
 pub mod metrics;
 mod policy;
 pub mod record;
+pub mod steps;
 pub mod store;
 #[cfg(feature = "testing")]
 #[cfg_attr(docsrs, doc(cfg(feature = "testing")))]

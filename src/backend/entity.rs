@@ -17,6 +17,7 @@ use super::records::validate_table_name;
 use super::{Backend, SqlStore};
 use crate::error::Error;
 use crate::fingerprint::Fingerprint;
+use crate::journal::{StepBegin, StepRecord, StepRequest, StepResolution};
 use crate::key::{Key, KeyError, Scope};
 use crate::record::{Begin, BeginRequest, Claim, Outcome, Record};
 use crate::store::Store;
@@ -318,6 +319,30 @@ impl<S: Store + Clone + 'static> Store for Claims<S> {
     }
     async fn purge_expired(&self, batch: usize) -> Result<u64, Error> {
         self.0.purge_expired(batch).await
+    }
+    async fn begin_step(&self, claim: &Claim, step: &StepRequest<'_>) -> Result<StepBegin, Error> {
+        self.0.begin_step(claim, step).await
+    }
+    async fn complete_step(
+        &self,
+        claim: &Claim,
+        step: &StepRequest<'_>,
+        output: &[u8],
+    ) -> Result<(), Error> {
+        self.0.complete_step(claim, step, output).await
+    }
+    async fn steps(&self, scope: &Scope, key: &Key) -> Result<Vec<StepRecord>, Error> {
+        self.0.steps(scope, key).await
+    }
+    async fn resolve_step(
+        &self,
+        scope: &Scope,
+        key: &Key,
+        seq: u32,
+        name: &str,
+        resolution: &StepResolution,
+    ) -> Result<bool, Error> {
+        self.0.resolve_step(scope, key, seq, name, resolution).await
     }
     fn detach(&self) -> Option<Arc<dyn Store>> {
         Some(Arc::new(self.clone()))

@@ -60,6 +60,14 @@ pub trait Exec: Database {
         values: Vec<Value<'a>>,
     ) -> impl Future<Output = Result<Option<Self::Row>, sqlx::Error>> + Send + 'a;
 
+    /// Runs `sql` and returns its rows.
+    #[doc(hidden)]
+    fn fetch_all<'a>(
+        conn: &'a mut Self::Connection,
+        sql: &'a str,
+        values: Vec<Value<'a>>,
+    ) -> impl Future<Output = Result<Vec<Self::Row>, sqlx::Error>> + Send + 'a;
+
     /// Runs `sql` with `arguments` and returns its row, if there is one.
     #[doc(hidden)]
     fn fetch_row_with<'a>(
@@ -152,6 +160,14 @@ where
         values: Vec<Value<'a>>,
     ) -> impl Future<Output = Result<Option<Self::Row>, sqlx::Error>> + Send + 'a {
         Self::query(sql, values).fetch_optional(conn)
+    }
+
+    fn fetch_all<'a>(
+        conn: &'a mut Self::Connection,
+        sql: &'a str,
+        values: Vec<Value<'a>>,
+    ) -> impl Future<Output = Result<Vec<Self::Row>, sqlx::Error>> + Send + 'a {
+        Self::query(sql, values).fetch_all(conn)
     }
 
     fn fetch_row_with<'a>(

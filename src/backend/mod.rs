@@ -21,6 +21,7 @@ use crate::record::BeginRequest;
 
 pub(crate) mod entity;
 pub(crate) mod exec;
+pub(crate) mod journal;
 pub(crate) mod migrate;
 #[cfg(feature = "mysql")]
 pub(crate) mod mysql;
@@ -75,6 +76,17 @@ pub(crate) mod dialect {
         /// InnoDB's row lock of the upsert), a replay is then one plain
         /// read.
         const READ_FIRST: bool = false;
+
+        /// The statement that opens a transaction that writes (SQLite:
+        /// `BEGIN IMMEDIATE`, the write lock from the start, since a
+        /// deferred transaction that read first cannot always be upgraded).
+        const BEGIN_WRITE: &'static str = "BEGIN";
+        /// What a read appends to lock its row against writers until the
+        /// transaction ends (nothing where the transaction holds the whole
+        /// database: SQLite).
+        const LOCK_SHARE: &'static str = "";
+        /// What a read appends to lock its row for an update.
+        const LOCK_UPDATE: &'static str = "";
 
         /// What the store keeps to wake waiters in other processes.
         type Wake: Default + Debug + Send + Sync + 'static;
@@ -177,6 +189,15 @@ macro_rules! transactional_store {
                 claim: &$crate::record::Claim,
             ) -> Result<(), $crate::error::Error> {
                 $crate::backend::SqlStore::release_on(self, $conn, claim).await
+            }
+            async fn complete_step_on(
+                &self,
+                $c: &mut $on,
+                claim: &$crate::record::Claim,
+                step: &$crate::journal::StepRequest<'_>,
+                output: &[u8],
+            ) -> Result<(), $crate::error::Error> {
+                $crate::backend::SqlStore::complete_step_on(self, $conn, claim, step, output).await
             }
             fn claim_locks_only_its_own(&self) -> bool {
                 <$db as $crate::backend::dialect::Dialect>::CLAIM_LOCKS_ONLY_ITS_OWN

@@ -12,10 +12,12 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use super::exec::Value;
+use super::journal::{in_transaction, steps_table};
 use super::statements::{ClaimReturns, Param, Statement, Statements};
 use super::{Backend, DEFAULT_MIGRATIONS_TABLE, DEFAULT_TABLE};
 use crate::error::Error;
 use crate::fingerprint::Fingerprint;
+use crate::journal::{StepBegin, StepRecord, StepRequest, StepResolution};
 use crate::key::{Key, Scope};
 use crate::record::{
     decide, duration_millis, Begin, BeginRequest, Claim, ClaimToken, Millis, Outcome, OutcomeKind,
@@ -87,10 +89,14 @@ impl<DB: Backend> SqlStore<DB> {
     }
 
     /// Uses another table (in the connection's schema or `search_path`).
-    /// The name must be 1 to 63 ASCII letters, digits and underscores, not
-    /// starting with a digit.
+    /// The name must be 1 to 57 ASCII letters, digits and underscores, not
+    /// starting with a digit: the step journal beside it is
+    /// `<name>_steps`, within the databases' limit of 63.
     pub fn with_table_name(mut self, table: &str) -> Result<Self, Error> {
-        self.sql = Arc::new(DB::statements(validate_table_name(table)?));
+        let table = validate_table_name(table)?;
+        // The step journal is `<table>_steps`, within the same limit.
+        validate_table_name(&steps_table(&table))?;
+        self.sql = Arc::new(DB::statements(table));
         // Another table is another notification channel.
         self.waiters = Arc::default();
         self.wake = Arc::default();
@@ -459,8 +465,15 @@ impl<DB: Backend> Store for SqlStore<DB> {
     async fn forget(&self, scope: &Scope, key: &Key) -> Result<bool, Error> {
         let bound = Bound::key(scope, key);
         let forget = &self.sql.forget;
-        let mut conn = self.pool.acquire().await?;
-        let done = DB::execute(&mut conn, &forget.sql, bound.values(forget)?).await?;
+        // The record first, then its journal, in one transaction: a
+        // journal write of the record's owner holds the record until it
+        // commits, so none lands after the journal is deleted.
+        let done = in_transaction!(self, |conn| async {
+            let done = DB::execute(conn, &forget.sql, bound.values(forget)?).await?;
+            let steps = vec![Value::Text(scope.as_str()), Value::Text(key.as_str())];
+            DB::execute(conn, &self.sql.steps.forget, steps).await?;
+            Ok::<_, Error>(done)
+        })?;
         self.waiters.wake(scope, key);
         Ok(DB::rows_affected(&done) > 0)
     }
@@ -477,9 +490,49 @@ impl<DB: Backend> Store for SqlStore<DB> {
             let deleted = DB::rows_affected(&done);
             total += deleted;
             if deleted < batch as u64 {
+                break;
+            }
+        }
+        loop {
+            let done = on_pool!(self, |conn| async {
+                let values = vec![Value::Int(batch)];
+                Ok::<_, Error>(DB::execute(&mut conn, &self.sql.steps.purge, values).await?)
+            })?;
+            let deleted = DB::rows_affected(&done);
+            total += deleted;
+            if deleted < batch as u64 {
                 return Ok(total);
             }
         }
+    }
+
+    async fn begin_step(&self, claim: &Claim, step: &StepRequest<'_>) -> Result<StepBegin, Error> {
+        self.begin_step_in_transaction(claim, step).await
+    }
+
+    async fn complete_step(
+        &self,
+        claim: &Claim,
+        step: &StepRequest<'_>,
+        output: &[u8],
+    ) -> Result<(), Error> {
+        self.complete_step_in_transaction(claim, step, output).await
+    }
+
+    async fn steps(&self, scope: &Scope, key: &Key) -> Result<Vec<StepRecord>, Error> {
+        self.list_steps(scope, key).await
+    }
+
+    async fn resolve_step(
+        &self,
+        scope: &Scope,
+        key: &Key,
+        seq: u32,
+        name: &str,
+        resolution: &StepResolution,
+    ) -> Result<bool, Error> {
+        self.resolve_step_now(scope, key, seq, name, resolution)
+            .await
     }
 
     async fn wait_for_change(

@@ -83,6 +83,8 @@ pub struct Statements {
     /// Deletes the record whatever its state (an operator's forget).
     pub forget: Statement,
     pub purge: Statement,
+    /// The step journal's statements.
+    pub steps: super::journal::StepStatements,
 }
 
 /// The SQL of a backend whose placeholders are numbered (`?N`, `$N`) in
@@ -113,7 +115,13 @@ impl Numbered {
     /// The statements on `table`, with `now` as the database's clock. The
     /// claim answers as `claim_returns` says; the record is read back with
     /// a plain read.
-    pub fn on(&self, table: String, now: &str, claim_returns: ClaimReturns) -> Statements {
+    pub fn on(
+        &self,
+        table: String,
+        now: &str,
+        claim_returns: ClaimReturns,
+        steps: super::journal::StepStatements,
+    ) -> Statements {
         use Param::*;
         const CLAIM: &[Param] = &[Scope, Key, Fingerprint, Token, Lease, Ttl];
         let s = |sql: &str, params: &'static [Param]| Statement::new(sql, &table, now, params);
@@ -134,6 +142,7 @@ impl Numbered {
             release: s(self.release, &[Scope, Key, Token]),
             forget: s(self.forget, &[Scope, Key]),
             purge: s(self.purge, &[Batch]),
+            steps,
             table,
         }
     }

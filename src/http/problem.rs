@@ -52,6 +52,13 @@ pub enum Problem {
     /// 503 with `Retry-After`: the store could not be reached; the request
     /// was not executed.
     StoreUnavailable,
+    /// 502: a durable step of the operation is in doubt and its policy is
+    /// to refuse ([`Error::OutcomeUnknown`]): an earlier attempt started a
+    /// call to another system and its answer was lost, so whether its
+    /// effect happened is unknown. Every retry gets this answer, and runs
+    /// nothing, until an operator resolves the step
+    /// ([`steps::resolve`](crate::steps::resolve)); it is never stored.
+    OutcomeUnknown,
     /// 500: the layer itself failed (an invalid policy, a stored response
     /// that cannot be read, a response body that failed while buffered).
     Internal,
@@ -69,6 +76,7 @@ impl Problem {
             Problem::KeyReused => StatusCode::UNPROCESSABLE_ENTITY,
             Problem::InProgress => StatusCode::CONFLICT,
             Problem::StoreUnavailable => StatusCode::SERVICE_UNAVAILABLE,
+            Problem::OutcomeUnknown => StatusCode::BAD_GATEWAY,
             Problem::Internal => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -84,6 +92,7 @@ impl Problem {
             Problem::KeyReused => "Idempotency key reused",
             Problem::InProgress => "Request in progress",
             Problem::StoreUnavailable => "Idempotency store unavailable",
+            Problem::OutcomeUnknown => "Outcome of a downstream call unknown",
             Problem::Internal => "Idempotency layer failure",
         }
     }
@@ -98,6 +107,7 @@ impl Problem {
             Problem::KeyReused => "KeyReused",
             Problem::InProgress => "InProgress",
             Problem::StoreUnavailable => "StoreUnavailable",
+            Problem::OutcomeUnknown => "OutcomeUnknown",
             Problem::Internal => "Internal",
         }
     }
@@ -125,6 +135,7 @@ impl From<&Error> for Problem {
     /// | [`Store`](Error::Store) | [`StoreUnavailable`](Problem::StoreUnavailable), 503 |
     /// | [`MissingKey`](Error::MissingKey) | [`MissingKey`](Problem::MissingKey), 400 |
     /// | [`InvalidKey`](Error::InvalidKey) | [`InvalidKey`](Problem::InvalidKey), 400 |
+    /// | [`OutcomeUnknown`](Error::OutcomeUnknown) | [`OutcomeUnknown`](Problem::OutcomeUnknown), 502 |
     /// | any other | [`Internal`](Problem::Internal), 500 |
     fn from(err: &Error) -> Self {
         match err {
@@ -133,6 +144,7 @@ impl From<&Error> for Problem {
             Error::Store(_) => Problem::StoreUnavailable,
             Error::MissingKey => Problem::MissingKey,
             Error::InvalidKey(_) => Problem::InvalidKey,
+            Error::OutcomeUnknown { .. } => Problem::OutcomeUnknown,
             _ => Problem::Internal,
         }
     }
@@ -341,6 +353,24 @@ mod tests {
                 None,
             ),
             (Error::LeaseLost, Problem::Internal, None),
+            (
+                Error::OutcomeUnknown {
+                    step: "charge".into(),
+                    seq: 0,
+                    step_key: "k".into(),
+                },
+                Problem::OutcomeUnknown,
+                None,
+            ),
+            (
+                Error::StepMismatch {
+                    seq: 1,
+                    journaled: "a".into(),
+                    called: "b".into(),
+                },
+                Problem::Internal,
+                None,
+            ),
             (Error::Config("ttl is zero".into()), Problem::Internal, None),
         ];
         for (err, problem, retry_after) in cases {

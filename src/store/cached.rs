@@ -12,6 +12,7 @@ use lru::LruCache;
 use super::{BeginRequest, Store};
 use crate::error::Error;
 use crate::fingerprint::Fingerprint;
+use crate::journal::{StepBegin, StepRecord, StepRequest, StepResolution};
 use crate::key::{Key, Scope};
 use crate::record::{Begin, Claim, ClaimToken, Outcome, Record};
 
@@ -193,6 +194,32 @@ impl<S: Store> Store for CachedStore<S> {
 
     async fn renew(&self, claim: &Claim) -> Result<(), Error> {
         self.inner.renew(claim).await
+    }
+    async fn begin_step(&self, claim: &Claim, step: &StepRequest<'_>) -> Result<StepBegin, Error> {
+        self.inner.begin_step(claim, step).await
+    }
+    async fn complete_step(
+        &self,
+        claim: &Claim,
+        step: &StepRequest<'_>,
+        output: &[u8],
+    ) -> Result<(), Error> {
+        self.inner.complete_step(claim, step, output).await
+    }
+    async fn steps(&self, scope: &Scope, key: &Key) -> Result<Vec<StepRecord>, Error> {
+        self.inner.steps(scope, key).await
+    }
+    async fn resolve_step(
+        &self,
+        scope: &Scope,
+        key: &Key,
+        seq: u32,
+        name: &str,
+        resolution: &StepResolution,
+    ) -> Result<bool, Error> {
+        self.inner
+            .resolve_step(scope, key, seq, name, resolution)
+            .await
     }
 
     async fn complete(&self, claim: &Claim, outcome: &Outcome) -> Result<(), Error> {

@@ -12,6 +12,9 @@ use indexmap::{Equivalent, IndexMap};
 
 use super::{BeginRequest, Look, Store, Waiters};
 use crate::error::Error;
+use crate::journal::{
+    decide_step, StepBegin, StepDecision, StepRecord, StepRequest, StepResolution, StepState,
+};
 use crate::key::{Key, Scope};
 use crate::record::{
     decide, duration_millis, now_millis, Begin, Claim, Millis, Outcome, Record, State,
@@ -30,8 +33,13 @@ pub struct MemoryStore {
 #[derive(Debug, Default)]
 struct Inner {
     records: Mutex<Records>,
+    /// The step journal, by operation, then by `seq`. Taken only under
+    /// the records' lock, which fences it.
+    journal: Mutex<Journal>,
     waiters: Waiters,
 }
+
+type Journal = std::collections::HashMap<Slot, std::collections::BTreeMap<u32, StepRecord>>;
 
 /// The records by slot, in the order they were written (a removal moves
 /// the last one into the gap): the hashed index holds only positions, and
@@ -109,6 +117,29 @@ impl MemoryStore {
         // A panic while holding the lock cannot leave a half-written record:
         // every write is a single insert, remove or field update.
         self.inner.records.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn journal(&self) -> MutexGuard<'_, Journal> {
+        self.inner.journal.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Runs `write` on the journal of `claim`'s operation, under the
+    /// records' lock, while the record is in progress under the claim.
+    fn journaled<T>(
+        &self,
+        claim: &Claim,
+        write: impl FnOnce(&mut std::collections::BTreeMap<u32, StepRecord>, Millis) -> T,
+    ) -> Result<T, Error> {
+        let records = self.records();
+        match records.get(&At::of(&claim.scope, &claim.key)) {
+            Some(r) if r.token == Some(claim.token) && r.state == State::InProgress => {}
+            _ => return Err(Error::LeaseLost),
+        }
+        let mut journal = self.journal();
+        let steps = journal
+            .entry(At::of(&claim.scope, &claim.key).slot())
+            .or_default();
+        Ok(write(steps, now_millis()))
     }
 
     /// Waits on `(scope, key)` as [`Waiters::wait`] does.
@@ -254,7 +285,10 @@ impl Store for MemoryStore {
     }
 
     async fn forget(&self, scope: &Scope, key: &Key) -> Result<bool, Error> {
-        let removed = self.records().swap_remove(&At::of(scope, key)).is_some();
+        let mut records = self.records();
+        let removed = records.swap_remove(&At::of(scope, key)).is_some();
+        self.journal().remove(&At::of(scope, key).slot());
+        drop(records);
         self.inner.waiters.wake(scope, key);
         Ok(removed)
     }
@@ -277,9 +311,104 @@ impl Store for MemoryStore {
             }
             total += expired.len() as u64;
             if expired.len() < batch {
-                return Ok(total);
+                break;
             }
         }
+        let now = now_millis();
+        let mut journal = self.journal();
+        for steps in journal.values_mut() {
+            let before = steps.len();
+            steps.retain(|_, step| step.expires_at > now);
+            total += (before - steps.len()) as u64;
+        }
+        journal.retain(|_, steps| !steps.is_empty());
+        Ok(total)
+    }
+
+    async fn begin_step(&self, claim: &Claim, step: &StepRequest<'_>) -> Result<StepBegin, Error> {
+        self.journaled(claim, |steps, now| {
+            let entry = steps.get(&step.seq);
+            match decide_step(step, claim.token, entry, now) {
+                StepDecision::Answer(answer) => answer,
+                StepDecision::Start(run) => {
+                    steps.insert(
+                        step.seq,
+                        StepRecord {
+                            scope: claim.scope.clone(),
+                            key: claim.key.clone(),
+                            seq: step.seq,
+                            name: step.name.to_owned(),
+                            fingerprint: *step.fingerprint,
+                            state: StepState::Started,
+                            token: claim.token,
+                            output: None,
+                            updated_at: now,
+                            expires_at: now.saturating_add(duration_millis(step.ttl)),
+                        },
+                    );
+                    StepBegin::Run(run)
+                }
+            }
+        })
+    }
+
+    async fn complete_step(
+        &self,
+        claim: &Claim,
+        step: &StepRequest<'_>,
+        output: &[u8],
+    ) -> Result<(), Error> {
+        self.journaled(claim, |steps, now| match steps.get_mut(&step.seq) {
+            Some(entry) if entry.name == step.name && entry.state != StepState::Completed => {
+                entry.state = StepState::Completed;
+                entry.token = claim.token;
+                entry.output = Some(output.to_vec());
+                entry.updated_at = now;
+                entry.expires_at = now.saturating_add(duration_millis(step.ttl));
+                Ok(())
+            }
+            Some(entry) if entry.output.as_deref() == Some(output) => Ok(()),
+            _ => Err(super::step_not_journaled(step)),
+        })?
+    }
+
+    async fn steps(&self, scope: &Scope, key: &Key) -> Result<Vec<StepRecord>, Error> {
+        let _records = self.records();
+        Ok(self
+            .journal()
+            .get(&At::of(scope, key).slot())
+            .map(|steps| steps.values().cloned().collect())
+            .unwrap_or_default())
+    }
+
+    async fn resolve_step(
+        &self,
+        scope: &Scope,
+        key: &Key,
+        seq: u32,
+        name: &str,
+        resolution: &StepResolution,
+    ) -> Result<bool, Error> {
+        let _records = self.records();
+        let now = now_millis();
+        let mut journal = self.journal();
+        let Some(entry) = journal
+            .get_mut(&At::of(scope, key).slot())
+            .and_then(|steps| steps.get_mut(&seq))
+            .filter(|entry| entry.name == name && entry.state != StepState::Completed)
+        else {
+            return Ok(false);
+        };
+        match resolution {
+            StepResolution::Completed(output) => {
+                entry.state = StepState::Completed;
+                entry.output = Some(output.clone());
+            }
+            StepResolution::Rerun => entry.state = StepState::RerunAllowed,
+        }
+        entry.updated_at = now;
+        entry.expires_at = entry.expires_at.max(now);
+        Ok(true)
     }
 
     async fn wait_for_change(

@@ -17,6 +17,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use crate::error::Error;
+use crate::journal::{StepBegin, StepRecord, StepRequest, StepResolution};
 use crate::key::{Key, Scope};
 pub use crate::record::BeginRequest;
 use crate::record::{Begin, Claim, Outcome, Record};
@@ -82,9 +83,10 @@ pub trait Store: Send + Sync {
     /// Reads the record of `(scope, key)`, live or not.
     async fn get(&self, scope: &Scope, key: &Key) -> Result<Option<Record>, Error>;
 
-    /// Deletes the record of `(scope, key)` whatever its state, so that the
-    /// next call with that key runs again: the operator's way out of a
-    /// stored mistake or a stuck record. Returns whether there was one.
+    /// Deletes the record of `(scope, key)` whatever its state, and its
+    /// step journal, so that the next call with that key runs again from
+    /// its first step: the operator's way out of a stored mistake or a
+    /// stuck record. Returns whether there was a record.
     ///
     /// Forgetting a key in progress does not stop its body: the owner's
     /// completion then fails with [`Error::LeaseLost`] (the record is not
@@ -93,9 +95,10 @@ pub trait Store: Send + Sync {
     /// to be gone.
     async fn forget(&self, scope: &Scope, key: &Key) -> Result<bool, Error>;
 
-    /// Deletes expired records, at most `batch` per statement so that no
-    /// statement holds locks for long, until none is left. Returns how many
-    /// were deleted.
+    /// Deletes expired records and expired step journal entries, at most
+    /// `batch` per statement so that no statement holds locks for long,
+    /// until none is left. Returns how many records and entries were
+    /// deleted.
     async fn purge_expired(&self, batch: usize) -> Result<u64, Error>;
 
     /// Waits until the record of `(scope, key)` may have changed (completed
@@ -137,12 +140,79 @@ pub trait Store: Send + Sync {
         false
     }
 
+    /// Begins step `step` of the operation that `claim` holds, as one
+    /// atomic step fenced by the claim: the journal entry at `step.seq` is
+    /// read and answered with [`decide_step`](crate::journal::decide_step),
+    /// and marked started by this attempt when the decision says so. Fails
+    /// with [`Error::LeaseLost`] unless the operation's record is in
+    /// progress under the claim's token. The default keeps no journal and
+    /// refuses.
+    async fn begin_step(&self, claim: &Claim, step: &StepRequest<'_>) -> Result<StepBegin, Error> {
+        let _ = (claim, step);
+        Err(no_journal())
+    }
+
+    /// Journals the output of step `step` (begun by this claim, or in
+    /// doubt and reconciled), fenced by the claim as
+    /// [`begin_step`](Store::begin_step) is. Sent again after its answer
+    /// was lost, it succeeds when the entry holds this very output.
+    async fn complete_step(
+        &self,
+        claim: &Claim,
+        step: &StepRequest<'_>,
+        output: &[u8],
+    ) -> Result<(), Error> {
+        let _ = (claim, step, output);
+        Err(no_journal())
+    }
+
+    /// The journal of the operation `(scope, key)`, live entries and
+    /// expired ones not yet purged, by `seq`: what an operator reads
+    /// before [`resolve_step`](Store::resolve_step).
+    async fn steps(&self, scope: &Scope, key: &Key) -> Result<Vec<StepRecord>, Error> {
+        let _ = (scope, key);
+        Err(no_journal())
+    }
+
+    /// An operator settles step `seq` (named `name`) of the operation
+    /// `(scope, key)`, which is started and has no outcome (in doubt, or
+    /// still running): with its output, replayed by the next attempt, or by
+    /// allowing the next attempt to run it again. Returns whether there was
+    /// such a step. A step still running when it is resolved may then fail
+    /// to journal its own output.
+    async fn resolve_step(
+        &self,
+        scope: &Scope,
+        key: &Key,
+        seq: u32,
+        name: &str,
+        resolution: &StepResolution,
+    ) -> Result<bool, Error> {
+        let _ = (scope, key, seq, name, resolution);
+        Err(no_journal())
+    }
+
     /// An owned handle on the same records, for the work that must outlive
     /// a dropped caller: handing a claim back, or storing an outcome already
     /// in hand. `None` (the default) leaves such a claim to its lease.
     fn detach(&self) -> Option<Arc<dyn Store>> {
         None
     }
+}
+
+/// A completion of a step that the journal does not hold as started: an
+/// operator resolved it (or a forget removed it) while it ran.
+pub(crate) fn step_not_journaled(step: &StepRequest<'_>) -> Error {
+    Error::store(format!(
+        "step {} ({:?}) is not started in the journal any more: it was resolved or forgotten \
+         while it ran",
+        step.seq, step.name
+    ))
+}
+
+/// What a store without a step journal answers.
+fn no_journal() -> Error {
+    Error::Config("this store keeps no step journal (durable steps need one)".into())
 }
 
 /// A store whose statements can also run on a caller's connection: the
@@ -183,6 +253,19 @@ pub trait TransactionalStore<C: Send + ?Sized>: Store {
     ) -> Result<(), Error>;
     /// [`Store::release`] on `conn`.
     async fn release_on(&self, conn: &mut C, claim: &Claim) -> Result<(), Error>;
+    /// [`Store::complete_step`] on `conn`: a step whose rows commit with
+    /// its journal entry ([`Step::in_transaction`](crate::steps::Step::in_transaction)).
+    /// The default keeps no journal there and refuses.
+    async fn complete_step_on(
+        &self,
+        conn: &mut C,
+        claim: &Claim,
+        step: &StepRequest<'_>,
+        output: &[u8],
+    ) -> Result<(), Error> {
+        let _ = (conn, claim, step, output);
+        Err(no_journal())
+    }
     /// Whether [`begin_on`](TransactionalStore::begin_on) locks no record
     /// but the one it claims (PostgreSQL's `INSERT ... ON CONFLICT DO
     /// NOTHING`): a duplicate then claims without looking first, and may
@@ -222,6 +305,15 @@ macro_rules! forward_transactional_store {
             }
             async fn release_on(&self, conn: &mut C, claim: &Claim) -> Result<(), Error> {
                 (**self).release_on(conn, claim).await
+            }
+            async fn complete_step_on(
+                &self,
+                conn: &mut C,
+                claim: &Claim,
+                step: &StepRequest<'_>,
+                output: &[u8],
+            ) -> Result<(), Error> {
+                (**self).complete_step_on(conn, claim, step, output).await
             }
             fn claim_locks_only_its_own(&self) -> bool {
                 (**self).claim_locks_only_its_own()
@@ -272,6 +364,34 @@ macro_rules! forward_store {
                 timeout: Duration,
             ) -> Result<Option<Begin>, Error> {
                 (**self).wait_for_outcome(request, timeout).await
+            }
+            async fn begin_step(
+                &self,
+                claim: &Claim,
+                step: &StepRequest<'_>,
+            ) -> Result<StepBegin, Error> {
+                (**self).begin_step(claim, step).await
+            }
+            async fn complete_step(
+                &self,
+                claim: &Claim,
+                step: &StepRequest<'_>,
+                output: &[u8],
+            ) -> Result<(), Error> {
+                (**self).complete_step(claim, step, output).await
+            }
+            async fn steps(&self, scope: &Scope, key: &Key) -> Result<Vec<StepRecord>, Error> {
+                (**self).steps(scope, key).await
+            }
+            async fn resolve_step(
+                &self,
+                scope: &Scope,
+                key: &Key,
+                seq: u32,
+                name: &str,
+                resolution: &StepResolution,
+            ) -> Result<bool, Error> {
+                (**self).resolve_step(scope, key, seq, name, resolution).await
             }
             fn wakes_across_processes(&self) -> bool {
                 (**self).wakes_across_processes()

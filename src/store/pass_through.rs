@@ -4,6 +4,7 @@ use async_trait::async_trait;
 
 use super::{BeginRequest, Store};
 use crate::error::Error;
+use crate::journal::{StepBegin, StepRecord, StepRequest, StepResolution, StepRun};
 use crate::key::{Key, Scope};
 use crate::record::{Begin, Claim, Outcome, Record};
 
@@ -64,5 +65,42 @@ impl Store for PassThroughStore {
 
     async fn purge_expired(&self, _batch: usize) -> Result<u64, Error> {
         Ok(0)
+    }
+
+    /// Every step runs: nothing is journaled.
+    async fn begin_step(
+        &self,
+        _claim: &Claim,
+        _step: &StepRequest<'_>,
+    ) -> Result<StepBegin, Error> {
+        Ok(StepBegin::Run(StepRun::Fresh))
+    }
+
+    async fn complete_step(
+        &self,
+        _claim: &Claim,
+        _step: &StepRequest<'_>,
+        _output: &[u8],
+    ) -> Result<(), Error> {
+        Ok(())
+    }
+
+    async fn steps(&self, _scope: &Scope, _key: &Key) -> Result<Vec<StepRecord>, Error> {
+        Ok(Vec::new())
+    }
+
+    async fn resolve_step(
+        &self,
+        _scope: &Scope,
+        _key: &Key,
+        _seq: u32,
+        _name: &str,
+        _resolution: &StepResolution,
+    ) -> Result<bool, Error> {
+        Ok(false)
+    }
+
+    fn detach(&self) -> Option<std::sync::Arc<dyn Store>> {
+        Some(std::sync::Arc::new(PassThroughStore))
     }
 }

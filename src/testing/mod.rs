@@ -2,8 +2,9 @@
 //!
 //! Every store built into this crate passes the same cases: claim and
 //! replay, payload mismatch, a duplicate in progress, lease takeover with
-//! fencing, release, ttl expiry, purge, a dropped caller, scoping, and a
-//! storm of concurrent calls (see the functions below). A store of your own
+//! fencing, release, ttl expiry, purge, a dropped caller, scoping, a
+//! storm of concurrent calls, and the step journal of durable steps (see
+//! the functions below). A store of your own
 //! is done when it passes them too, on the real backend.
 //!
 //! Each case is a plain `async fn` that takes a fresh store and panics
@@ -37,7 +38,15 @@
 //! idem = { version = "0.1", features = ["testing"] }
 //! ```
 
+mod steps;
 mod support;
+
+pub use self::steps::{
+    a_journal_of_another_payload_is_refused, a_step_completion_sent_again_is_accepted,
+    a_step_journal_is_fenced, forget_and_purge_clear_the_journal,
+    steps_called_in_another_order_are_refused, steps_in_doubt_follow_their_policy,
+    steps_replay_after_a_failed_attempt, storm_runs_each_step_once,
+};
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -106,6 +115,14 @@ macro_rules! store_conformance {
                 forget_frees_the_key,
                 forgotten_owner_is_fenced_out,
                 storm_runs_each_key_once,
+                steps_replay_after_a_failed_attempt,
+                steps_in_doubt_follow_their_policy,
+                a_step_journal_is_fenced,
+                a_step_completion_sent_again_is_accepted,
+                steps_called_in_another_order_are_refused,
+                a_journal_of_another_payload_is_refused,
+                forget_and_purge_clear_the_journal,
+                storm_runs_each_step_once,
             );
         }
     };

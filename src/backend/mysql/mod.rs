@@ -6,6 +6,7 @@ use std::sync::atomic::Ordering;
 use sqlx::mysql::{MySql, MySqlConnection, MySqlPoolOptions, MySqlQueryResult};
 
 use super::dialect::Dialect;
+use super::journal::StepStatements;
 use super::migrate::{self, Bookkeeping};
 use super::statements::{ClaimReturns, Param, Statement, Statements};
 use super::SqlStore;
@@ -59,7 +60,8 @@ const MAX_SCOPE_LEN: usize = 1024;
 /// and trailing spaces included, whatever the server's collation. The
 /// primary key (at most 1024 + 255 bytes) fits InnoDB's 3072-byte limit
 /// with the `DYNAMIC` row format.
-const MIGRATIONS: &[&str] = &[r#"
+const MIGRATIONS: &[&str] = &[
+    r#"
 CREATE TABLE IF NOT EXISTS `{table}` (
     scope        VARBINARY(1024) NOT NULL,
     `key`        VARBINARY(255)  NOT NULL,
@@ -78,7 +80,32 @@ CREATE TABLE IF NOT EXISTS `{table}` (
     CHECK (outcome_kind IN (0, 1)),
     CHECK (state = 'in_progress' OR (outcome IS NOT NULL AND outcome_kind IS NOT NULL))
 ) ENGINE = InnoDB ROW_FORMAT = DYNAMIC
-"#];
+"#,
+    // The step journal (see `backend/journal.rs`).
+    r#"
+CREATE TABLE IF NOT EXISTS `{table}_steps` (
+    scope       VARBINARY(1024) NOT NULL,
+    `key`       VARBINARY(255)  NOT NULL,
+    seq         BIGINT          NOT NULL,
+    name        VARCHAR(64) CHARACTER SET ascii COLLATE ascii_bin NOT NULL,
+    fingerprint BINARY(32)      NOT NULL,
+    state       VARCHAR(13) CHARACTER SET ascii COLLATE ascii_bin NOT NULL,
+    claim_token BINARY(16)      NOT NULL,
+    output      LONGBLOB        NULL,
+    updated_at  BIGINT          NOT NULL,
+    expires_at  BIGINT          NOT NULL,
+    PRIMARY KEY (scope, `key`, seq),
+    KEY expires_at (expires_at),
+    CHECK (seq >= 0),
+    CHECK (state IN ('started', 'completed', 'rerun_allowed')),
+    CHECK (state <> 'completed' OR output IS NOT NULL)
+) ENGINE = InnoDB ROW_FORMAT = DYNAMIC
+"#,
+];
+
+/// Deletes at most a batch of expired journal entries.
+const PURGE_STEPS: &str =
+    "DELETE FROM {steps} WHERE expires_at <= {now} ORDER BY expires_at LIMIT ?";
 
 /// The server-wide lock that serializes migrations across processes.
 const MIGRATION_LOCK: &str = "idem_migrations";
@@ -167,6 +194,8 @@ const PURGE: &str = "DELETE FROM `{table}` WHERE expires_at <= {now} ORDER BY ex
 use Param::*;
 
 impl Dialect for MySql {
+    const LOCK_SHARE: &'static str = " LOCK IN SHARE MODE";
+    const LOCK_UPDATE: &'static str = " FOR UPDATE";
     const TEXT_AS_BYTES: bool = true;
     // A claim that finds the key taken locks the row (the upsert), so a
     // replay reads first: one plain read, no lock, no write.
@@ -215,6 +244,7 @@ impl Dialect for MySql {
             release: s(RELEASE, &[Scope, Key, Token]),
             forget: s(FORGET, &[Scope, Key]),
             purge: s(PURGE, &[Batch]),
+            steps: StepStatements::new::<MySql>(&table, NOW, PURGE_STEPS),
             table,
         }
     }

@@ -6,6 +6,7 @@ use sqlx::postgres::{PgConnection, PgPoolOptions, PgQueryResult, Postgres};
 
 use super::dialect::Dialect;
 use super::entity::EntityDatabase;
+use super::journal::StepStatements;
 use super::migrate::{self, Bookkeeping};
 use super::statements::{ClaimReturns, Numbered, Statements};
 use super::SqlStore;
@@ -87,7 +88,31 @@ CREATE INDEX IF NOT EXISTS "{index}" ON "{table}" (expires_at);
     // at a time). Once set it stays set for the row.
     r#"ALTER TABLE "{table}" ADD COLUMN IF NOT EXISTS waited BOOLEAN NOT NULL DEFAULT false;
 "#,
+    // The step journal (see `backend/journal.rs`).
+    r#"
+CREATE TABLE IF NOT EXISTS "{table}_steps" (
+    scope       TEXT   COLLATE "C" NOT NULL,
+    key         TEXT   COLLATE "C" NOT NULL,
+    seq         BIGINT NOT NULL CHECK (seq >= 0),
+    name        TEXT   NOT NULL,
+    fingerprint BYTEA  NOT NULL CHECK (octet_length(fingerprint) = 32),
+    state       TEXT   NOT NULL CHECK (state IN ('started', 'completed', 'rerun_allowed')),
+    claim_token BYTEA  NOT NULL CHECK (octet_length(claim_token) = 16),
+    output      BYTEA,
+    updated_at  BIGINT NOT NULL,
+    expires_at  BIGINT NOT NULL,
+    PRIMARY KEY (scope, key, seq),
+    CHECK (state <> 'completed' OR output IS NOT NULL)
+);
+CREATE INDEX IF NOT EXISTS "{table}_steps_expires_at" ON "{table}_steps" (expires_at);
+"#,
 ];
+
+/// Deletes at most a batch of expired journal entries, skipping rows a
+/// write holds.
+const PURGE_STEPS: &str = "DELETE FROM {steps} WHERE ctid = ANY(ARRAY(
+        SELECT ctid FROM {steps} WHERE expires_at <= {now} LIMIT ? FOR UPDATE SKIP LOCKED))
+      AND expires_at <= {now}";
 
 const BOOKKEEPING: Bookkeeping = Bookkeeping {
     create: "CREATE TABLE IF NOT EXISTS \"{migrations}\" (
@@ -240,6 +265,8 @@ const PURGE: &str = r#"DELETE FROM "{table}"
       AND expires_at <= {now}"#;
 
 impl Dialect for Postgres {
+    const LOCK_SHARE: &'static str = " FOR SHARE";
+    const LOCK_UPDATE: &'static str = " FOR UPDATE";
     const PEEK_IN_CALLER: bool = true;
     const CLAIM_LOCKS_ONLY_ITS_OWN: bool = true;
     type Wake = Listener;
@@ -262,7 +289,12 @@ impl Dialect for Postgres {
             forget: FORGET,
             purge: PURGE,
         }
-        .on(table, NOW, ClaimReturns::Record)
+        .on(
+            table.clone(),
+            NOW,
+            ClaimReturns::Record,
+            StepStatements::new::<Postgres>(&table, NOW, PURGE_STEPS),
+        )
     }
 
     fn rows_affected(result: &PgQueryResult) -> u64 {

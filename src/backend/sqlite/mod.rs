@@ -12,6 +12,7 @@ use sqlx::Connection;
 
 use super::dialect::Dialect;
 use super::entity::EntityDatabase;
+use super::journal::StepStatements;
 use super::migrate::{self, Bookkeeping};
 use super::statements::{ClaimReturns, Numbered, Statements};
 use super::SqlStore;
@@ -65,7 +66,29 @@ CREATE INDEX IF NOT EXISTS "{table}_expires_at" ON "{table}" (expires_at);
     // written before it existed: they can only lapse and be taken over).
     r#"ALTER TABLE "{table}" ADD COLUMN claim_token BLOB;
 "#,
+    // The step journal (see `backend/journal.rs`).
+    r#"
+CREATE TABLE IF NOT EXISTS "{table}_steps" (
+    scope       TEXT    NOT NULL,
+    key         TEXT    NOT NULL,
+    seq         INTEGER NOT NULL CHECK (seq >= 0),
+    name        TEXT    NOT NULL,
+    fingerprint BLOB    NOT NULL,
+    state       TEXT    NOT NULL CHECK (state IN ('started', 'completed', 'rerun_allowed')),
+    claim_token BLOB    NOT NULL,
+    output      BLOB,
+    updated_at  INTEGER NOT NULL,
+    expires_at  INTEGER NOT NULL,
+    PRIMARY KEY (scope, key, seq),
+    CHECK (state <> 'completed' OR output IS NOT NULL)
+);
+CREATE INDEX IF NOT EXISTS "{table}_steps_expires_at" ON "{table}_steps" (expires_at);
+"#,
 ];
+
+/// Deletes at most a batch of expired journal entries.
+const PURGE_STEPS: &str = "DELETE FROM {steps} WHERE rowid IN
+    (SELECT rowid FROM {steps} WHERE expires_at <= {now} LIMIT ?)";
 
 const BOOKKEEPING: Bookkeeping = Bookkeeping {
     create: "CREATE TABLE IF NOT EXISTS \"{migrations}\" (
@@ -130,6 +153,7 @@ const PURGE: &str = r#"DELETE FROM "{table}" WHERE rowid IN
     (SELECT rowid FROM "{table}" WHERE expires_at <= {now} LIMIT ?1)"#;
 
 impl Dialect for Sqlite {
+    const BEGIN_WRITE: &'static str = "BEGIN IMMEDIATE";
     const SMALL_OUTCOME_KIND: bool = false;
     const READ_FIRST: bool = true;
     type Wake = ();
@@ -153,7 +177,12 @@ impl Dialect for Sqlite {
             forget: FORGET,
             purge: PURGE,
         }
-        .on(table, NOW, ClaimReturns::Fence)
+        .on(
+            table.clone(),
+            NOW,
+            ClaimReturns::Fence,
+            StepStatements::new::<Sqlite>(&table, NOW, PURGE_STEPS),
+        )
     }
 
     fn rows_affected(result: &SqliteQueryResult) -> u64 {

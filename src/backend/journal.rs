@@ -1,0 +1,405 @@
+//! The step journal on the SQL backends: a table beside the records table
+//! (`<records table>_steps`), and the flow every backend shares.
+//!
+//! Each journal write is one short transaction that first reads the
+//! operation's record with a shared lock (PostgreSQL `FOR SHARE`, MySQL
+//! `LOCK IN SHARE MODE`, SQLite's write lock on the whole database): the
+//! write lands only while the record is in progress under the writer's
+//! claim token, and a takeover (which updates the record) waits for it to
+//! commit. So once a takeover committed, no write of the claim it replaced
+//! can land: the new owner reads the journal as the old one left it.
+//! Records are always locked before journal entries, by every statement
+//! that takes both, so two of them never wait for each other.
+#![allow(unreachable_pub)] // named by the sealed `Dialect`'s statements, so `pub`; unnameable outside
+
+use super::exec::Value;
+use super::{Backend, SqlStore};
+use crate::error::Error;
+use crate::fingerprint::Fingerprint;
+use crate::journal::{
+    decide_step, StepBegin, StepDecision, StepRecord, StepRequest, StepResolution, StepState,
+};
+use crate::key::{Key, Scope};
+use crate::record::{duration_millis, Claim, ClaimToken, Millis};
+
+/// How often a journal transaction runs when the database rolled it back
+/// to break a deadlock (MySQL's gap locks, when steps of one operation
+/// begin at once).
+const DEADLOCK_ATTEMPTS: u32 = 5;
+
+/// A backend's statements on the journal table. Placeholders are bound in
+/// the order the flow below gives their values.
+#[derive(Debug)]
+pub struct StepStatements {
+    /// The operation's record, locked against a takeover: scope, key.
+    fence: String,
+    /// An entry, locked: scope, key, seq.
+    select: String,
+    /// A new entry, started: scope, key, seq, name, fingerprint, token, ttl.
+    insert: String,
+    /// An entry replaced by a started one: name, fingerprint, token, ttl,
+    /// scope, key, seq.
+    start: String,
+    /// An entry completed: token, output, ttl, scope, key, seq, name.
+    complete: String,
+    /// Every entry of an operation: scope, key.
+    list: String,
+    /// An operator's resolution with an output: output, scope, key, seq,
+    /// name.
+    resolve_completed: String,
+    /// An operator's resolution allowing a rerun: scope, key, seq, name.
+    resolve_rerun: String,
+    /// Deletes an operation's entries: scope, key.
+    pub(crate) forget: String,
+    /// Deletes at most a batch of expired entries: batch.
+    pub(crate) purge: String,
+}
+
+/// The columns of an entry, and the database's time.
+const COLUMNS: &str = "scope, {key}, seq, name, fingerprint, state, claim_token, output, \
+                       updated_at, expires_at, {now} AS db_now";
+
+impl StepStatements {
+    /// The statements on `<table>_steps` for `DB`, with its clock `now`
+    /// and its purge statement (`{steps}` the table, `{now}` the clock,
+    /// one placeholder: the batch).
+    pub(crate) fn new<DB: Backend>(table: &str, now: &str, purge: &str) -> Self {
+        let q = DB::QUOTE;
+        let steps = format!("{q}{}{q}", steps_table(table));
+        let fill = |sql: &str| {
+            let sql = sql
+                .replace("{columns}", COLUMNS)
+                .replace("{records}", &format!("{q}{table}{q}"))
+                .replace("{steps}", &steps)
+                .replace("{key}", &format!("{q}key{q}"))
+                .replace("{now}", now)
+                .replace("{share}", DB::LOCK_SHARE)
+                .replace("{update}", DB::LOCK_UPDATE);
+            // The `?`s, in order, as the backend writes placeholders.
+            let mut out = String::with_capacity(sql.len() + 16);
+            let mut n = 0;
+            for c in sql.chars() {
+                if c == '?' {
+                    n += 1;
+                    out.push_str(&DB::param(n));
+                } else {
+                    out.push(c);
+                }
+            }
+            out
+        };
+        StepStatements {
+            fence: fill(
+                "SELECT claim_token, state FROM {records} WHERE scope = ? AND {key} = ?{share}",
+            ),
+            select: fill(
+                "SELECT {columns} FROM {steps} WHERE scope = ? AND {key} = ? AND seq = ?{update}",
+            ),
+            insert: fill(
+                "INSERT INTO {steps} (scope, {key}, seq, name, fingerprint, state, claim_token, \
+                 updated_at, expires_at) VALUES (?, ?, ?, ?, ?, 'started', ?, {now}, {now} + ?)",
+            ),
+            start: fill(
+                "UPDATE {steps} SET name = ?, fingerprint = ?, state = 'started', \
+                 claim_token = ?, output = NULL, updated_at = {now}, expires_at = {now} + ? \
+                 WHERE scope = ? AND {key} = ? AND seq = ?",
+            ),
+            complete: fill(
+                "UPDATE {steps} SET state = 'completed', claim_token = ?, output = ?, \
+                 updated_at = {now}, expires_at = {now} + ? \
+                 WHERE scope = ? AND {key} = ? AND seq = ? AND name = ? AND state <> 'completed'",
+            ),
+            list: fill("SELECT {columns} FROM {steps} WHERE scope = ? AND {key} = ? ORDER BY seq"),
+            resolve_completed: fill(
+                "UPDATE {steps} SET state = 'completed', output = ?, updated_at = {now} \
+                 WHERE scope = ? AND {key} = ? AND seq = ? AND name = ? \
+                 AND state <> 'completed' AND expires_at > {now}",
+            ),
+            resolve_rerun: fill(
+                "UPDATE {steps} SET state = 'rerun_allowed', updated_at = {now} \
+                 WHERE scope = ? AND {key} = ? AND seq = ? AND name = ? \
+                 AND state <> 'completed' AND expires_at > {now}",
+            ),
+            forget: fill("DELETE FROM {steps} WHERE scope = ? AND {key} = ?"),
+            purge: fill(purge),
+        }
+    }
+}
+
+/// The journal table of the records table `table`.
+pub(crate) fn steps_table(table: &str) -> String {
+    format!("{table}_steps")
+}
+
+/// Runs `$op` in a transaction of its own on the store's pool (SQLite:
+/// `BEGIN IMMEDIATE`), committed when `$op` succeeds; again when the
+/// database rolled it back to break a deadlock.
+macro_rules! in_transaction {
+    ($store:expr, |$conn:ident| $op:expr) => {{
+        use sqlx::Connection as _;
+        let mut attempt = 1;
+        loop {
+            let mut pooled = $store.pool.acquire().await?;
+            let result = async {
+                let mut tx = pooled.begin_with(DB::BEGIN_WRITE).await?;
+                let $conn: &mut DB::Connection = &mut tx;
+                let value = $op.await?;
+                tx.commit().await?;
+                Ok::<_, Error>(value)
+            }
+            .await;
+            match result {
+                Err(err) if attempt < DEADLOCK_ATTEMPTS && DB::is_deadlock(&err) => {
+                    drop(pooled);
+                    tokio::time::sleep(std::time::Duration::from_millis(u64::from(attempt) * 2))
+                        .await;
+                    attempt += 1;
+                }
+                result => break result,
+            }
+        }
+    }};
+}
+pub(crate) use in_transaction;
+
+/// The values of a statement, in order.
+type Values<'a> = Vec<Value<'a>>;
+
+impl<DB: Backend> SqlStore<DB> {
+    fn step_sql(&self) -> &StepStatements {
+        &self.sql.steps
+    }
+
+    /// Fails with [`Error::LeaseLost`] unless the operation's record is in
+    /// progress under `claim`'s token, and keeps it so (locked) until the
+    /// transaction on `conn` ends.
+    async fn fence_on(&self, conn: &mut DB::Connection, claim: &Claim) -> Result<(), Error> {
+        let values: Values<'_> = vec![
+            Value::Text(claim.scope.as_str()),
+            Value::Text(claim.key.as_str()),
+        ];
+        let row = DB::fetch_row(conn, &self.step_sql().fence, values).await?;
+        let Some(row) = row else {
+            return Err(Error::LeaseLost);
+        };
+        let token = DB::bytes(&row, "claim_token")?;
+        let state = text::<DB>(&row, "state")?;
+        if token.as_deref() == Some(&claim.token.as_bytes()[..]) && state == "in_progress" {
+            Ok(())
+        } else {
+            Err(Error::LeaseLost)
+        }
+    }
+
+    /// The entry at `seq`, and the database's time.
+    async fn step_on(
+        &self,
+        conn: &mut DB::Connection,
+        scope: &Scope,
+        key: &Key,
+        seq: u32,
+    ) -> Result<Option<(StepRecord, Millis)>, Error> {
+        let values: Values<'_> = vec![
+            Value::Text(scope.as_str()),
+            Value::Text(key.as_str()),
+            Value::Int(i64::from(seq)),
+        ];
+        let row = DB::fetch_row(conn, &self.step_sql().select, values).await?;
+        row.map(|row| decode::<DB>(&row)).transpose()
+    }
+
+    /// [`Store::begin_step`](crate::Store::begin_step) on a connection in
+    /// a transaction.
+    pub(crate) async fn begin_step_on(
+        &self,
+        conn: &mut DB::Connection,
+        claim: &Claim,
+        step: &StepRequest<'_>,
+    ) -> Result<StepBegin, Error> {
+        self.fence_on(conn, claim).await?;
+        let found = self
+            .step_on(conn, &claim.scope, &claim.key, step.seq)
+            .await?;
+        let (entry, now) = match &found {
+            Some((entry, now)) => (Some(entry), *now),
+            None => (None, 0),
+        };
+        let run = match decide_step(step, claim.token, entry, now) {
+            StepDecision::Answer(answer) => return Ok(answer),
+            StepDecision::Start(run) => run,
+        };
+        let sql = self.step_sql();
+        let (scope, key) = (claim.scope.as_str(), claim.key.as_str());
+        let seq = Value::Int(i64::from(step.seq));
+        let fingerprint = Value::Bytes(&step.fingerprint.as_bytes()[..]);
+        let token = Value::Bytes(&claim.token.as_bytes()[..]);
+        let ttl = Value::Int(duration_millis(step.ttl));
+        if found.is_some() {
+            let values = vec![
+                Value::Text(step.name),
+                fingerprint,
+                token,
+                ttl,
+                Value::Text(scope),
+                Value::Text(key),
+                seq,
+            ];
+            DB::execute(conn, &sql.start, values).await?;
+        } else {
+            let values = vec![
+                Value::Text(scope),
+                Value::Text(key),
+                seq,
+                Value::Text(step.name),
+                fingerprint,
+                token,
+                ttl,
+            ];
+            DB::execute(conn, &sql.insert, values).await?;
+        }
+        Ok(StepBegin::Run(run))
+    }
+
+    /// [`Store::complete_step`](crate::Store::complete_step) on a
+    /// connection in a transaction: the caller's, for a step whose rows
+    /// commit with its entry.
+    pub async fn complete_step_on(
+        &self,
+        conn: &mut DB::Connection,
+        claim: &Claim,
+        step: &StepRequest<'_>,
+        output: &[u8],
+    ) -> Result<(), Error> {
+        self.fence_on(conn, claim).await?;
+        let values = vec![
+            Value::Bytes(&claim.token.as_bytes()[..]),
+            Value::Bytes(output),
+            Value::Int(duration_millis(step.ttl)),
+            Value::Text(claim.scope.as_str()),
+            Value::Text(claim.key.as_str()),
+            Value::Int(i64::from(step.seq)),
+            Value::Text(step.name),
+        ];
+        let done = DB::execute(conn, &self.step_sql().complete, values).await?;
+        if DB::rows_affected(&done) > 0 {
+            return Ok(());
+        }
+        // Completed already: by this very completion, sent again after its
+        // answer was lost (MySQL counts matched rows, so it lands here only
+        // when the state did not match)?
+        match self
+            .step_on(conn, &claim.scope, &claim.key, step.seq)
+            .await?
+        {
+            Some((entry, _))
+                if entry.state == StepState::Completed
+                    && entry.output.as_deref() == Some(output) =>
+            {
+                Ok(())
+            }
+            _ => Err(crate::store::step_not_journaled(step)),
+        }
+    }
+
+    pub(crate) async fn begin_step_in_transaction(
+        &self,
+        claim: &Claim,
+        step: &StepRequest<'_>,
+    ) -> Result<StepBegin, Error> {
+        in_transaction!(self, |conn| self.begin_step_on(conn, claim, step))
+    }
+
+    pub(crate) async fn complete_step_in_transaction(
+        &self,
+        claim: &Claim,
+        step: &StepRequest<'_>,
+        output: &[u8],
+    ) -> Result<(), Error> {
+        in_transaction!(self, |conn| self
+            .complete_step_on(conn, claim, step, output))
+    }
+
+    pub(crate) async fn list_steps(
+        &self,
+        scope: &Scope,
+        key: &Key,
+    ) -> Result<Vec<StepRecord>, Error> {
+        let mut conn = self.pool.acquire().await?;
+        let values = vec![Value::Text(scope.as_str()), Value::Text(key.as_str())];
+        let rows = DB::fetch_all(&mut conn, &self.step_sql().list, values).await?;
+        rows.iter()
+            .map(|row| decode::<DB>(row).map(|(entry, _)| entry))
+            .collect()
+    }
+
+    pub(crate) async fn resolve_step_now(
+        &self,
+        scope: &Scope,
+        key: &Key,
+        seq: u32,
+        name: &str,
+        resolution: &StepResolution,
+    ) -> Result<bool, Error> {
+        let sql = self.step_sql();
+        let mut values = Vec::with_capacity(5);
+        let statement = match resolution {
+            StepResolution::Completed(output) => {
+                values.push(Value::Bytes(output));
+                &sql.resolve_completed
+            }
+            StepResolution::Rerun => &sql.resolve_rerun,
+        };
+        values.extend([
+            Value::Text(scope.as_str()),
+            Value::Text(key.as_str()),
+            Value::Int(i64::from(seq)),
+            Value::Text(name),
+        ]);
+        let mut conn = self.pool.acquire().await?;
+        let done = DB::execute(&mut conn, statement, values).await?;
+        Ok(DB::rows_affected(&done) > 0)
+    }
+}
+
+/// A text column (bytes checked as UTF-8 where text is binary).
+fn text<DB: Backend>(row: &DB::Row, column: &str) -> Result<String, Error> {
+    if DB::TEXT_AS_BYTES {
+        let bytes = DB::bytes(row, column)?.unwrap_or_default();
+        String::from_utf8(bytes).map_err(|_| corrupt(&format!("{column} is not UTF-8")))
+    } else {
+        Ok(DB::text(row, column)?)
+    }
+}
+
+fn corrupt(what: &str) -> Error {
+    Error::store(format!("corrupt step journal entry: {what}"))
+}
+
+/// An entry's row and the database's time of the read.
+fn decode<DB: Backend>(row: &DB::Row) -> Result<(StepRecord, Millis), Error> {
+    let int = |column: &str| -> Result<i64, Error> {
+        DB::int(row, column)?.ok_or_else(|| corrupt(&format!("{column} is NULL")))
+    };
+    let fingerprint = DB::bytes(row, "fingerprint")?.unwrap_or_default();
+    let fingerprint = <[u8; 32]>::try_from(fingerprint.as_slice())
+        .map(Fingerprint::from_digest)
+        .map_err(|_| corrupt("fingerprint is not 32 bytes"))?;
+    let token = DB::bytes(row, "claim_token")?.unwrap_or_default();
+    let token = <[u8; 16]>::try_from(token.as_slice())
+        .map(ClaimToken::from_bytes)
+        .map_err(|_| corrupt("claim token is not 16 bytes"))?;
+    let entry = StepRecord {
+        scope: Scope::from_stored(&text::<DB>(row, "scope")?),
+        key: Key::new(text::<DB>(row, "key")?).map_err(|_| corrupt("invalid key"))?,
+        seq: u32::try_from(int("seq")?).map_err(|_| corrupt("seq out of range"))?,
+        name: text::<DB>(row, "name")?,
+        fingerprint,
+        state: StepState::parse(&text::<DB>(row, "state")?)
+            .ok_or_else(|| corrupt("unknown state"))?,
+        token,
+        output: DB::bytes(row, "output")?,
+        updated_at: int("updated_at")?,
+        expires_at: int("expires_at")?,
+    };
+    Ok((entry, int("db_now")?))
+}

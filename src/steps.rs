@@ -1,0 +1,797 @@
+//! Durable steps: effects outside the database that happen once, across
+//! crashes, dropped callers and re-runs.
+//!
+//! An idempotent operation protects what it writes through its store; a
+//! call to another system (a card gateway, a mailer, another service) is
+//! a different matter: when the process dies after the gateway charged and
+//! before the outcome was saved, the retry runs the body again. Inside an
+//! operation (an `#[idempotent]` function, or the body given to
+//! [`run`](crate::run)), name such a call as a **step**:
+//!
+//! ```
+//! use idem::{run, steps::step, Call, MemoryStore};
+//!
+//! # async fn charge_card(amount: u64, key: &str) -> Result<String, idem::Error> { Ok(format!("ch_{amount}")) }
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), idem::Error> {
+//! let store = MemoryStore::new();
+//! let pay = |amount: u64| {
+//!     run(&store, Call::new("payments.pay", "order-17", &amount), async move {
+//!         // The gateway gets a key derived from the operation and the step:
+//!         // the same at every attempt, in every process.
+//!         let charge: String = step("charge", |key| async move {
+//!             charge_card(amount, key.as_str()).await
+//!         })
+//!         .await?;
+//!         Ok::<_, idem::Error>(charge)
+//!     })
+//! };
+//! assert_eq!(pay(500).await?, "ch_500");
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! - The step's `Ok` output is **journaled** in the store, fenced by the
+//!   operation's claim. When the operation runs again (its body failed, its
+//!   caller was dropped, its process crashed and the claim was taken over),
+//!   each completed step returns its journaled output without running.
+//! - Each step gets a **derived key** ([`StepKey`]) for the downstream
+//!   call: stable across attempts, processes and takeovers. A step that
+//!   was interrupted runs again with the same key, so a downstream that
+//!   dedupes by key (Stripe, most payment APIs, another idem service)
+//!   performs its effect once.
+//! - Steps are told apart by their place in the operation: an operation
+//!   must call the same steps, under the same names, in the same order at
+//!   every attempt (as workflow engines require). A run that differs from
+//!   the journal is refused with [`Error::StepMismatch`]. A step called
+//!   twice under one name is two steps, with two keys: to retry a call,
+//!   retry inside the step, where the key stays the same.
+//!
+//! ## Steps in doubt
+//!
+//! A step that an earlier attempt started and never journaled (its process
+//! died, its caller was dropped, or its call returned an error, which may
+//! hide an effect: a timeout) is **in doubt** when the operation runs
+//! again. Each step chooses what then happens ([`Step`]):
+//!
+//! - **rerun** (the default): it runs again with the same derived key.
+//!   Right for a downstream that dedupes by key.
+//! - **reconcile**: a function of yours asks the downstream, by key, what
+//!   happened. Its answer is journaled and returned; when nothing
+//!   happened, the step runs (again with the same key).
+//! - **refuse**: the operation fails with [`Error::OutcomeUnknown`] (HTTP
+//!   502 through the layer), at every attempt, until an operator settles
+//!   the step with [`resolve`] (with its output, or allowing a rerun). The
+//!   safe choice for a downstream that neither dedupes by key nor can be
+//!   asked.
+//!
+//! In-doubt steps are logged and counted (`idem_steps_in_doubt_total`, by
+//! `resolution`). Completed and replayed steps are counted in
+//! `idem_steps_total`, by `decision`.
+//!
+//! ## Atomic phases
+//!
+//! A step that writes to the database can commit its rows with its
+//! journal entry: [`Step::in_transaction`] runs the step on your open
+//! transaction, writes the entry there, and commits. A multi-phase
+//! operation (create the ride, charge, send the receipt) then resumes
+//! after its last committed phase.
+//!
+//! ## Modes
+//!
+//! Steps work in record mode and entity mode, whose claims are written on
+//! the store's pool. In transactional mode the claim is not committed
+//! until the caller commits, so nothing could be journaled beside it: a
+//! step there gets its derived key and runs (a rerun after a rollback uses
+//! the same key), and `reconcile` and `refuse` are refused with
+//! [`Error::Config`]. Steps must be called from the operation's own task:
+//! a task spawned by the body does not see the operation.
+
+use std::cell::{Cell, RefCell};
+use std::fmt;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use sha2::{Digest, Sha256};
+
+use crate::error::Error;
+use crate::fingerprint::Fingerprint;
+use crate::journal::{StepBegin, StepRequest, StepResolution, StepRun};
+use crate::key::{AsKey, Key, KeyError, Scope};
+use crate::record::Claim;
+use crate::store::{Store, TransactionalStore};
+
+/// The name of the steps counter (`decision`: `ran`, `replayed`).
+pub const STEPS: &str = "idem_steps_total";
+/// The name of the in-doubt steps counter (`resolution`: `rerun`,
+/// `reconciled`, `reconciled_none` (reconcile found nothing and the step
+/// ran), `refused`, `allowed` (an operator allowed a rerun),
+/// `operator_completed`, `operator_rerun`).
+pub const STEPS_IN_DOUBT: &str = "idem_steps_in_doubt_total";
+
+/// The longest step name.
+pub const MAX_STEP_NAME_LEN: usize = 64;
+
+/// How often a journal write whose answer was lost is sent again.
+const JOURNAL_ATTEMPTS: u32 = 3;
+
+tokio::task_local! {
+    static OPERATION: Operation;
+}
+
+/// The operation a body runs under, as its steps see it.
+pub(crate) struct Operation {
+    /// Where steps are journaled; `None` in transactional mode.
+    journal: Option<Arc<dyn Store>>,
+    claim: Claim,
+    fingerprint: Fingerprint,
+    /// The next step's place.
+    next: Cell<u32>,
+    /// How many steps of each name were called so far.
+    names: RefCell<Vec<(&'static str, u32)>>,
+}
+
+impl Operation {
+    /// The operation of `claim`, journaling in `journal` (`None`: steps
+    /// run with their keys, unjournaled).
+    pub(crate) fn new(
+        journal: Option<Arc<dyn Store>>,
+        claim: Claim,
+        fingerprint: Fingerprint,
+    ) -> Self {
+        Operation {
+            journal,
+            claim,
+            fingerprint,
+            next: Cell::new(0),
+            names: RefCell::new(Vec::new()),
+        }
+    }
+
+    /// Runs `body` under this operation: its steps are this operation's.
+    pub(crate) fn scope<F: Future>(self, body: F) -> impl Future<Output = F::Output> {
+        OPERATION.scope(self, body)
+    }
+
+    /// The next step, named `name`.
+    fn next_step(&self, name: &'static str) -> Current {
+        let seq = self.next.get();
+        self.next.set(seq + 1);
+        let mut names = self.names.borrow_mut();
+        let occurrence = match names.iter_mut().find(|(n, _)| *n == name) {
+            Some((_, count)) => {
+                *count += 1;
+                *count - 1
+            }
+            None => {
+                names.push((name, 1));
+                0
+            }
+        };
+        Current {
+            journal: self.journal.clone(),
+            claim: self.claim.clone(),
+            fingerprint: self.fingerprint,
+            seq,
+            key: StepKey::derive(&self.claim.scope, &self.claim.key, name, occurrence),
+        }
+    }
+}
+
+/// A step being run, with what it needs across its awaits.
+struct Current {
+    journal: Option<Arc<dyn Store>>,
+    claim: Claim,
+    fingerprint: Fingerprint,
+    seq: u32,
+    key: StepKey,
+}
+
+impl Current {
+    /// The journal request for this step, named `name`.
+    fn request<'a>(&'a self, name: &'a str) -> StepRequest<'a> {
+        StepRequest {
+            seq: self.seq,
+            name,
+            fingerprint: &self.fingerprint,
+            ttl: self.claim.ttl,
+            adopt: false,
+        }
+    }
+}
+
+/// A step's derived key: the same for the same operation (scope and key),
+/// step name and occurrence, in any attempt, process or takeover.
+///
+/// It is the lowercase hexadecimal SHA-256 (64 characters, printable
+/// ASCII, valid as a Stripe `Idempotency-Key` and as an idem key) of
+///
+/// ```text
+/// idem-step-v1|<len(scope)>:<scope>|<len(key)>:<key>|<len(name)>:<name>|<occurrence>
+/// ```
+///
+/// where lengths are in bytes and written in decimal, `scope` is the
+/// operation's scope as stored (`Scope::as_str`: the operation, then
+/// a line feed and the principal when there is one), and `occurrence`
+/// counts earlier steps of the same name in the operation, from 0. A
+/// service receiving the key can recompute it from the same parts.
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct StepKey(String);
+
+impl StepKey {
+    /// The key of the `occurrence`th step named `name` of the operation
+    /// `(scope, key)`.
+    pub fn derive(scope: &Scope, key: &Key, name: &str, occurrence: u32) -> StepKey {
+        let mut hash = Sha256::new();
+        hash.update(b"idem-step-v1");
+        for part in [scope.as_str(), key.as_str(), name] {
+            hash.update(format!("|{}:", part.len()).as_bytes());
+            hash.update(part.as_bytes());
+        }
+        hash.update(format!("|{occurrence}").as_bytes());
+        let digest = hash.finalize();
+        let mut hex = String::with_capacity(64);
+        for byte in digest {
+            hex.push(char::from(b"0123456789abcdef"[usize::from(byte >> 4)]));
+            hex.push(char::from(b"0123456789abcdef"[usize::from(byte & 15)]));
+        }
+        StepKey(hex)
+    }
+
+    /// The key's text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for StepKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl fmt::Debug for StepKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "StepKey({})", self.0)
+    }
+}
+
+impl AsRef<str> for StepKey {
+    fn as_ref(&self) -> &str {
+        &self.0
+    }
+}
+
+impl AsKey for StepKey {
+    fn to_key(&self) -> Result<Key, KeyError> {
+        Key::new(self.0.as_str())
+    }
+}
+
+/// What a step does when it finds itself in doubt (see the
+/// [module documentation](self#steps-in-doubt)).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum InDoubt {
+    /// Run again, with the same derived key.
+    #[default]
+    Rerun,
+    /// Ask the downstream with the step's reconcile function.
+    Reconcile,
+    /// Fail with [`Error::OutcomeUnknown`] until an operator resolves it.
+    Refuse,
+}
+
+/// A step with its in-doubt policy; [`step`] is `Step::new(name).run(f)`.
+///
+/// ```
+/// use idem::steps::{Step, StepKey};
+///
+/// # async fn gateway_charge(key: &str) -> Result<u64, idem::Error> { Ok(1) }
+/// # async fn gateway_lookup(key: &str) -> Result<Option<u64>, idem::Error> { Ok(None) }
+/// # async fn body() -> Result<u64, idem::Error> {
+/// let charge = Step::new("charge")
+///     .reconcile(|key: StepKey| async move { gateway_lookup(key.as_str()).await })
+///     .run(|key| async move { gateway_charge(key.as_str()).await })
+///     .await?;
+/// # Ok(charge)
+/// # }
+/// ```
+#[must_use = "a step does nothing until it is run"]
+pub struct Step<R = NoReconcile> {
+    name: &'static str,
+    in_doubt: InDoubt,
+    reconcile: R,
+}
+
+/// The reconcile function of a [`Step`] that has none.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct NoReconcile;
+
+/// A function that asks the downstream, by the step's key, what became of
+/// an in-doubt step: `Some(output)` if its effect happened, `None` if it
+/// did not. Implemented by closures `FnOnce(StepKey) -> impl Future<Output
+/// = Result<Option<T>, E>>`.
+pub trait Reconcile<T, E> {
+    /// Asks.
+    fn ask(self, key: StepKey) -> impl Future<Output = Result<Option<T>, E>>;
+}
+
+impl<T, E> Reconcile<T, E> for NoReconcile {
+    async fn ask(self, _: StepKey) -> Result<Option<T>, E> {
+        Ok(None)
+    }
+}
+
+impl<T, E, F, Fut> Reconcile<T, E> for F
+where
+    F: FnOnce(StepKey) -> Fut,
+    Fut: Future<Output = Result<Option<T>, E>>,
+{
+    fn ask(self, key: StepKey) -> impl Future<Output = Result<Option<T>, E>> {
+        self(key)
+    }
+}
+
+impl Step {
+    /// The step `name`, rerun when in doubt. A name is 1 to 64 ASCII
+    /// letters, digits, `_`, `-`, `.` and `:`.
+    pub fn new(name: &'static str) -> Self {
+        Step {
+            name,
+            in_doubt: InDoubt::Rerun,
+            reconcile: NoReconcile,
+        }
+    }
+
+    /// In doubt, ask the downstream with `ask` (see [`Reconcile`]).
+    pub fn reconcile<F>(self, ask: F) -> Step<F> {
+        Step {
+            name: self.name,
+            in_doubt: InDoubt::Reconcile,
+            reconcile: ask,
+        }
+    }
+
+    /// In doubt, fail with [`Error::OutcomeUnknown`] until an operator
+    /// resolves the step.
+    pub fn refuse(self) -> Self {
+        Step {
+            in_doubt: InDoubt::Refuse,
+            ..self
+        }
+    }
+}
+
+impl<R> Step<R> {
+    /// The step's policy when in doubt.
+    pub fn in_doubt(&self) -> InDoubt {
+        self.in_doubt
+    }
+
+    /// Runs the step: replays its journaled output if it completed in an
+    /// earlier attempt, or calls `f` with its derived key and journals
+    /// the `Ok` output. An error from `f` is returned and journals
+    /// nothing: the step is then in doubt at the next attempt.
+    pub async fn run<T, E, F, Fut>(self, f: F) -> Result<T, E>
+    where
+        T: Serialize + DeserializeOwned,
+        E: From<Error>,
+        F: FnOnce(StepKey) -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+        R: Reconcile<T, E>,
+    {
+        let name = self.name;
+        let (current, journal) = match self.start().await? {
+            Started::Done(output) => return Ok(output),
+            Started::Run { current, journal } => (current, journal),
+        };
+        let output = f(current.key.clone()).await?;
+        if let Some(journal) = journal {
+            let bytes = serde_json::to_vec(&output).map_err(Error::from)?;
+            journal_output(&*journal, &current, &current.request(name), &bytes).await?;
+            counted(name, "ran", &current);
+        }
+        Ok(output)
+    }
+
+    /// Runs the step as [`run`](Step::run) does, as an atomic phase: `f`
+    /// writes its rows on `conn`, your open transaction, and hands it back
+    /// with its result; the step's journal entry is written there too, so
+    /// that the rows and the entry commit together when you commit, right
+    /// after. Until then the step is in doubt for another attempt, and
+    /// rerun (its rows rolled back with the entry) by default.
+    ///
+    /// Storing the entry fails (and the error is returned) when the
+    /// operation's claim was lost: roll the transaction back.
+    pub async fn in_transaction<'c, S, C, T, E, F, Fut>(
+        self,
+        store: &S,
+        conn: &'c mut C,
+        f: F,
+    ) -> Result<T, E>
+    where
+        S: TransactionalStore<C> + ?Sized,
+        C: Send + ?Sized,
+        T: Serialize + DeserializeOwned,
+        E: From<Error>,
+        F: FnOnce(&'c mut C, StepKey) -> Fut,
+        Fut: Future<Output = (Result<T, E>, &'c mut C)>,
+        R: Reconcile<T, E>,
+    {
+        let name = self.name;
+        let (current, journal) = match self.start().await? {
+            Started::Done(output) => return Ok(output),
+            Started::Run { current, journal } => (current, journal),
+        };
+        let (result, conn) = f(conn, current.key.clone()).await;
+        let output = result?;
+        if journal.is_some() {
+            let bytes = serde_json::to_vec(&output).map_err(Error::from)?;
+            store
+                .complete_step_on(conn, &current.claim, &current.request(name), &bytes)
+                .await?;
+            counted(name, "ran", &current);
+        }
+        Ok(output)
+    }
+
+    /// Everything before the step's own call: its place, its journal
+    /// entry, and what to do when it is in doubt.
+    async fn start<T, E>(self) -> Result<Started<T>, E>
+    where
+        T: Serialize + DeserializeOwned,
+        E: From<Error>,
+        R: Reconcile<T, E>,
+    {
+        let Step {
+            name,
+            in_doubt: policy,
+            reconcile,
+        } = self;
+        let current = current(name)?;
+        let Some(journal) = current.journal.clone() else {
+            // Transactional mode: nothing outlives the caller's
+            // transaction to journal in.
+            if policy != InDoubt::Rerun {
+                return Err(Error::Config(format!(
+                    "step {name:?} asks to {} when in doubt, which needs a journal outside the \
+                     caller's transaction: run the operation in record or entity mode",
+                    if policy == InDoubt::Refuse {
+                        "refuse"
+                    } else {
+                        "reconcile"
+                    }
+                ))
+                .into());
+            }
+            return Ok(Started::Run {
+                current,
+                journal: None,
+            });
+        };
+        let mut request = current.request(name);
+        request.adopt = policy == InDoubt::Rerun;
+        let run = match begin(&*journal, &current.claim, &request).await? {
+            StepBegin::Run(run) => run,
+            StepBegin::Replay(bytes) => {
+                counted(name, "replayed", &current);
+                return Ok(Started::Done(decode(&bytes)?));
+            }
+            StepBegin::KeyReused => return Err(Error::KeyReused.into()),
+            StepBegin::Mismatch { journaled } => {
+                return Err(Error::StepMismatch {
+                    seq: current.seq,
+                    journaled,
+                    called: name.to_owned(),
+                }
+                .into())
+            }
+            StepBegin::InDoubt { since } if policy == InDoubt::Refuse => {
+                tracing::error!(
+                    step = name,
+                    seq = current.seq,
+                    step_key = %current.key,
+                    started_at = since,
+                    "step in doubt: an earlier attempt started it and journaled no outcome; \
+                     refusing until an operator resolves it"
+                );
+                in_doubt(&current.claim.scope, name, "refused");
+                return Err(Error::OutcomeUnknown {
+                    step: name.to_owned(),
+                    seq: current.seq,
+                    step_key: current.key.0,
+                }
+                .into());
+            }
+            StepBegin::InDoubt { .. } => {
+                tracing::warn!(
+                    step = name,
+                    seq = current.seq,
+                    step_key = %current.key,
+                    "step in doubt: asking the downstream what happened"
+                );
+                if let Some(output) = reconcile.ask(current.key.clone()).await? {
+                    let bytes = serde_json::to_vec(&output).map_err(Error::from)?;
+                    journal_output(&*journal, &current, &request, &bytes).await?;
+                    in_doubt(&current.claim.scope, name, "reconciled");
+                    return Ok(Started::Done(output));
+                }
+                request.adopt = true;
+                match begin(&*journal, &current.claim, &request).await? {
+                    StepBegin::Run(_) => {
+                        in_doubt(&current.claim.scope, name, "reconciled_none");
+                        StepRun::Fresh
+                    }
+                    StepBegin::Replay(bytes) => return Ok(Started::Done(decode(&bytes)?)),
+                    other => {
+                        return Err(Error::store(format!(
+                            "step {name:?}: the journal changed while it was reconciled \
+                             ({other:?})"
+                        ))
+                        .into())
+                    }
+                }
+            }
+        };
+        match run {
+            StepRun::Adopted => {
+                tracing::warn!(
+                    step = name,
+                    seq = current.seq,
+                    step_key = %current.key,
+                    "step in doubt: running it again with the same key"
+                );
+                in_doubt(&current.claim.scope, name, "rerun");
+            }
+            StepRun::Allowed => in_doubt(&current.claim.scope, name, "allowed"),
+            StepRun::Fresh | StepRun::Again => {}
+        }
+        Ok(Started::Run {
+            current,
+            journal: Some(journal),
+        })
+    }
+}
+
+/// Where a step stands before its own call.
+enum Started<T> {
+    /// Its output is known (journaled, or reconciled).
+    Done(T),
+    /// Run it, then journal its output (when there is a journal).
+    Run {
+        current: Current,
+        journal: Option<Arc<dyn Store>>,
+    },
+}
+
+/// A journaled output.
+fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, Error> {
+    Ok(serde_json::from_slice(bytes)?)
+}
+
+/// The operation's next step, named `name`.
+fn current(name: &'static str) -> Result<Current, Error> {
+    check_name(name)?;
+    OPERATION
+        .try_with(|operation| operation.next_step(name))
+        .map_err(|_| {
+            Error::Config(format!(
+                "step {:?} was called outside an idempotent operation (or from a task the \
+                     operation spawned): steps run inside the body of #[idempotent] or run()",
+                name
+            ))
+        })
+}
+
+fn counted(name: &'static str, decision: &'static str, current: &Current) {
+    tracing::debug!(step = name, seq = current.seq, decision, "step");
+    metrics::counter!(
+        STEPS,
+        "operation" => current.claim.scope.operation().to_owned(),
+        "step" => name,
+        "decision" => decision
+    )
+    .increment(1);
+}
+
+/// Runs `f` as the operation's step `name`, rerun with the same key when in
+/// doubt: `Step::new(name).run(f)`. See the [module documentation](self).
+pub async fn step<T, E, F, Fut>(name: &'static str, f: F) -> Result<T, E>
+where
+    T: Serialize + DeserializeOwned,
+    E: From<Error>,
+    F: FnOnce(StepKey) -> Fut,
+    Fut: Future<Output = Result<T, E>>,
+{
+    Step::new(name).run(f).await
+}
+
+/// Settles step `seq` (named `name`) of the operation `(scope, key)`,
+/// started and without an outcome: with the `output` its effect had
+/// (replayed by the next attempt), or `None` to let the next attempt run
+/// it again with the same key. Returns whether there was such a step;
+/// [`Store::steps`] lists an operation's journal.
+pub async fn resolve<S, T>(
+    store: &S,
+    scope: &Scope,
+    key: &Key,
+    seq: u32,
+    name: &str,
+    output: Option<&T>,
+) -> Result<bool, Error>
+where
+    S: Store + ?Sized,
+    T: Serialize,
+{
+    let (resolution, label) = match output {
+        Some(output) => (
+            StepResolution::Completed(serde_json::to_vec(output)?),
+            "operator_completed",
+        ),
+        None => (StepResolution::Rerun, "operator_rerun"),
+    };
+    let resolved = store
+        .resolve_step(scope, key, seq, name, &resolution)
+        .await?;
+    if resolved {
+        tracing::info!(%scope, %key, seq, step = name, resolution = label, "step resolved by an operator");
+        metrics::counter!(
+            STEPS_IN_DOUBT,
+            "operation" => scope.operation().to_owned(),
+            "step" => name.to_owned(),
+            "resolution" => label
+        )
+        .increment(1);
+    }
+    Ok(resolved)
+}
+
+fn in_doubt(scope: &Scope, step: &'static str, resolution: &'static str) {
+    metrics::counter!(
+        STEPS_IN_DOUBT,
+        "operation" => scope.operation().to_owned(),
+        "step" => step,
+        "resolution" => resolution
+    )
+    .increment(1);
+}
+
+/// Checks a step's name.
+fn check_name(name: &str) -> Result<(), Error> {
+    let valid = !name.is_empty()
+        && name.len() <= MAX_STEP_NAME_LEN
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.' | b':'));
+    if valid {
+        Ok(())
+    } else {
+        Err(Error::Config(format!(
+            "invalid step name {name:?}: 1 to {MAX_STEP_NAME_LEN} ASCII letters, digits, '_', \
+             '-', '.' or ':'"
+        )))
+    }
+}
+
+/// Begins a step, sending the request again when its answer was lost
+/// (the store recognizes the attempt's own entry).
+async fn begin(
+    journal: &dyn Store,
+    claim: &Claim,
+    request: &StepRequest<'_>,
+) -> Result<StepBegin, Error> {
+    let mut attempt = 1;
+    loop {
+        match journal.begin_step(claim, request).await {
+            Err(Error::Store(err)) if attempt < JOURNAL_ATTEMPTS => {
+                tracing::warn!(error = %err, step = request.name, "beginning a step failed; trying again");
+                tokio::time::sleep(Duration::from_millis(10 * u64::from(attempt))).await;
+                attempt += 1;
+            }
+            other => return other,
+        }
+    }
+}
+
+/// Journals a step's output. The step ran, so its effect happened: when
+/// the store keeps failing, the output is returned all the same, and the
+/// step will be in doubt at the next attempt; an attempt that lost its
+/// claim is told so ([`Error::LeaseLost`]).
+async fn journal_output(
+    journal: &dyn Store,
+    current: &Current,
+    request: &StepRequest<'_>,
+    bytes: &[u8],
+) -> Result<(), Error> {
+    let mut attempt = 1;
+    loop {
+        match journal.complete_step(&current.claim, request, bytes).await {
+            Ok(()) => return Ok(()),
+            Err(Error::Store(err)) if attempt < JOURNAL_ATTEMPTS => {
+                tracing::warn!(error = %err, step = request.name, "journaling a step failed; trying again");
+                tokio::time::sleep(Duration::from_millis(10 * u64::from(attempt))).await;
+                attempt += 1;
+            }
+            Err(Error::Store(err)) => {
+                tracing::error!(
+                    error = %err,
+                    step = request.name,
+                    step_key = %current.key,
+                    "journaling a step failed: its output is used, and the step will be in doubt \
+                     at the next attempt"
+                );
+                return Ok(());
+            }
+            Err(err) => return Err(err),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_are_stable_printable_and_distinct() {
+        let (scope, key) = (Scope::new("payments.pay"), Key::new("order-17").unwrap());
+        let charge = StepKey::derive(&scope, &key, "charge", 0);
+        assert_eq!(charge, StepKey::derive(&scope, &key, "charge", 0));
+        assert_eq!(charge.as_str().len(), 64);
+        assert!(charge
+            .as_str()
+            .bytes()
+            .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()));
+        assert!(charge.to_key().is_ok());
+        let others = [
+            StepKey::derive(&scope, &key, "charge", 1),
+            StepKey::derive(&scope, &key, "refund", 0),
+            StepKey::derive(&scope, &Key::new("order-18").unwrap(), "charge", 0),
+            StepKey::derive(&Scope::new("payments.refund"), &key, "charge", 0),
+            // Lengths keep the parts apart.
+            StepKey::derive(
+                &Scope::new("payments.pa"),
+                &Key::new("yorder-17").unwrap(),
+                "charge",
+                0,
+            ),
+        ];
+        for other in others {
+            assert_ne!(charge, other);
+        }
+    }
+
+    /// The derivation as documented, recomputed by hand.
+    #[test]
+    fn keys_follow_the_documented_derivation() {
+        let (scope, key) = (Scope::new("op"), Key::new("k1").unwrap());
+        let text = "idem-step-v1|2:op|2:k1|6:charge|0";
+        let expected: String = Sha256::digest(text.as_bytes())
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        assert_eq!(
+            StepKey::derive(&scope, &key, "charge", 0).as_str(),
+            expected
+        );
+    }
+
+    #[test]
+    fn names_are_checked() {
+        for good in ["charge", "send-receipt", "phase.2:commit", "a"] {
+            assert!(check_name(good).is_ok(), "{good}");
+        }
+        let long = "x".repeat(65);
+        for bad in ["", "with space", "é", long.as_str()] {
+            assert!(matches!(check_name(bad), Err(Error::Config(_))), "{bad}");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_step_outside_an_operation_is_refused() {
+        let result: Result<u32, Error> = step("charge", |_| async { Ok(1) }).await;
+        assert!(matches!(result, Err(Error::Config(message)) if message.contains("outside")));
+    }
+}
