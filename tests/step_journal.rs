@@ -1,0 +1,158 @@
+//! The step journal under races, on every store:
+//!
+//! - a stopped owner's late journal write racing the takeover that
+//!   replaces it: the write lands before the takeover (the successor then
+//!   replays the step) or is refused (the successor then finds the step in
+//!   doubt); never both landed and rerun;
+//! - steps of one operation begun at once (`join!`): each is journaled at
+//!   its place, and a retry replays them all (MariaDB's gap locks, which
+//!   make such inserts deadlock, are retried).
+
+mod common;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use idem::journal::{StepBegin, StepRequest, StepRun};
+use idem::steps::step;
+use idem::{
+    run, Begin, BeginRequest, Call, ClaimToken, Error, Fingerprint, Key, Policy, Scope, Store,
+};
+
+fn fresh(tag: &str) -> String {
+    format!(
+        "{tag}-{}-{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos()
+    )
+}
+
+/// One race of a stopped owner's step completion against a successor's
+/// takeover and step begin. Returns what each got.
+async fn one_race<S: Store>(store: &S) -> (Result<(), Error>, StepBegin) {
+    let (scope, key) = (Scope::new("journal.race"), Key::new(fresh("race")).unwrap());
+    let fingerprint = Fingerprint::of(&1).unwrap();
+    let lease = Duration::from_millis(100);
+    let ttl = Duration::from_secs(60);
+    let request = |token| BeginRequest {
+        scope: &scope,
+        key: &key,
+        fingerprint: &fingerprint,
+        token,
+        lease,
+        ttl,
+    };
+    let Begin::Claimed(stopped) = store.begin(&request(ClaimToken::new())).await.unwrap() else {
+        panic!("not claimed")
+    };
+    let step = |adopt| StepRequest {
+        seq: 0,
+        name: "charge",
+        fingerprint: &fingerprint,
+        ttl,
+        adopt,
+    };
+    assert_eq!(
+        store.begin_step(&stopped, &step(false)).await.unwrap(),
+        StepBegin::Run(StepRun::Fresh)
+    );
+    // Just before the lease lapses: the two meet.
+    tokio::time::sleep(lease - Duration::from_millis(5)).await;
+    let late = async {
+        store
+            .complete_step(&stopped, &step(false), b"\"ch_1\"")
+            .await
+    };
+    let successor = async {
+        let token = ClaimToken::new();
+        loop {
+            match store.begin(&request(token)).await.unwrap() {
+                Begin::Claimed(claim) => {
+                    return store.begin_step(&claim, &step(true)).await.unwrap()
+                }
+                Begin::InProgress { .. } => tokio::time::sleep(Duration::from_millis(1)).await,
+                other => panic!("{other:?}"),
+            }
+        }
+    };
+    tokio::join!(late, successor)
+}
+
+async fn late_write_races_the_takeover<S: Store>(store: S) {
+    let (mut landed, mut refused) = (0, 0);
+    for _ in 0..25 {
+        match one_race(&store).await {
+            (Ok(()), StepBegin::Replay(output)) => {
+                assert_eq!(output, b"\"ch_1\"");
+                landed += 1;
+            }
+            (Err(Error::LeaseLost), StepBegin::Run(StepRun::Adopted)) => refused += 1,
+            other => panic!("the late write and the takeover both won: {other:?}"),
+        }
+    }
+    println!("late write landed first {landed} times, refused {refused} times");
+}
+
+async fn steps_begun_at_once_replay<S: Store>(store: S) {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let key = fresh("join");
+    let attempt = |fail: bool| {
+        let (store, calls, key) = (&store, calls.clone(), key.clone());
+        async move {
+            run(
+                store,
+                Call::new("journal.join", &key, &1).with_policy(Policy::new()),
+                async {
+                    let call = |n: u64| {
+                        let calls = calls.clone();
+                        move |_key| async move {
+                            calls.fetch_add(1, Ordering::SeqCst);
+                            tokio::task::yield_now().await;
+                            Ok::<_, Error>(n)
+                        }
+                    };
+                    let (a, b, c) =
+                        tokio::join!(step("a", call(1)), step("b", call(2)), step("c", call(3)));
+                    let sum: u64 = a? + b? + c?;
+                    if fail {
+                        return Err(Error::Config("failing on purpose".into()));
+                    }
+                    Ok(sum)
+                },
+            )
+            .await
+        }
+    };
+    for _ in 0..3 {
+        assert!(attempt(true).await.is_err());
+    }
+    assert_eq!(attempt(false).await.unwrap(), 6);
+    assert_eq!(calls.load(Ordering::SeqCst), 3, "a step ran again");
+    let entries = store
+        .steps(
+            &Scope::new("journal.join"),
+            &Key::new(key.as_str()).unwrap(),
+        )
+        .await
+        .unwrap();
+    let names: Vec<_> = entries.iter().map(|e| (e.seq, e.name.as_str())).collect();
+    assert_eq!(names, [(0, "a"), (1, "b"), (2, "c")]);
+}
+
+common::backends!(memory, sqlite_file, sqlite_memory, postgres, mysql => {
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn a_late_step_write_races_the_takeover() {
+        let (store, _guard) = backend::store(8).await;
+        super::late_write_races_the_takeover(store).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn steps_begun_at_once_are_journaled_in_place() {
+        let (store, _guard) = backend::store(8).await;
+        super::steps_begun_at_once_replay(store).await;
+    }
+});
