@@ -216,11 +216,7 @@ impl RunningApp {
         } = payments::db::connect(ns.ns.url(), GATEWAY_LATENCY, 0.0)
             .await
             .expect("the app opens its database");
-        let gateway = Arc::new(Gateway {
-            latency: GATEWAY_LATENCY,
-            failure_rate: 0.0,
-            ledger: ns.ledger().await,
-        });
+        let gateway = Arc::new(Gateway::new(GATEWAY_LATENCY, 0.0, ns.ledger().await));
         let backend = match backend {
             Backend::Postgres(service) => Backend::Postgres(Payments::new(service.pool, gateway)),
             Backend::MySql(service) => Backend::MySql(Payments::new(service.pool, gateway)),

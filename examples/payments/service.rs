@@ -6,8 +6,11 @@
 //!    idempotency key: it charges the card and returns the payment.
 //!    `#[idempotent(..., entity)]` makes it look for the payment stored
 //!    under the key first, and charge only when there is none; the
-//!    `payments` table holds the key in a UNIQUE column, so the charge and
-//!    its row are one outcome, stored once.
+//!    `payments` table holds the key in a UNIQUE column, so the payment is
+//!    stored once. The charge is a durable step ([`Payments::charge`])
+//!    with a key of its own for the gateway: a process killed between the
+//!    charge and the row leaves a charge that the retry finds, rather
+//!    than a second one.
 //! 2. [`create_payment`], its handler, takes the key with the library's
 //!    [`IdempotencyKey`] extractor (behind the layer, the key the layer
 //!    checked; without it, the header read as the layer reads it), passes
@@ -36,12 +39,13 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use idem::entity::EntityDatabase;
 use idem::http::{IdempotencyKey, IdempotencyLayer, ProblemDetails};
+use idem::steps::{Step, StepKey};
 use idem::{idempotent, Store};
 use sqlx::Pool;
 
 use super::app::App;
 use super::clock::now_rfc3339;
-use super::gateway::{ChargeRequest, Gateway, GatewayError};
+use super::gateway::{Charge, ChargeRequest, Gateway, GatewayError};
 use super::model::{mask_card, NewPayment, Payment, Table};
 use super::problem::{declined, internal, problem};
 use super::random::new_id;
@@ -66,11 +70,12 @@ where
     /// `succeeded` or `declined`. A retry gets the stored payment back; the
     /// same key with another command is refused (`KeyReused`), since the
     /// row keeps the command's fingerprint; a gateway failure stores
-    /// nothing, so the retry charges.
+    /// nothing, so the retry charges. The charge is a durable step
+    /// ([`charge`](Self::charge)): a retry after a crash between the charge
+    /// and the row finds the charge rather than making another.
     #[idempotent(key = cmd.idempotency_key, store = self.pool, entity)]
     pub async fn create(&self, cmd: &NewPayment) -> Result<Payment, ServiceError> {
         let charge = self
-            .gateway
             .charge(ChargeRequest {
                 reference: &cmd.idempotency_key,
                 amount: cmd.amount,
@@ -94,10 +99,46 @@ where
     }
 }
 
+impl<DB: sqlx::Database> Payments<DB> {
+    /// The card charge of an idempotent operation, as its durable step
+    /// `charge`. The claim keeps duplicates out while the operation runs,
+    /// and the row answers retries once it is stored; in between, the
+    /// process may die after the gateway charged and before the row was
+    /// written. The step covers that window:
+    ///
+    /// - the gateway gets the step's derived key, the same at every
+    ///   attempt, in every process, so it can tell a retry from a new
+    ///   charge;
+    /// - its answer is journaled under the operation's claim: an attempt
+    ///   that failed after the charge (the row's insert, say) replays it
+    ///   at the next attempt, without calling the gateway;
+    /// - a step that was started and never journaled (the process was
+    ///   killed while the gateway answered) is *in doubt*: the next
+    ///   attempt asks the gateway what became of the key
+    ///   ([`Gateway::lookup`]) and takes its charge, or charges (with the
+    ///   same key) if there is none.
+    ///
+    /// The lookup compares the parameters too: in entity mode alone (no
+    /// HTTP layer), a client that reuses its key with another amount after
+    /// such a crash finds no row to refuse it (none was written), and
+    /// would otherwise be handed the crashed attempt's charge.
+    pub async fn charge(&self, request: ChargeRequest<'_>) -> Result<Charge, ServiceError> {
+        let gateway = &self.gateway;
+        Step::new("charge")
+            .reconcile(|key: StepKey| async move {
+                Ok::<_, ServiceError>(gateway.lookup(key.as_str(), request).await?)
+            })
+            .run(|key: StepKey| async move { Ok(gateway.charge(key.as_str(), request).await?) })
+            .await
+    }
+}
+
 /// Why an operation did not give its answer.
 #[derive(Debug, thiserror::Error)]
 pub enum ServiceError {
-    /// Transient: nothing was charged nor stored; retry with the same key.
+    /// The gateway did not charge. `Unavailable`: transient, nothing was
+    /// charged nor stored; retry with the same key. `KeyReused`: the
+    /// gateway holds this key's charge for another command.
     #[error(transparent)]
     Gateway(#[from] GatewayError),
     /// The idempotency contract: key reused, in progress, store down.
@@ -113,6 +154,12 @@ impl IntoResponse for ServiceError {
         match self {
             // 422, 409 with Retry-After, 503...: the layer's own answers.
             ServiceError::Idempotency(err) => ProblemDetails::from(&err).into_response(),
+            // The client reused its key with another command, and the
+            // gateway, not the row, was the one to know: answered as the
+            // layer answers a reused key (422).
+            ServiceError::Gateway(GatewayError::KeyReused) => {
+                ProblemDetails::from(&idem::Error::KeyReused).into_response()
+            }
             ServiceError::Gateway(err) => problem(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "gateway-unavailable",

@@ -113,13 +113,7 @@ pub async fn connect(
     latency: Duration,
     failure_rate: f64,
 ) -> Result<Database, ConnectError> {
-    let gateway = |ledger| {
-        Arc::new(Gateway {
-            latency,
-            failure_rate,
-            ledger,
-        })
-    };
+    let gateway = |ledger| Arc::new(Gateway::new(latency, failure_rate, ledger));
     if url.starts_with("sqlite:") {
         return sqlite::open(url, gateway).await;
     }

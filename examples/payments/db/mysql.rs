@@ -29,7 +29,15 @@ pub async fn open(
         .execute(&mut *conn)
         .await
         .map_err(ConnectError::sqlx(url))?;
-    let created = sqlx::raw_sql(SCHEMA).execute(&mut *conn).await;
+    let created = async {
+        sqlx::raw_sql(SCHEMA).execute(&mut *conn).await?;
+        let keys: i64 = sqlx::query_scalar(KEYS_ADDED).fetch_one(&mut *conn).await?;
+        if keys == 0 {
+            sqlx::raw_sql(ADD_KEYS).execute(&mut *conn).await?;
+        }
+        Ok::<_, sqlx::Error>(())
+    }
+    .await;
     sqlx::query("SELECT RELEASE_LOCK('payments-schema')")
         .execute(&mut *conn)
         .await
@@ -113,3 +121,16 @@ CREATE TABLE IF NOT EXISTS gateway_charges (
     created_at VARCHAR(32) NOT NULL
 ) ENGINE = InnoDB;
 ";
+
+/// The gateway's idempotency keys, kept with their charges: UNIQUE, so that
+/// two requests with one key charge once; NULL once the key is forgotten.
+/// Added to a ledger that has none ([`KEYS_ADDED`] says whether it has).
+const ADD_KEYS: &str = "
+ALTER TABLE gateway_charges
+    ADD COLUMN idempotency_key VARCHAR(255) CHARACTER SET ascii UNIQUE,
+    ADD COLUMN request_hash CHAR(64) CHARACTER SET ascii,
+    ADD COLUMN key_expires_at BIGINT;
+";
+const KEYS_ADDED: &str = "SELECT COUNT(*) FROM information_schema.COLUMNS \
+    WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = 'gateway_charges' \
+    AND COLUMN_NAME = 'idempotency_key'";

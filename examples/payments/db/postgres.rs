@@ -88,4 +88,9 @@ CREATE TABLE IF NOT EXISTS gateway_charges (
     status TEXT NOT NULL,
     created_at TEXT NOT NULL
 );
+-- The gateway's idempotency keys, kept with their charges: UNIQUE, so that
+-- two requests with one key charge once; NULL once the key is forgotten.
+ALTER TABLE gateway_charges ADD COLUMN IF NOT EXISTS idempotency_key TEXT UNIQUE;
+ALTER TABLE gateway_charges ADD COLUMN IF NOT EXISTS request_hash TEXT;
+ALTER TABLE gateway_charges ADD COLUMN IF NOT EXISTS key_expires_at BIGINT;
 ";

@@ -1,8 +1,9 @@
 //! SQLite: the default, a file (`payments.db`) or an in-memory database;
-//! the gateway's ledger lives in the process.
+//! the gateway's ledger, and the idempotency keys it keeps, live in the
+//! process.
 
 use std::str::FromStr;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use sqlx::sqlite::{SqliteConnectOptions, SqlitePoolOptions};
@@ -44,10 +45,7 @@ pub async fn open(
         .next()
         .unwrap_or_default();
     Ok(Database {
-        backend: Backend::Sqlite(Payments::new(
-            pool,
-            gateway(Ledger::Memory(Mutex::default())),
-        )),
+        backend: Backend::Sqlite(Payments::new(pool, gateway(Ledger::memory()))),
         store: Arc::new(store),
         description: format!("SQLite {path}"),
     })

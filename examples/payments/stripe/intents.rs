@@ -29,13 +29,13 @@ where
     PaymentIntent: Table<DB>,
 {
     /// Creates a payment intent once per token, charging it if confirmed,
-    /// as [`Payments::create`] creates a payment.
+    /// as [`Payments::create`] creates a payment (through the same durable
+    /// step, [`Payments::charge`]).
     #[idempotent(key = cmd.token, store = self.pool, entity)]
     pub async fn create_intent(&self, cmd: &NewIntent) -> Result<PaymentIntent, ServiceError> {
         let (status, latest_charge) = match (&cmd.card, cmd.confirm) {
             (Some(card), true) => {
                 let charge = self
-                    .gateway
                     .charge(ChargeRequest {
                         reference: &cmd.token,
                         amount: cmd.amount,
