@@ -171,3 +171,141 @@ fn decisions_are_traced_and_counted() {
     assert_eq!(counters.get(idem::metrics::IN_PROGRESS), Some(&1));
     assert_eq!(counters.get(idem::metrics::LEASE_LOST), Some(&1));
 }
+
+/// Durable steps are counted by decision (`ran`, `replayed`), and steps in
+/// doubt by resolution, each logged.
+#[test]
+fn steps_and_steps_in_doubt_are_counted() {
+    use idem::steps::{self, step, Step};
+
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let decisions = Decisions::default();
+    let messages = Messages::default();
+    let subscriber = tracing_subscriber::registry()
+        .with(decisions.with_filter(tracing_subscriber::filter::LevelFilter::DEBUG))
+        .with(messages.clone());
+    metrics::with_local_recorder(&recorder, || {
+        tracing::subscriber::with_default(subscriber, || {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap()
+                .block_on(async {
+                    let store = MemoryStore::new();
+                    // `lose`: the step's answer is lost; `fail`: the body
+                    // fails after the step.
+                    let attempt = |key: &'static str,
+                                   kind: &'static str,
+                                   lose: bool,
+                                   fail: bool| {
+                        let store = &store;
+                        async move {
+                            run(store, Call::new("obs.steps", key, &()), async move {
+                                let charge = |_key| async move {
+                                    if lose {
+                                        return Err(Error::store("lost"));
+                                    }
+                                    Ok::<_, Error>(5u32)
+                                };
+                                let charged = match kind {
+                                    "refuse" => Step::new("charge").refuse().run(charge).await?,
+                                    "reconcile" => {
+                                        Step::new("charge")
+                                            .reconcile(|_key| async { Ok(Some(6u32)) })
+                                            .run(charge)
+                                            .await?
+                                    }
+                                    _ => step("charge", charge).await?,
+                                };
+                                if fail {
+                                    return Err(Error::Config("after the step".into()));
+                                }
+                                Ok::<_, Error>(charged)
+                            })
+                            .await
+                        }
+                    };
+                    // Ran, then replayed by the retry.
+                    assert!(attempt("s0", "rerun", false, true).await.is_err());
+                    assert_eq!(attempt("s0", "rerun", false, false).await.unwrap(), 5);
+                    // In doubt, rerun.
+                    assert!(attempt("s1", "rerun", true, false).await.is_err());
+                    assert_eq!(attempt("s1", "rerun", false, false).await.unwrap(), 5);
+                    // In doubt, refused, then resolved by an operator.
+                    assert!(attempt("s2", "refuse", true, false).await.is_err());
+                    assert!(matches!(
+                        attempt("s2", "refuse", false, false).await,
+                        Err(Error::OutcomeUnknown { .. })
+                    ));
+                    let (scope, s2) =
+                        (idem::Scope::new("obs.steps"), idem::Key::new("s2").unwrap());
+                    assert!(
+                        steps::resolve(&store, &scope, &s2, 0, "charge", Some(&7u32))
+                            .await
+                            .unwrap()
+                    );
+                    assert_eq!(attempt("s2", "refuse", false, false).await.unwrap(), 7);
+                    // In doubt, reconciled.
+                    assert!(attempt("s3", "reconcile", true, false).await.is_err());
+                    assert_eq!(attempt("s3", "reconcile", false, false).await.unwrap(), 6);
+                });
+        });
+    });
+
+    let mut counted: std::collections::HashMap<(String, String), u64> = Default::default();
+    for (key, _, _, value) in snapshotter.snapshot().into_vec() {
+        let DebugValue::Counter(n) = value else {
+            continue;
+        };
+        let name = key.key().name().to_owned();
+        for label in key.key().labels() {
+            if ["decision", "resolution"].contains(&label.key()) {
+                counted.insert((name.clone(), label.value().to_owned()), n);
+            }
+        }
+    }
+    let count =
+        |name: &str, label: &str| counted.get(&(name.to_owned(), label.to_owned())).copied();
+    assert_eq!(count(steps::STEPS, "ran"), Some(2), "{counted:?}");
+    assert_eq!(count(steps::STEPS, "replayed"), Some(2), "{counted:?}");
+    for resolution in ["rerun", "refused", "operator_completed", "reconciled"] {
+        assert_eq!(
+            count(steps::STEPS_IN_DOUBT, resolution),
+            Some(1),
+            "{resolution}: {counted:?}"
+        );
+    }
+    let logged = messages.0.lock().unwrap().clone();
+    for expected in [
+        "running it again",
+        "refusing until an operator",
+        "asking the downstream",
+        "resolved by an operator",
+    ] {
+        assert!(
+            logged.iter().any(|m| m.contains(expected)),
+            "no {expected:?} in {logged:?}"
+        );
+    }
+}
+
+/// Collects every event's message.
+#[derive(Clone, Default)]
+struct Messages(Arc<Mutex<Vec<String>>>);
+
+impl<S: tracing::Subscriber> Layer<S> for Messages {
+    fn on_event(&self, event: &tracing::Event<'_>, _: Context<'_, S>) {
+        struct Message(String);
+        impl Visit for Message {
+            fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
+                if field.name() == "message" {
+                    self.0 = format!("{value:?}");
+                }
+            }
+        }
+        let mut message = Message(String::new());
+        event.record(&mut message);
+        self.0.lock().unwrap().push(message.0);
+    }
+}
