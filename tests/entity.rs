@@ -247,6 +247,9 @@ common::backends!(sqlite_file, postgres, mysql => {
         /// Another pool on the same database, for writers that
         /// do not take the lock.
         pub rogue: Option<Pool>,
+        /// `pay_in_steps` fails once after its charge step, before its
+        /// row is inserted.
+        pub fail_after_charge: AtomicBool,
     }
 
     impl Payments {
@@ -255,6 +258,7 @@ common::backends!(sqlite_file, postgres, mysql => {
                 pool,
                 gateway: Gateway::default(),
                 rogue: None,
+                fail_after_charge: AtomicBool::new(false),
             }
         }
 
@@ -272,6 +276,26 @@ common::backends!(sqlite_file, postgres, mysql => {
                 .execute(rogue)
                 .await
                 .unwrap();
+            }
+            Ok(Payment {
+                id: 0,
+                token: cmd.token.clone(),
+                amount: cmd.amount,
+                charge,
+                request_hash: None,
+            })
+        }
+
+        /// Charges through a durable step.
+        #[idempotent(key = cmd.token, store = self.pool, entity)]
+        pub async fn pay_in_steps(&self, cmd: &Charge) -> Result<Payment, PayError> {
+            let gateway = &self.gateway;
+            let charge: i64 = idem::steps::step("charge", |_key| async move {
+                gateway.charge(&cmd.token).await
+            })
+            .await?;
+            if self.fail_after_charge.swap(false, Ordering::SeqCst) {
+                return Err(PayError::Unavailable);
             }
             Ok(Payment {
                 id: 0,
@@ -318,6 +342,24 @@ common::backends!(sqlite_file, postgres, mysql => {
             .fetch_one(pool)
             .await
             .unwrap()
+    }
+
+    /// A failure after the charge step, before the row is inserted: the
+    /// retry replays the journaled charge and inserts the row, so the
+    /// gateway charged once.
+    #[tokio::test]
+    async fn a_charge_made_through_a_step_is_not_made_again() {
+        let ns = namespace().await;
+        let service = Payments::new(backend::pool(&ns, 4).await);
+        service.fail_after_charge.store(true, Ordering::SeqCst);
+        let failed = service.pay_in_steps(&charge("t-steps", 500)).await;
+        assert!(matches!(failed, Err(PayError::Unavailable)), "{failed:?}");
+        assert_eq!(count(&service.pool, "payments").await, 0);
+        let paid = service.pay_in_steps(&charge("t-steps", 500)).await.unwrap();
+        assert_eq!(service.gateway.runs("t-steps"), 1, "charged again");
+        assert_eq!(paid.charge, 1);
+        assert_eq!(service.pay_in_steps(&charge("t-steps", 500)).await.unwrap(), paid);
+        assert_eq!(count(&service.pool, "payments").await, 1);
     }
 
     #[tokio::test]
