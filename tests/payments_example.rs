@@ -8,8 +8,9 @@
 //! gateway failures, entity mode alone (`--no-http-layer`), the
 //! Stripe-compatible routes and `/metrics`. Cases that need processes (two
 //! instances sharing one PostgreSQL, the demo's exit status) start this
-//! test binary again as the app (see [`app_process`]), so they run the
-//! same code as `cargo run --example payments`.
+//! test binary again as the app (see
+//! [`payments_app::app_process`]), so they run the same code as `cargo run
+//! --example payments`.
 //!
 //! The ground truth is the gateway's ledger (`GET /gateway/charges`): one
 //! charge per accepted key, whatever the client did.
@@ -19,75 +20,22 @@
 mod payments;
 
 mod common;
+mod payments_app;
 
 use std::collections::HashSet;
 use std::future::Future;
-use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
 
 use common::namespace::Namespace;
 use payments::app::{self, Config};
-use reqwest::header::{HeaderMap, CONTENT_TYPE, RETRY_AFTER};
+use payments_app::{
+    app_command, assert_one_charge_per_key, card, spawn_instance, Api, DECLINED, VISA,
+};
+use reqwest::header::RETRY_AFTER;
 use reqwest::StatusCode;
 use serde_json::{json, Value};
-use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::sync::Barrier;
-
-/// Not a test: the entry point of the app's processes that the tests
-/// start. Run as a test, without `PAYMENTS_APP_ARGS`, it returns at once.
-#[test]
-fn app_process() {
-    let Ok(args) = std::env::var("PAYMENTS_APP_ARGS") else {
-        return;
-    };
-    let args: Vec<String> = serde_json::from_str(&args).expect("a JSON list of arguments");
-    std::process::exit(payments::cli::main(args).into());
-}
-
-/// This test binary, started as the app with `args`.
-fn app_command(args: &[&str]) -> tokio::process::Command {
-    let mut command = tokio::process::Command::new(std::env::current_exe().unwrap());
-    command
-        .args(["app_process", "--exact", "--nocapture", "--test-threads=1"])
-        .env("PAYMENTS_APP_ARGS", serde_json::to_string(args).unwrap())
-        .env_remove("DATABASE_URL")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .kill_on_drop(true);
-    command
-}
-
-/// An instance of the app in a process of its own, killed when dropped.
-struct Process {
-    url: String,
-    _child: tokio::process::Child,
-    _stdout: tokio::io::Lines<BufReader<tokio::process::ChildStdout>>,
-}
-
-/// Starts `payments serve` with `args` and waits (30 s at most) for its
-/// banner's URL.
-async fn spawn_instance(args: &[&str]) -> Process {
-    let mut child = app_command(args).spawn().expect("start the app process");
-    let mut stdout = BufReader::new(child.stdout.take().unwrap()).lines();
-    let url = tokio::time::timeout(Duration::from_secs(30), async {
-        while let Some(line) = stdout.next_line().await.unwrap() {
-            // The test harness may print its own words first on the line.
-            if let Some((_, rest)) = line.split_once("payments: listening on ") {
-                return rest.split_whitespace().next().unwrap().to_owned();
-            }
-        }
-        panic!("the app process exited before listening");
-    })
-    .await
-    .expect("the app process did not listen within 30 s");
-    Process {
-        url,
-        _child: child,
-        _stdout: stdout,
-    }
-}
 
 /// The service's defaults for tests: a fast gateway that never fails.
 fn config(db: &Namespace) -> Config {
@@ -104,179 +52,6 @@ async fn start(config: Config) -> (app::Server, Api) {
     let server = app::start(&config).await.expect("the app starts");
     let api = Api::new(server.url());
     (server, api)
-}
-
-/// An answer: status, headers, JSON body (`Null` if none).
-struct Answer {
-    status: StatusCode,
-    headers: HeaderMap,
-    body: Value,
-}
-
-impl Answer {
-    fn replayed(&self) -> bool {
-        self.headers
-            .get("idempotent-replayed")
-            .is_some_and(|v| v == "true")
-    }
-
-    fn content_type(&self) -> &str {
-        self.headers
-            .get(CONTENT_TYPE)
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or_default()
-    }
-
-    #[track_caller]
-    fn assert_problem(&self, status: u16) {
-        assert_eq!(self.status.as_u16(), status, "{}", self.body);
-        assert_eq!(self.content_type(), "application/problem+json");
-        assert_eq!(self.body["status"], status, "{}", self.body);
-        assert!(self.body["type"].is_string(), "{}", self.body);
-        assert!(self.body["title"].is_string(), "{}", self.body);
-        assert!(self.body["detail"].is_string(), "{}", self.body);
-    }
-}
-
-/// A client of one instance.
-#[derive(Clone)]
-struct Api {
-    http: reqwest::Client,
-    url: String,
-}
-
-impl Api {
-    fn new(url: String) -> Api {
-        Api {
-            http: reqwest::Client::new(),
-            url,
-        }
-    }
-
-    async fn answer(request: reqwest::RequestBuilder) -> Answer {
-        let response = request.send().await.expect("an answer");
-        let status = response.status();
-        let headers = response.headers().clone();
-        let bytes = response.bytes().await.unwrap();
-        let body = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
-        Answer {
-            status,
-            headers,
-            body,
-        }
-    }
-
-    /// `POST /payments` with a raw body.
-    async fn pay_raw(&self, key: Option<&str>, body: &str) -> Answer {
-        let mut request = self
-            .http
-            .post(format!("{}/payments", self.url))
-            .header(CONTENT_TYPE, "application/json")
-            .body(body.to_owned());
-        if let Some(key) = key {
-            request = request.header("Idempotency-Key", key);
-        }
-        Self::answer(request).await
-    }
-
-    async fn pay(&self, key: &str, body: &Value) -> Answer {
-        self.pay_raw(Some(key), &body.to_string()).await
-    }
-
-    async fn get(&self, path: &str) -> Answer {
-        Self::answer(self.http.get(format!("{}{path}", self.url))).await
-    }
-
-    async fn put(&self, path: &str, body: &str) -> Answer {
-        Self::answer(
-            self.http
-                .put(format!("{}{path}", self.url))
-                .header(CONTENT_TYPE, "application/json")
-                .body(body.to_owned()),
-        )
-        .await
-    }
-
-    /// `POST /v1/payment_intents`, form-encoded.
-    async fn intent(&self, api_key: Option<&str>, key: Option<&str>, form: &str) -> Answer {
-        let mut request = self
-            .http
-            .post(format!("{}/v1/payment_intents", self.url))
-            .header(CONTENT_TYPE, "application/x-www-form-urlencoded")
-            .body(form.to_owned());
-        if let Some(api_key) = api_key {
-            request = request.bearer_auth(api_key);
-        }
-        if let Some(key) = key {
-            request = request.header("Idempotency-Key", key);
-        }
-        Self::answer(request).await
-    }
-
-    async fn intent_by_id(&self, api_key: &str, id: &str) -> Answer {
-        Self::answer(
-            self.http
-                .get(format!("{}/v1/payment_intents/{id}", self.url))
-                .bearer_auth(api_key),
-        )
-        .await
-    }
-
-    /// The gateway's ledger.
-    async fn charges(&self) -> Vec<Value> {
-        let answer = self.get("/gateway/charges").await;
-        assert_eq!(answer.status, StatusCode::OK);
-        let charges = answer.body["charges"].as_array().unwrap().clone();
-        assert_eq!(answer.body["count"], charges.len());
-        charges
-    }
-
-    async fn payment_count(&self) -> u64 {
-        let answer = self.get("/payments").await;
-        assert_eq!(answer.status, StatusCode::OK);
-        answer.body["count"].as_u64().unwrap()
-    }
-
-    /// Sends until a final answer (201 or 402), retrying lost answers, 409
-    /// and 503 with the same key, at most 100 times.
-    async fn pay_until_final(&self, key: &str, body: &Value) -> Answer {
-        for _ in 0..100 {
-            let answer = self.pay(key, body).await;
-            if matches!(answer.status.as_u16(), 201 | 402) {
-                return answer;
-            }
-            assert!(
-                matches!(answer.status.as_u16(), 409 | 503),
-                "{key}: {} {}",
-                answer.status,
-                answer.body
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        panic!("{key}: no final answer after 100 attempts");
-    }
-}
-
-fn card(amount: i64, card: &str) -> Value {
-    json!({ "amount": amount, "currency": "EUR", "card": card, "description": "test" })
-}
-
-const VISA: &str = "4242424242424242";
-const DECLINED: &str = "4000000000000002";
-
-/// Each charge's reference appears once: one charge per key.
-#[track_caller]
-fn assert_one_charge_per_key(charges: &[Value], keys: usize) {
-    let references: HashSet<&str> = charges
-        .iter()
-        .map(|c| c["reference"].as_str().unwrap())
-        .collect();
-    assert_eq!(charges.len(), keys, "{charges:#?}");
-    assert_eq!(
-        references.len(),
-        keys,
-        "a key was charged twice: {charges:#?}"
-    );
 }
 
 // ---------------------------------------------------------------- cases
