@@ -22,6 +22,15 @@
 //!   a 201 or a 402) exactly once, with exactly one payment row;
 //! - every answer for a key carries the same payment id, that row's id.
 //!
+//! The ledger holds charges, not requests: the gateway dedupes by the
+//! idempotency key the service's `charge` step derives, and a request it
+//! answers from its key adds no row. A ledger row is money moved, and its
+//! `reference` is the client's key, so "charged at most once" still counts
+//! charges per client key, whatever key the service sent them under (two
+//! charges under two gateway keys are two rows with one reference). The
+//! figures also say how often the gateway answered a charge from its key:
+//! a charge the service sent again, which the key kept single.
+//!
 //! `IDEM_SOAK_SECS` sets the load phase per case (default 8 s); the drain
 //! that follows is bounded too. The figures of each case are printed
 //! (`cargo test --all-features --test payments_killed_connections --
@@ -201,6 +210,7 @@ impl Soaked {
 /// The app, serving on 127.0.0.1.
 struct RunningApp {
     url: String,
+    gateway: Arc<Gateway>,
     shutdown: tokio::sync::oneshot::Sender<()>,
     task: tokio::task::JoinHandle<std::io::Result<()>>,
 }
@@ -218,8 +228,10 @@ impl RunningApp {
             .expect("the app opens its database");
         let gateway = Arc::new(Gateway::new(GATEWAY_LATENCY, 0.0, ns.ledger().await));
         let backend = match backend {
-            Backend::Postgres(service) => Backend::Postgres(Payments::new(service.pool, gateway)),
-            Backend::MySql(service) => Backend::MySql(Payments::new(service.pool, gateway)),
+            Backend::Postgres(service) => {
+                Backend::Postgres(Payments::new(service.pool, gateway.clone()))
+            }
+            Backend::MySql(service) => Backend::MySql(Payments::new(service.pool, gateway.clone())),
             Backend::Sqlite(_) => unreachable!("the soak runs on database servers"),
         };
         let app = Arc::new(App {
@@ -245,6 +257,7 @@ impl RunningApp {
         });
         RunningApp {
             url,
+            gateway,
             shutdown,
             task,
         }
@@ -483,6 +496,9 @@ struct Report {
     accepted: usize,
     kills: usize,
     requests: usize,
+    /// Charge requests the gateway answered from their key, and lookups.
+    gateway_replays: usize,
+    gateway_lookups: usize,
     statuses: BTreeMap<String, usize>,
     /// Keys charged more than once: the key, the count, its answers.
     charged_twice: Vec<(String, usize, Vec<String>)>,
@@ -580,6 +596,11 @@ impl fmt::Display for Report {
         writeln!(f, "  answers: {:?}", self.statuses)?;
         writeln!(
             f,
+            "  gateway: {} charge requests answered from their key, {} lookups by key",
+            self.gateway_replays, self.gateway_lookups
+        )?;
+        writeln!(
+            f,
             "  keys charged more than once: {} ({:.2}% of accepted; {} of them after a 5xx \
              answer); accepted keys without a charge: {}, without a row: {}, with differing \
              ids: {}; stray charges: {}; unexpected answers: {}",
@@ -653,10 +674,13 @@ async fn soak(server: Server, http_layer: bool) {
 
     let charges = ns.settled_charges().await;
     let rows = ns.payments().await;
+    let gateway = app.gateway.clone();
     app.stop().await;
 
     let mut report = Report::new(case, &records, &charges, &rows);
     report.kills = kills;
+    report.gateway_replays = gateway.replayed();
+    report.gateway_lookups = gateway.looked_up();
     report.requests = traffic.requests.load(Ordering::Relaxed);
     report.statuses = std::mem::take(&mut *traffic.statuses.lock().unwrap());
     eprintln!("{report}");
