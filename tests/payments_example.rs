@@ -29,6 +29,7 @@ use std::time::Duration;
 
 use common::namespace::Namespace;
 use payments::app::{self, Config};
+use payments::gateway::{Charge, ChargeRequest, GatewayError};
 use payments_app::{
     app_command, assert_one_charge_per_key, card, spawn_instance, Api, DECLINED, VISA,
 };
@@ -499,6 +500,49 @@ async fn stripe_payment_intents(db: Namespace) {
     server.stop().await.unwrap();
 }
 
+/// The gateway alone, as Stripe keys it: requests with one key at once
+/// charge once and all get that charge; the key with other parameters is
+/// refused, charging nothing; a lookup answers what a charge would, short
+/// of charging.
+async fn the_gateway_charges_once_per_key(db: Namespace) {
+    let (server, _) = start(Config {
+        gateway_latency: Duration::from_millis(100),
+        ..config(&db)
+    })
+    .await;
+    let gateway = server.app.db.backend.gateway();
+    let request = |amount| ChargeRequest {
+        reference: "order-7",
+        amount,
+        currency: "EUR",
+        card: VISA,
+    };
+    let key = "step-key-7";
+    assert!(gateway.lookup(key, request(700)).await.unwrap().is_none());
+    let charges = futures::future::join_all((0..10).map(|_| gateway.charge(key, request(700))));
+    let charges: Vec<Charge> = charges.await.into_iter().map(Result::unwrap).collect();
+    assert!(
+        charges.iter().all(|c| *c == charges[0]),
+        "one key, several charges: {charges:#?}"
+    );
+    assert_eq!(charges[0].idempotency_key.as_deref(), Some(key));
+    assert_eq!(gateway.replayed(), 9);
+    let reused = gateway.charge(key, request(701)).await;
+    assert!(matches!(reused, Err(GatewayError::KeyReused)), "{reused:?}");
+    let found = gateway.lookup(key, request(700)).await.unwrap();
+    assert_eq!(found.as_ref(), Some(&charges[0]));
+    let reused = gateway.lookup(key, request(701)).await;
+    assert!(matches!(reused, Err(GatewayError::KeyReused)), "{reused:?}");
+    // Another key is another charge.
+    let other = gateway.charge("step-key-8", request(700)).await.unwrap();
+    assert_ne!(other.id, charges[0].id);
+    assert_eq!(
+        gateway.charges().await.unwrap(),
+        [charges[0].clone(), other]
+    );
+    server.stop().await.unwrap();
+}
+
 async fn metrics_count_executions_and_replays(db: Namespace) {
     let (server, api) = start(config(&db)).await;
     for _ in 0..2 {
@@ -557,6 +601,7 @@ common::backends!(sqlite_file, postgres, mysql =>
         transient_failures_release_the_key,
         entity_mode_alone_charges_once,
         stripe_payment_intents,
+        the_gateway_charges_once_per_key,
         metrics_count_executions_and_replays,
         demo_exits_zero,
     }
