@@ -18,7 +18,8 @@ options:
                                (default: $DATABASE_URL, else sqlite://payments.db;
                                demo: a SQLite file in a temporary directory)
   --no-http-layer              no idempotency layer: entity mode alone guards the charges
-  --gateway-latency-ms MS      time the fake card gateway takes per charge (default 50; demo 100)
+  --gateway-latency-ms MS      time a call to the fake card gateway takes; a charge is
+                               recorded half way through it (default 50; demo 100)
   --gateway-failure-rate RATE  share of charges that fail transiently, 0 to 1 (default 0; demo 0.1)
   -h, --help                   this help";
 

@@ -11,14 +11,14 @@
 //! Read it in this order:
 //!
 //! 1. [`service`]: the core, `POST /payments`. The one operation that
-//!    must happen once per key, marked `#[idempotent]`; its handler; and
-//!    the HTTP [`IdempotencyLayer`](idem::http::IdempotencyLayer) in front
-//!    of it.
+//!    must happen once per key, marked `#[idempotent]`, with its charge as
+//!    a durable step; its handler; and the HTTP
+//!    [`IdempotencyLayer`](idem::http::IdempotencyLayer) in front of it.
 //! 2. [`app`]: the routes, where the layer goes, and the server.
 //! 3. What they use: [`model`] (the rows and the commands), [`gateway`]
-//!    (the fake card gateway, the side effect), [`api`] (the other
-//!    routes: reads, subscriptions, the gateway's ledger), [`problem`]
-//!    (the app's error documents).
+//!    (the fake card gateway, the side effect, with Stripe's idempotency
+//!    keys), [`api`] (the other routes: reads, subscriptions, the
+//!    gateway's ledger), [`problem`] (the app's error documents).
 //! 4. The plumbing: [`db`] (one database chosen by URL: SQLite,
 //!    PostgreSQL or MySQL, a file each), [`stripe`] (a Stripe-compatible
 //!    subset), [`telemetry`] (`GET /metrics`), [`cli`] (the flags, the
