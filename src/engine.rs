@@ -187,6 +187,21 @@ pub struct Call<O = OkOnly<Json>> {
     policy: Policy,
     missing_key: MissingKey,
     outcomes: O,
+    /// What the body's durable steps journal and derive their keys under,
+    /// where it is not the claim's own (entity mode's claim is per table,
+    /// for any payload, and kept one lease).
+    steps: Option<StepsAs>,
+}
+
+/// The operation as its durable steps see it.
+#[derive(Clone, Debug)]
+pub(crate) struct StepsAs {
+    /// Derives the steps' keys.
+    pub(crate) scope: Scope,
+    /// The payload's: a journal of another payload is refused.
+    pub(crate) fingerprint: Fingerprint,
+    /// How long journal entries are kept after their last write.
+    pub(crate) ttl: Duration,
 }
 
 /// What a [`Call`] does when its key is missing: an `Option` key that is
@@ -258,6 +273,7 @@ impl Call {
             policy,
             missing_key: MissingKey::Reject,
             outcomes: OkOnly(Json),
+            steps: None,
         }
     }
 }
@@ -319,6 +335,13 @@ impl<O> Call<O> {
         self.policy
     }
 
+    /// The same call, whose body's steps journal as `steps` says.
+    #[cfg(feature = "_sql")]
+    pub(crate) fn with_steps_as(mut self, steps: StepsAs) -> Self {
+        self.steps = Some(steps);
+        self
+    }
+
     /// The same call under the outcome policy `change` makes of its own.
     fn map_outcomes<P>(self, change: impl FnOnce(O) -> P) -> Call<P> {
         Call {
@@ -328,6 +351,7 @@ impl<O> Call<O> {
             policy: self.policy,
             missing_key: self.missing_key,
             outcomes: change(self.outcomes),
+            steps: self.steps,
         }
     }
 
@@ -512,7 +536,7 @@ where
         guard.running(claim.clone());
         // The body's durable steps journal through an owned handle on the
         // store, fenced by this claim.
-        let operation = Operation::new(store.detach(), claim.clone(), call.fingerprint);
+        let operation = Operation::new(store.detach(), claim.clone(), call.steps_as());
         let result = renewing(store, &claim, operation.scope(body)).await;
         let stored = match outcomes.encode(&result) {
             Some(Ok(outcome)) => outcome,
@@ -584,7 +608,7 @@ where
         guard.running(claim.clone());
         // Nothing outlives the caller's transaction to journal steps in:
         // they run with their keys, unjournaled.
-        let operation = Operation::new(None, claim.clone(), call.fingerprint);
+        let operation = Operation::new(None, claim.clone(), call.steps_as());
         let (result, conn) = operation.scope(body(records.conn)).await;
         // Whatever happens next happens on the caller's transaction: if it
         // fails, the caller's transaction fails with it and rolls back.
@@ -629,6 +653,7 @@ struct Checked {
     policy: Policy,
     token: ClaimToken,
     started: Instant,
+    steps: Option<StepsAs>,
 }
 
 impl<O> Call<O> {
@@ -642,6 +667,7 @@ impl<O> Call<O> {
             policy,
             missing_key: _,
             outcomes,
+            steps,
         } = self;
         let (key, fingerprint) = (key?, fingerprint?);
         if policy.ttl.is_zero() {
@@ -659,6 +685,7 @@ impl<O> Call<O> {
             policy,
             token: ClaimToken::new(),
             started,
+            steps,
         };
         Ok((checked, outcomes))
     }
@@ -674,6 +701,17 @@ impl Checked {
             return tracing::Span::none();
         }
         tracing::info_span!("idem", scope = %self.scope, key = %self.key)
+    }
+
+    /// What the body's steps journal under: the call's own scope,
+    /// fingerprint and ttl (at least a lease, so that an entry outlives a
+    /// crashed attempt's lease), unless the call says otherwise.
+    fn steps_as(&self) -> StepsAs {
+        self.steps.clone().unwrap_or_else(|| StepsAs {
+            scope: self.scope.clone(),
+            fingerprint: self.fingerprint,
+            ttl: self.policy.ttl.max(self.policy.lease),
+        })
     }
 
     fn request(&self) -> BeginRequest<'_> {

@@ -97,6 +97,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 
+use crate::engine::StepsAs;
 use crate::error::Error;
 use crate::fingerprint::Fingerprint;
 use crate::journal::{StepBegin, StepRequest, StepResolution, StepRun};
@@ -126,8 +127,10 @@ tokio::task_local! {
 pub(crate) struct Operation {
     /// Where steps are journaled; `None` in transactional mode.
     journal: Option<Arc<dyn Store>>,
+    /// The claim that fences the journal.
     claim: Claim,
-    fingerprint: Fingerprint,
+    /// The operation's scope (for the keys), payload and journal ttl.
+    steps: StepsAs,
     /// The next step's place.
     next: Cell<u32>,
     /// How many steps of each name were called so far.
@@ -137,15 +140,11 @@ pub(crate) struct Operation {
 impl Operation {
     /// The operation of `claim`, journaling in `journal` (`None`: steps
     /// run with their keys, unjournaled).
-    pub(crate) fn new(
-        journal: Option<Arc<dyn Store>>,
-        claim: Claim,
-        fingerprint: Fingerprint,
-    ) -> Self {
+    pub(crate) fn new(journal: Option<Arc<dyn Store>>, claim: Claim, steps: StepsAs) -> Self {
         Operation {
             journal,
             claim,
-            fingerprint,
+            steps,
             next: Cell::new(0),
             names: RefCell::new(Vec::new()),
         }
@@ -174,9 +173,10 @@ impl Operation {
         Current {
             journal: self.journal.clone(),
             claim: self.claim.clone(),
-            fingerprint: self.fingerprint,
+            fingerprint: self.steps.fingerprint,
+            ttl: self.steps.ttl,
             seq,
-            key: StepKey::derive(&self.claim.scope, &self.claim.key, name, occurrence),
+            key: StepKey::derive(&self.steps.scope, &self.claim.key, name, occurrence),
         }
     }
 }
@@ -186,6 +186,7 @@ struct Current {
     journal: Option<Arc<dyn Store>>,
     claim: Claim,
     fingerprint: Fingerprint,
+    ttl: Duration,
     seq: u32,
     key: StepKey,
 }
@@ -197,7 +198,7 @@ impl Current {
             seq: self.seq,
             name,
             fingerprint: &self.fingerprint,
-            ttl: self.claim.ttl,
+            ttl: self.ttl,
             adopt: false,
         }
     }
@@ -468,7 +469,7 @@ impl<R> Step<R> {
                 .into());
             }
             return Ok(Started::Run {
-                current,
+                current: Box::new(current),
                 journal: None,
             });
         };
@@ -550,7 +551,7 @@ impl<R> Step<R> {
             StepRun::Fresh | StepRun::Again => {}
         }
         Ok(Started::Run {
-            current,
+            current: Box::new(current),
             journal: Some(journal),
         })
     }
@@ -562,7 +563,7 @@ enum Started<T> {
     Done(T),
     /// Run it, then journal its output (when there is a journal).
     Run {
-        current: Current,
+        current: Box<Current>,
         journal: Option<Arc<dyn Store>>,
     },
 }

@@ -250,6 +250,8 @@ common::backends!(sqlite_file, postgres, mysql => {
         /// `pay_in_steps` fails once after its charge step, before its
         /// row is inserted.
         pub fail_after_charge: AtomicBool,
+        /// The keys `pay_refusing`'s step was given.
+        pub step_keys: Mutex<Vec<idem::steps::StepKey>>,
     }
 
     impl Payments {
@@ -259,6 +261,7 @@ common::backends!(sqlite_file, postgres, mysql => {
                 gateway: Gateway::default(),
                 rogue: None,
                 fail_after_charge: AtomicBool::new(false),
+                step_keys: Mutex::new(Vec::new()),
             }
         }
 
@@ -297,6 +300,32 @@ common::backends!(sqlite_file, postgres, mysql => {
             if self.fail_after_charge.swap(false, Ordering::SeqCst) {
                 return Err(PayError::Unavailable);
             }
+            Ok(Payment {
+                id: 0,
+                token: cmd.token.clone(),
+                amount: cmd.amount,
+                charge,
+                request_hash: None,
+            })
+        }
+
+        /// Charges through a step that refuses when in doubt, under a short
+        /// lease; keeps the key the step was given.
+        #[idempotent(
+            key = cmd.token,
+            store = self.pool,
+            entity,
+            lease = "100ms",
+        )]
+        pub async fn pay_refusing(&self, cmd: &Charge) -> Result<Payment, PayError> {
+            let gateway = &self.gateway;
+            let charge: i64 = idem::steps::Step::new("charge")
+                .refuse()
+                .run(|key| async move {
+                    self.step_keys.lock().unwrap().push(key);
+                    gateway.charge(&cmd.token).await
+                })
+                .await?;
             Ok(Payment {
                 id: 0,
                 token: cmd.token.clone(),
@@ -360,6 +389,46 @@ common::backends!(sqlite_file, postgres, mysql => {
         assert_eq!(paid.charge, 1);
         assert_eq!(service.pay_in_steps(&charge("t-steps", 500)).await.unwrap(), paid);
         assert_eq!(count(&service.pool, "payments").await, 1);
+    }
+
+    /// A step's journal is the operation's, not its claim's: it outlives
+    /// the claim's lease (a step in doubt is still refused two leases
+    /// later), its keys derive from the operation's scope, and a retry of
+    /// the token with another payload is refused at the step.
+    #[tokio::test]
+    async fn steps_journal_under_the_operation() {
+        let ns = namespace().await;
+        let service = Payments::new(backend::pool(&ns, 4).await);
+        service.gateway.fail_next.store(true, Ordering::SeqCst);
+        let lost = service.pay_refusing(&charge("t-doubt", 500)).await;
+        assert!(matches!(lost, Err(PayError::Unavailable)), "{lost:?}");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        let refused = service.pay_refusing(&charge("t-doubt", 500)).await;
+        assert!(
+            matches!(refused, Err(PayError::Idem(idem::Error::OutcomeUnknown { .. }))),
+            "{refused:?}"
+        );
+        assert_eq!(service.gateway.runs("t-doubt"), 1, "a refused step ran");
+        let key = Key::new("t-doubt").unwrap();
+        assert_eq!(
+            service.step_keys.lock().unwrap()[0],
+            idem::steps::StepKey::derive(
+                &idem::Scope::new(concat!(module_path!(), "::pay_refusing")),
+                &key,
+                "charge",
+                0
+            )
+        );
+
+        service.fail_after_charge.store(true, Ordering::SeqCst);
+        let failed = service.pay_in_steps(&charge("t-other", 500)).await;
+        assert!(matches!(failed, Err(PayError::Unavailable)), "{failed:?}");
+        let other = service.pay_in_steps(&charge("t-other", 600)).await;
+        assert!(
+            matches!(other, Err(PayError::Idem(idem::Error::KeyReused))),
+            "{other:?}"
+        );
+        assert_eq!(service.gateway.runs("t-other"), 1);
     }
 
     #[tokio::test]

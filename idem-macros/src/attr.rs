@@ -268,11 +268,6 @@ fn entity_alone(flag: &kw::entity, p: &Partial) -> syn::Result<()> {
             "ttl",
             "the entity's row lives as long as the table keeps it",
         ))
-    } else if p.lease.is_some() {
-        Some((
-            "lease",
-            "entity mode holds a lock for as long as the body runs, not a lease",
-        ))
     } else if p.tx.is_some() {
         Some((
             "tx",
@@ -413,6 +408,9 @@ mod tests {
     fn entity_flag_and_what_it_excludes() {
         let args = parse("key = cmd.token, store = self.pool, entity, wait = \"2s\"").unwrap();
         assert!(args.entity.is_some());
+        // The token's claim has a lease, renewed while the body runs.
+        let args = parse("key = cmd.token, store = self.pool, entity, lease = \"1s\"").unwrap();
+        assert!(args.lease.is_some());
         assert!(error("key = k, store = s, entity = true").contains("is a flag"));
         assert!(error("key = k, store = s, entity, entity").starts_with("`entity` is given more"));
         for (option, src) in [
@@ -423,7 +421,6 @@ mod tests {
             ),
             ("replayable", "replayable = |e| true"),
             ("ttl", "ttl = \"1h\""),
-            ("lease", "lease = \"1s\""),
             ("tx", "tx = conn"),
             ("missing_key", "missing_key = run"),
         ] {

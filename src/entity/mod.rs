@@ -117,7 +117,7 @@ use crate::backend::entity::check_token_names;
 pub use crate::backend::entity::{
     is_unique_violation, Entity, EntityBind, EntityDatabase, RequestHash, TokenEntity,
 };
-use crate::engine::{self, Call, Codec};
+use crate::engine::{self, Call, Codec, StepsAs};
 use crate::error::Error;
 use crate::fingerprint::Fingerprint;
 use crate::key::{Key, Scope};
@@ -339,6 +339,10 @@ impl Prepared {
     /// that two operations writing one table exclude each other as the
     /// token's UNIQUE constraint does. Every payload claims alike: whether
     /// a reused token is refused is the row's request hash to say.
+    ///
+    /// The body's durable steps are the operation's own: their keys derive
+    /// from its scope, a journal of another payload is refused, and their
+    /// entries are kept for the policy's ttl, not the claim's.
     fn claim<T: Entity>(&self, policy: Policy) -> Call {
         Call::from_parts(
             Scope::new(format!("idem.entity.{}", T::TABLE)),
@@ -347,6 +351,11 @@ impl Prepared {
             // A completed claim is only needed until the row is visible.
             policy.ttl(policy.lease),
         )
+        .with_steps_as(StepsAs {
+            scope: self.scope.clone(),
+            fingerprint: self.fingerprint,
+            ttl: policy.ttl.max(policy.lease),
+        })
     }
 
     pub(crate) fn span(&self) -> tracing::Span {
