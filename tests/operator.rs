@@ -51,12 +51,15 @@ async fn sqlite_migrations_table_is_the_one_named() {
             .fetch_all(store.pool())
             .await
             .unwrap();
-    assert_eq!(tables, ["billing_migrations", "idem_records"]);
+    assert_eq!(
+        tables,
+        ["billing_migrations", "idem_records", "idem_records_steps"]
+    );
     let versions: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM billing_migrations")
         .fetch_one(store.pool())
         .await
         .unwrap();
-    assert_eq!(versions, 2, "both versions recorded once");
+    assert_eq!(versions, 3, "every version recorded once");
     assert!(SqliteStore::new(store.pool().clone())
         .with_migrations_table("bad name")
         .is_err());
@@ -86,7 +89,7 @@ async fn postgres_migrations_table_is_the_one_named() {
     .await
     .unwrap();
     // One row per migration of the records table.
-    assert_eq!(recorded, 3);
+    assert_eq!(recorded, 4);
     let in_default: i64 = sqlx::query_scalar(
         "SELECT COUNT(*) FROM pg_class WHERE oid = to_regclass('idem_migrations')",
     )

@@ -260,9 +260,11 @@ impl Drop for DropTables {
         if tables.is_empty() {
             return;
         }
+        // A records table's step journal, `<table>_steps`, goes with it.
         let drops = tables
             .iter()
-            .map(|t| format!("DROP TABLE IF EXISTS {}", self.server.ident(t)))
+            .flat_map(|t| [format!("{t}_steps"), t.clone()])
+            .map(|t| format!("DROP TABLE IF EXISTS {}", self.server.ident(&t)))
             .collect();
         // The bookkeeping of tables a store migrated; a server where no
         // store ever migrated has no such table.
