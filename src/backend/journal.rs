@@ -17,7 +17,8 @@ use super::{Backend, SqlStore};
 use crate::error::Error;
 use crate::fingerprint::Fingerprint;
 use crate::journal::{
-    decide_step, StepBegin, StepDecision, StepRecord, StepRequest, StepResolution, StepState,
+    decide_step, StepBegin, StepDecision, StepRecord, StepRequest, StepResolution, StepRun,
+    StepState,
 };
 use crate::key::{Key, Scope};
 use crate::record::{duration_millis, Claim, ClaimToken, Millis};
@@ -49,6 +50,14 @@ pub struct StepStatements {
     resolve_completed: String,
     /// An operator's resolution allowing a rerun: scope, key, seq, name.
     resolve_rerun: String,
+    /// A new entry, started, in one statement that checks the fence as the
+    /// transaction's first read does: scope, key, seq, name, fingerprint,
+    /// token, ttl, then the record's scope, key, token.
+    insert_fenced: String,
+    /// An entry completed in one statement, under the same check: token,
+    /// output, ttl, scope, key, seq, name, then the record's scope, key,
+    /// token.
+    complete_fenced: String,
     /// Deletes an operation's entries: scope, key.
     pub(crate) forget: String,
     /// Deletes at most a batch of expired entries: batch.
@@ -109,6 +118,19 @@ impl StepStatements {
                  updated_at = {now}, expires_at = {now} + ? \
                  WHERE scope = ? AND {key} = ? AND seq = ? AND name = ? AND state <> 'completed'",
             ),
+            insert_fenced: fill(&format!(
+                "INSERT INTO {{steps}} (scope, {{key}}, seq, name, fingerprint, state, \
+                 claim_token, updated_at, expires_at) \
+                 SELECT ?, ?, ?, ?, ?, 'started', ?, {{now}}, {{now}} + ? FROM {{records}} AS r \
+                 WHERE {OWNED}"
+            )),
+            complete_fenced: fill(&format!(
+                "UPDATE {{steps}} SET state = 'completed', claim_token = ?, output = ?, \
+                 updated_at = {{now}}, expires_at = {{now}} + ? \
+                 WHERE scope = ? AND {{key}} = ? AND seq = ? AND name = ? \
+                 AND state <> 'completed' \
+                 AND EXISTS (SELECT 1 FROM {{records}} AS r WHERE {OWNED})"
+            )),
             list: fill("SELECT {columns} FROM {steps} WHERE scope = ? AND {key} = ? ORDER BY seq"),
             resolve_completed: fill(
                 "UPDATE {steps} SET state = 'completed', output = ?, updated_at = {now} \
@@ -125,6 +147,11 @@ impl StepStatements {
         }
     }
 }
+
+/// The record `r` is in progress under the claim, and locked against a
+/// takeover until the statement's transaction ends.
+const OWNED: &str =
+    "r.scope = ? AND r.{key} = ? AND r.claim_token = ? AND r.state = 'in_progress'{share}";
 
 /// The journal table of the records table `table`.
 pub(crate) fn steps_table(table: &str) -> String {
@@ -301,20 +328,69 @@ impl<DB: Backend> SqlStore<DB> {
         }
     }
 
+    /// [`Store::begin_step`](crate::Store::begin_step) on the pool. A
+    /// step met for the first time (the common case) is started with one
+    /// statement; anything else (an entry there, a fence that does not
+    /// hold) is read and decided in a transaction.
     pub(crate) async fn begin_step_in_transaction(
         &self,
         claim: &Claim,
         step: &StepRequest<'_>,
     ) -> Result<StepBegin, Error> {
+        let (scope, key) = (claim.scope.as_str(), claim.key.as_str());
+        let token = Value::Bytes(&claim.token.as_bytes()[..]);
+        let values = vec![
+            Value::Text(scope),
+            Value::Text(key),
+            Value::Int(i64::from(step.seq)),
+            Value::Text(step.name),
+            Value::Bytes(&step.fingerprint.as_bytes()[..]),
+            token,
+            Value::Int(duration_millis(step.ttl)),
+            Value::Text(scope),
+            Value::Text(key),
+            token,
+        ];
+        let mut conn = self.pool.acquire().await?;
+        match DB::execute(&mut conn, &self.step_sql().insert_fenced, values).await {
+            Ok(done) if DB::rows_affected(&done) > 0 => return Ok(StepBegin::Run(StepRun::Fresh)),
+            Ok(_) => {}
+            Err(err) if is_unique_violation(&err) => {}
+            Err(err) => return Err(err.into()),
+        }
+        drop(conn);
         in_transaction!(self, |conn| self.begin_step_on(conn, claim, step))
     }
 
+    /// [`Store::complete_step`](crate::Store::complete_step) on the pool:
+    /// one statement, or, when it changes nothing (a completion sent
+    /// again, a fence that does not hold), a transaction that says why.
     pub(crate) async fn complete_step_in_transaction(
         &self,
         claim: &Claim,
         step: &StepRequest<'_>,
         output: &[u8],
     ) -> Result<(), Error> {
+        let (scope, key) = (claim.scope.as_str(), claim.key.as_str());
+        let token = Value::Bytes(&claim.token.as_bytes()[..]);
+        let values = vec![
+            token,
+            Value::Bytes(output),
+            Value::Int(duration_millis(step.ttl)),
+            Value::Text(scope),
+            Value::Text(key),
+            Value::Int(i64::from(step.seq)),
+            Value::Text(step.name),
+            Value::Text(scope),
+            Value::Text(key),
+            token,
+        ];
+        let mut conn = self.pool.acquire().await?;
+        let done = DB::execute(&mut conn, &self.step_sql().complete_fenced, values).await?;
+        if DB::rows_affected(&done) > 0 {
+            return Ok(());
+        }
+        drop(conn);
         in_transaction!(self, |conn| self
             .complete_step_on(conn, claim, step, output))
     }
@@ -359,6 +435,12 @@ impl<DB: Backend> SqlStore<DB> {
         let done = DB::execute(&mut conn, statement, values).await?;
         Ok(DB::rows_affected(&done) > 0)
     }
+}
+
+/// The database refused an insert for a duplicate key.
+fn is_unique_violation(err: &sqlx::Error) -> bool {
+    err.as_database_error()
+        .is_some_and(|e| e.is_unique_violation())
 }
 
 /// A text column (bytes checked as UTF-8 where text is binary).

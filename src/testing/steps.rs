@@ -436,9 +436,12 @@ pub async fn forget_and_purge_clear_the_journal<S: Store>(store: S) {
     let keys = downstream.keys("charge");
     assert_eq!(keys[0], keys[1]);
 
-    // Entries kept 150 ms: purged once expired.
+    // Entries kept 150 ms (the ttl; at least the lease): purged once
+    // expired.
     let key = fresh_key("steps-purge");
-    let policy = Policy::new().ttl(Duration::from_millis(150));
+    let policy = Policy::new()
+        .ttl(Duration::from_millis(150))
+        .lease(Duration::from_millis(90));
     run(&store, call(SCOPE, &key, &payload, policy), async {
         step("charge", |_| async { Ok::<_, TestError>(1) }).await
     })
