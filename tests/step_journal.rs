@@ -155,4 +155,84 @@ common::backends!(memory, sqlite_file, sqlite_memory, postgres, mysql => {
         let (store, _guard) = backend::store(8).await;
         super::steps_begun_at_once_replay(store).await;
     }
+
+    backend::if_sql! {
+    /// An atomic phase (`Step::in_transaction`): the step's row and its
+    /// journal entry commit together. Rolled back, the step is in doubt
+    /// and runs again (its row was never kept); committed, it replays
+    /// without writing its row again.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn an_atomic_phase_commits_its_rows_with_its_entry() {
+        use idem::steps::Step;
+
+        let (store, _guard) = backend::store(8).await;
+        let pool = store.pool().clone();
+        let rows = format!("phase_rows_{}", std::process::id());
+        sqlx::query(&format!("CREATE TABLE IF NOT EXISTS {rows} (k VARCHAR(100) NOT NULL)"))
+            .execute(&pool)
+            .await
+            .unwrap();
+        let key = super::fresh("phase");
+        let count = || async {
+            let n: i64 = sqlx::query_scalar(&format!(
+                "SELECT COUNT(*) FROM {rows} WHERE k = {}",
+                backend::param(1)
+            ))
+            .bind(&key)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+            n
+        };
+        // `commit`: whether the phase's transaction commits; `fail`:
+        // whether the body fails after it.
+        let attempt = |commit: bool, fail: bool| {
+            let (store, pool, rows, key) = (&store, &pool, &rows, &key);
+            async move {
+                run(store, Call::new("journal.phase", key, &1), async move {
+                    let mut tx = pool.begin().await?;
+                    let made: u64 = Step::new("create")
+                        .in_transaction(store, &mut *tx, |conn, _step_key| async move {
+                            let insert = format!(
+                                "INSERT INTO {rows} (k) VALUES ({})",
+                                backend::param(1)
+                            );
+                            let written = sqlx::query(&insert).bind(key).execute(&mut *conn).await;
+                            (written.map(|_| 1u64).map_err(Error::from), conn)
+                        })
+                        .await?;
+                    if commit {
+                        tx.commit().await?;
+                    } else {
+                        tx.rollback().await?;
+                    }
+                    if fail {
+                        return Err(Error::Config("failing after the phase".into()));
+                    }
+                    Ok::<_, Error>(made)
+                })
+                .await
+            }
+        };
+        // Rolled back: nothing kept; the retry runs the phase again.
+        assert!(attempt(false, true).await.is_err());
+        assert_eq!(count().await, 0);
+        // Committed, then the body fails: the row and the entry stay.
+        assert!(attempt(true, true).await.is_err());
+        assert_eq!(count().await, 1);
+        // The retry replays the phase: no second row.
+        assert_eq!(attempt(true, false).await.unwrap(), 1);
+        assert_eq!(count().await, 1);
+        let entries = store
+            .steps(&Scope::new("journal.phase"), &Key::new(key.as_str()).unwrap())
+            .await
+            .unwrap();
+        assert_eq!(entries.len(), 1);
+        assert_eq!(entries[0].state, idem::journal::StepState::Completed);
+        sqlx::query(&format!("DROP TABLE IF EXISTS {rows}"))
+            .execute(&pool)
+            .await
+            .unwrap();
+    }
+    }
 });
