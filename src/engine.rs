@@ -116,7 +116,7 @@ use crate::key::{AsKey, Key, Scope};
 use crate::metrics;
 use crate::policy::Policy;
 use crate::record::{Begin, Claim, ClaimToken, Outcome, OutcomeKind};
-use crate::steps::Operation;
+use crate::steps::{Operation, Pending};
 use crate::store::{BeginRequest, Store, TransactionalStore};
 
 /// The longest pause between two looks at an in-progress key when the store
@@ -533,10 +533,13 @@ where
             Ok(claim) => claim,
             Err(answer) => return answer,
         };
-        guard.running(claim.clone());
         // The body's durable steps journal through an owned handle on the
-        // store, fenced by this claim.
-        let operation = Operation::new(store.detach(), claim.clone(), call.steps_as());
+        // store, fenced by this claim; a dropped caller's claim is handed
+        // back once their writes on the way have landed.
+        let pending = Pending::default();
+        guard.running(claim.clone());
+        guard.journal_first(pending.clone());
+        let operation = Operation::new(store.detach(), claim.clone(), call.steps_as(), pending);
         let result = renewing(store, &claim, operation.scope(body)).await;
         let stored = match outcomes.encode(&result) {
             Some(Ok(outcome)) => outcome,
@@ -608,7 +611,7 @@ where
         guard.running(claim.clone());
         // Nothing outlives the caller's transaction to journal steps in:
         // they run with their keys, unjournaled.
-        let operation = Operation::new(None, claim.clone(), call.steps_as());
+        let operation = Operation::new(None, claim.clone(), call.steps_as(), Pending::default());
         let (result, conn) = operation.scope(body(records.conn)).await;
         // Whatever happens next happens on the caller's transaction: if it
         // fails, the caller's transaction fails with it and rolls back.
@@ -1236,6 +1239,9 @@ struct Guard<'s, S: Store + ?Sized> {
     store: &'s S,
     claim: Claim,
     holding: Holding,
+    /// The body's journal writes on their way, to land before the claim
+    /// is handed back.
+    journal: Option<Pending>,
 }
 
 impl<'s, S: Store + ?Sized> Guard<'s, S> {
@@ -1244,7 +1250,13 @@ impl<'s, S: Store + ?Sized> Guard<'s, S> {
             store,
             claim,
             holding: Holding::Claim,
+            journal: None,
         }
+    }
+
+    /// Hands the claim back only once `pending` has landed.
+    fn journal_first(&mut self, pending: Pending) {
+        self.journal = Some(pending);
     }
 
     fn running(&mut self, claim: Claim) {
@@ -1294,7 +1306,13 @@ impl<S: Store + ?Sized> Drop for Guard<'_, S> {
                     "the call ended before its operation finished; handing the key back"
                 );
                 metrics::abandoned(&claim.scope, "released");
-                runtime.spawn(hand_back(store, claim));
+                let journal = self.journal.take();
+                runtime.spawn(async move {
+                    if let Some(journal) = journal {
+                        journal.flush().await;
+                    }
+                    hand_back(store, claim).await;
+                });
             }
             Holding::Outcome(outcome) => {
                 tracing::warn!(

@@ -69,6 +69,22 @@
 //! `resolution`). Completed and replayed steps are counted in
 //! `idem_steps_total`, by `decision`.
 //!
+//! ## What the journal costs
+//!
+//! The journal is read once per attempt, at its first step. A step that
+//! reconciles or refuses writes its entry before its call and its output
+//! right after it, so that nothing about it is ever lost. A step that is
+//! rerun (the default) may be called again with its key anyway, so its
+//! writes leave the call's path: its entry is started while its call
+//! runs, and its output is journaled while the body goes on, each on a
+//! task of its own. The body's result reaches the engine only once they
+//! have landed, and a dropped caller's claim is handed back only after
+//! them. Two things follow, both within what a rerun step accepts: a
+//! process killed right after such a step returned may take its output
+//! with it (the next attempt calls it again, with the same key), and an
+//! attempt that lost its claim may still start one more such call (with
+//! the key its successor uses).
+//!
 //! ## Atomic phases
 //!
 //! A step that writes to the database can commit its rows with its
@@ -90,7 +106,7 @@
 use std::cell::{Cell, RefCell};
 use std::fmt;
 use std::future::Future;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde::de::DeserializeOwned;
@@ -135,24 +151,43 @@ pub(crate) struct Operation {
     next: Cell<u32>,
     /// How many steps of each name were called so far.
     names: RefCell<Vec<(&'static str, u32)>>,
+    /// Journal writes still on their way, awaited before the body's
+    /// result is handed to the engine ([`flushed`]), and before a dropped
+    /// caller's claim is handed back.
+    pending: Pending,
+    /// The places that held a journal entry when this attempt first
+    /// looked (`None`: not looked yet). Only this attempt adds entries
+    /// while it holds the claim, so a place absent then is absent until
+    /// this attempt writes it.
+    journaled: RefCell<Option<Vec<u32>>>,
 }
 
 impl Operation {
     /// The operation of `claim`, journaling in `journal` (`None`: steps
     /// run with their keys, unjournaled).
-    pub(crate) fn new(journal: Option<Arc<dyn Store>>, claim: Claim, steps: StepsAs) -> Self {
+    pub(crate) fn new(
+        journal: Option<Arc<dyn Store>>,
+        claim: Claim,
+        steps: StepsAs,
+        pending: Pending,
+    ) -> Self {
         Operation {
             journal,
             claim,
             steps,
             next: Cell::new(0),
             names: RefCell::new(Vec::new()),
+            journaled: RefCell::new(None),
+            pending,
         }
     }
 
     /// Runs `body` under this operation: its steps are this operation's.
+    /// The body's result is handed back once its steps' journal writes
+    /// have landed (or given up), so the outcome is stored, or the claim
+    /// released for a retry, with the journal complete.
     pub(crate) fn scope<F: Future>(self, body: F) -> impl Future<Output = F::Output> {
-        OPERATION.scope(self, body)
+        OPERATION.scope(self, flushed(body))
     }
 
     /// The next step, named `name`.
@@ -182,6 +217,7 @@ impl Operation {
 }
 
 /// A step being run, with what it needs across its awaits.
+#[derive(Clone)]
 struct Current {
     journal: Option<Arc<dyn Store>>,
     claim: Claim,
@@ -385,9 +421,43 @@ impl<R> Step<R> {
         R: Reconcile<T, E>,
     {
         let name = self.name;
-        let (current, journal) = match self.start().await? {
+        let (current, journal) = match self.start(true).await? {
             Started::Done(output) => return Ok(output),
             Started::Run { current, journal } => (current, journal),
+            Started::Beside { current, journal } => {
+                // On a task of its own, so that a caller dropped during the
+                // call does not cut the write off half way.
+                let (sent, started) = tokio::sync::oneshot::channel();
+                let marker = {
+                    let (journal, current) = (journal.clone(), (*current).clone());
+                    async move {
+                        let _ = sent
+                            .send(begin(&*journal, &current.claim, &current.request(name)).await);
+                    }
+                };
+                behind(marker).await;
+                let output = f(current.key.clone()).await;
+                let started = started.await.unwrap_or_else(|_| {
+                    Err(Error::store("the step's journal write was cancelled"))
+                });
+                match started? {
+                    StepBegin::Run(_) => {}
+                    other => {
+                        return Err(Error::store(format!(
+                            "step {name:?}: an entry appeared in the journal while the step \
+                             ran ({other:?})"
+                        ))
+                        .into())
+                    }
+                }
+                let output = output?;
+                let bytes = serde_json::to_vec(&output).map_err(Error::from)?;
+                counted(name, "ran", &current);
+                // Rerun when in doubt: its output is journaled while the
+                // body goes on, and before the operation ends.
+                journal_behind(journal, current, name, bytes).await;
+                return Ok(output);
+            }
         };
         let output = f(current.key.clone()).await?;
         if let Some(journal) = journal {
@@ -423,9 +493,22 @@ impl<R> Step<R> {
         R: Reconcile<T, E>,
     {
         let name = self.name;
-        let (current, journal) = match self.start().await? {
+        // The entry is started before the call: written beside it, it
+        // could wait for a lock the caller's transaction holds (SQLite's).
+        let (current, journal) = match self.start(false).await? {
             Started::Done(output) => return Ok(output),
             Started::Run { current, journal } => (current, journal),
+            Started::Beside { current, journal } => {
+                match begin(&*journal, &current.claim, &current.request(name)).await? {
+                    StepBegin::Run(_) => (current, Some(journal)),
+                    other => {
+                        return Err(Error::store(format!(
+                            "step {name:?}: an entry appeared in the journal ({other:?})"
+                        ))
+                        .into())
+                    }
+                }
+            }
         };
         let (result, conn) = f(conn, current.key.clone()).await;
         let output = result?;
@@ -441,7 +524,7 @@ impl<R> Step<R> {
 
     /// Everything before the step's own call: its place, its journal
     /// entry, and what to do when it is in doubt.
-    async fn start<T, E>(self) -> Result<Started<T>, E>
+    async fn start<T, E>(self, beside: bool) -> Result<Started<T>, E>
     where
         T: Serialize + DeserializeOwned,
         E: From<Error>,
@@ -473,6 +556,14 @@ impl<R> Step<R> {
                 journal: None,
             });
         };
+        if beside && policy == InDoubt::Rerun && unjournaled(&*journal, &current).await? {
+            // Met for the first time, and rerun if in doubt: its entry is
+            // written while its call runs, off the call's path.
+            return Ok(Started::Beside {
+                current: Box::new(current),
+                journal,
+            });
+        }
         let mut request = current.request(name);
         request.adopt = policy == InDoubt::Rerun;
         let run = match begin(&*journal, &current.claim, &request).await? {
@@ -561,11 +652,110 @@ impl<R> Step<R> {
 enum Started<T> {
     /// Its output is known (journaled, or reconciled).
     Done(T),
+    /// It has no entry, and is rerun when in doubt: run it while its
+    /// entry is started, then journal its output.
+    Beside {
+        current: Box<Current>,
+        journal: Arc<dyn Store>,
+    },
     /// Run it, then journal its output (when there is a journal).
     Run {
         current: Box<Current>,
         journal: Option<Arc<dyn Store>>,
     },
+}
+
+/// `body`, then the journal writes its steps left on their way.
+async fn flushed<F: Future>(body: F) -> F::Output {
+    let output = body.await;
+    if let Ok(pending) = OPERATION.try_with(|operation| operation.pending.clone()) {
+        pending.flush().await;
+    }
+    output
+}
+
+/// An operation's journal writes on their way, shared with the engine.
+#[derive(Clone, Default)]
+pub(crate) struct Pending(Arc<Mutex<Vec<tokio::task::JoinHandle<()>>>>);
+
+impl Pending {
+    fn push(&self, write: tokio::task::JoinHandle<()>) {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).push(write);
+    }
+
+    /// Waits for every write on its way.
+    pub(crate) async fn flush(&self) {
+        loop {
+            let pending = std::mem::take(&mut *self.0.lock().unwrap_or_else(|e| e.into_inner()));
+            if pending.is_empty() {
+                return;
+            }
+            for write in pending {
+                // A write that panicked journaled nothing: the step is in
+                // doubt for the next attempt, which reruns it.
+                let _ = write.await;
+            }
+        }
+    }
+}
+
+/// Journals a step's output on a task of its own, awaited before the
+/// operation ends ([`flushed`]). Should the process die first, the step is
+/// in doubt for the next attempt and runs again with the same key, as a
+/// step that is rerun when in doubt may.
+async fn journal_behind(
+    journal: Arc<dyn Store>,
+    current: Box<Current>,
+    name: &'static str,
+    bytes: Vec<u8>,
+) {
+    behind(async move {
+        let request = current.request(name);
+        if let Err(err) = journal_output(&*journal, &current, &request, &bytes).await {
+            tracing::warn!(
+                error = %err,
+                step = name,
+                step_key = %current.key,
+                "journaling a step's output failed: the step will be in doubt at the next attempt"
+            );
+        }
+    })
+    .await;
+}
+
+/// Runs a journal write on a task of its own, which the operation awaits
+/// before it ends and a dropped caller's claim waits for before it is
+/// handed back; outside an operation, here.
+async fn behind(write: impl Future<Output = ()> + Send + 'static) {
+    match OPERATION.try_with(|operation| operation.pending.clone()) {
+        Ok(pending) => pending.push(tokio::spawn(write)),
+        Err(_) => write.await,
+    }
+}
+
+/// Whether the step's place held no journal entry when this attempt first
+/// looked (the journal is read once per attempt, at its first step).
+async fn unjournaled(journal: &dyn Store, current: &Current) -> Result<bool, Error> {
+    let seq = current.seq;
+    let known = OPERATION
+        .try_with(|operation| {
+            let journaled = operation.journaled.borrow();
+            journaled.as_ref().map(|seqs| !seqs.contains(&seq))
+        })
+        .ok()
+        .flatten();
+    if let Some(absent) = known {
+        return Ok(absent);
+    }
+    let entries = journal
+        .steps(&current.claim.scope, &current.claim.key)
+        .await?;
+    let seqs: Vec<u32> = entries.iter().map(|entry| entry.seq).collect();
+    let absent = !seqs.contains(&seq);
+    let _ = OPERATION.try_with(|operation| {
+        operation.journaled.borrow_mut().get_or_insert(seqs);
+    });
+    Ok(absent)
 }
 
 /// A journaled output.

@@ -19,10 +19,13 @@
 //! directory, one per key, created at most once, and every call is logged.
 //! After the interruption the operation runs again to its end, and then:
 //!
-//! - each step's effect happened once;
-//! - the steps journaled before the interruption were not called again,
-//!   and the one interrupted in its middle was called again with the same
-//!   key;
+//! - each step's effect happened once, and every call of a step had the
+//!   same key;
+//! - the first step (rerun when in doubt) was called again only when it
+//!   was interrupted in its middle, or when the killed process took its
+//!   journal write on the way with it;
+//! - the second step (reconciled) and the third (refused, then settled by
+//!   an operator with what the downstream did) were never called again;
 //! - the outcome equals an uninterrupted run's, and a further call replays
 //!   it without calling anything.
 
@@ -36,8 +39,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use idem::steps::{step, StepKey};
-use idem::{run, Call, Error, Policy, Store};
+use idem::steps::{self, step, Step, StepKey};
+use idem::{run, Call, Error, Key, Policy, Scope, Store};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::sync::Notify;
 
@@ -98,6 +101,13 @@ impl Downstream {
         }
         fs::remove_file(&draft).unwrap();
         fs::read_to_string(&effect).unwrap()
+    }
+
+    /// What the call with `key` did, if it did anything: how `reconcile`
+    /// asks.
+    fn lookup(&self, key: &StepKey) -> Option<String> {
+        self.log("lookups.log", key.as_str());
+        fs::read_to_string(self.dir.join(key.as_str())).ok()
     }
 
     fn lines(&self, file: &str) -> Vec<String> {
@@ -166,7 +176,9 @@ impl Crash {
     }
 }
 
-/// The operation: three steps, passing the crash points.
+/// The operation: three steps, one per in-doubt policy, passing the crash
+/// points: `reserve` is rerun when in doubt (the default), `charge`
+/// reconciles by asking the downstream, `receipt` refuses.
 async fn checkout(
     store: &dyn Store,
     key: &str,
@@ -178,58 +190,103 @@ async fn checkout(
         Call::new(SCOPE, key, &PAYLOAD).with_policy(policy()),
         async {
             crash.pass("b0").await;
-            let mut outputs = Vec::new();
-            for (index, (name, middle)) in STEPS.into_iter().enumerate() {
-                let output: String = step(name, |key| async move {
+            let call = |name: &'static str, middle: &'static str| {
+                move |key: StepKey| async move {
                     let output = downstream.apply(name, &key);
                     crash.pass(middle).await;
                     Ok::<_, Error>(output)
-                })
+                }
+            };
+            let reserved: String = step("reserve", call("reserve", "m1")).await?;
+            crash.pass("b1").await;
+            let charged: String = Step::new("charge")
+                .reconcile(|key: StepKey| async move { Ok(downstream.lookup(&key)) })
+                .run(call("charge", "m2"))
                 .await?;
-                outputs.push(output);
-                crash.pass(POINTS[2 * index + 2]).await;
-            }
-            Ok(outputs.join("|"))
+            crash.pass("b2").await;
+            let receipt: String = Step::new("receipt")
+                .refuse()
+                .run(call("receipt", "m3"))
+                .await?;
+            crash.pass("b3").await;
+            Ok([reserved, charged, receipt].join("|"))
         },
     )
     .await
 }
 
-/// What the run after an interruption at `point` must leave.
-async fn check_recovered(store: &dyn Store, key: &str, downstream: &Downstream, point: &str) {
-    let outcome = checkout(store, key, downstream, &Crash::never())
-        .await
-        .unwrap_or_else(|err| panic!("the run after {point} failed: {err}"));
+/// What the run after an interruption at `point` must leave. `lost`: the
+/// interruption killed the process, so journal writes on their way were
+/// lost with it.
+async fn check_recovered(
+    store: &dyn Store,
+    key: &str,
+    downstream: &Downstream,
+    point: &str,
+    lost: bool,
+) {
+    let mut outcome = checkout(store, key, downstream, &Crash::never()).await;
+    if point == "m3" {
+        // The receipt refuses when in doubt: an operator settles it with
+        // what the downstream did under its key.
+        assert!(
+            matches!(&outcome, Err(Error::OutcomeUnknown { step, seq: 2, .. }) if step == "receipt"),
+            "after m3: {outcome:?}"
+        );
+        let (scope, k) = (Scope::new(SCOPE), Key::new(key).unwrap());
+        let step_key = StepKey::derive(&scope, &k, "receipt", 0);
+        let done = downstream.lookup(&step_key).expect("the receipt's effect");
+        assert!(steps::resolve(store, &scope, &k, 2, "receipt", Some(&done))
+            .await
+            .unwrap());
+        outcome = checkout(store, key, downstream, &Crash::never()).await;
+    }
+    let outcome = outcome.unwrap_or_else(|err| panic!("the run after {point} failed: {err}"));
     assert_eq!(outcome, OUTCOME, "after {point}");
     let reached = POINTS.iter().position(|p| *p == point).unwrap();
-    for (index, (name, middle)) in STEPS.into_iter().enumerate() {
+    for (name, middle) in STEPS {
         assert_eq!(
             downstream.effects(name),
             1,
             "{name}'s effects after {point}"
         );
         let calls = downstream.calls(name);
-        let middle_at = POINTS.iter().position(|p| *p == middle).unwrap();
-        let expected = if middle == point { 2 } else { 1 };
-        assert_eq!(calls.len(), expected, "{name}'s calls after {point}");
-        if middle_at < reached {
-            // Journaled before the interruption: replayed.
-            assert_eq!(calls.len(), 1, "{name} ran again after {point}");
-        }
         assert!(
             calls.iter().all(|k| *k == calls[0]),
             "{name} was called with two keys after {point}: {calls:?}"
         );
-        let _ = index;
+        let middle_at = POINTS.iter().position(|p| *p == middle).unwrap();
+        let expected = match name {
+            // Interrupted in its middle: called again. Journaled behind
+            // the body, so a killed process may lose its entry: called
+            // again too.
+            "reserve" if middle == point => 2,
+            "reserve" if lost && middle_at < reached => calls.len().max(1),
+            // Reconciled, or settled by the operator: never called again.
+            _ => 1,
+        };
+        assert_eq!(
+            calls.len(),
+            expected,
+            "{name}'s calls after {point}: {calls:?}"
+        );
+        assert!(
+            calls.len() <= 2,
+            "{name} called {} times after {point}",
+            calls.len()
+        );
     }
     // A further call replays, calling nothing.
+    let before: usize = STEPS.iter().map(|(n, _)| downstream.calls(n).len()).sum();
     let again = checkout(store, key, downstream, &Crash::never())
         .await
         .unwrap();
     assert_eq!(again, OUTCOME);
-    let total: usize = STEPS.iter().map(|(n, _)| downstream.calls(n).len()).sum();
-    let expected = if point.starts_with('m') { 4 } else { 3 };
-    assert_eq!(total, expected, "calls after the replay, {point}");
+    let after: usize = STEPS.iter().map(|(n, _)| downstream.calls(n).len()).sum();
+    assert_eq!(
+        after, before,
+        "the replay after {point} called the downstream"
+    );
 }
 
 fn fresh_key(kind: &str, point: &str) -> String {
@@ -256,7 +313,7 @@ async fn dropped_future(store: Arc<dyn Store>) {
             }
             () = crash.reached.notified() => {}
         }
-        check_recovered(&*store, &key, &downstream, point).await;
+        check_recovered(&*store, &key, &downstream, point, false).await;
     }
 }
 
@@ -282,7 +339,7 @@ async fn aborted_task(store: Arc<dyn Store>) {
             .unwrap_or_else(|_| panic!("{point} was not reached"));
         task.abort();
         assert!(task.await.unwrap_err().is_cancelled());
-        check_recovered(&*store, &key, &downstream, point).await;
+        check_recovered(&*store, &key, &downstream, point, false).await;
     }
 }
 
@@ -323,7 +380,7 @@ async fn killed_process(test: &str, location: &str, store: Arc<dyn Store>) {
         let status = child.wait().await.unwrap();
         assert!(!status.success(), "the child was not killed: {status}");
         let downstream = Downstream::new(&ledger);
-        check_recovered(&*store, &key, &downstream, point).await;
+        check_recovered(&*store, &key, &downstream, point, true).await;
     }
 }
 
