@@ -440,9 +440,15 @@ impl<R> Step<R> {
                 let started = started.await.unwrap_or_else(|_| {
                     Err(Error::store("the step's journal write was cancelled"))
                 });
-                match started? {
-                    StepBegin::Run(_) => {}
-                    other => {
+                match started {
+                    Ok(StepBegin::Run(_)) => {}
+                    // The store failed: once the call ran, its output is
+                    // still used and journaled (as a completed entry).
+                    Err(Error::Store(err)) if output.is_ok() => {
+                        tracing::warn!(error = %err, step = name, "starting a step's entry failed");
+                    }
+                    Err(err) => return Err(err.into()),
+                    Ok(other) => {
                         return Err(Error::store(format!(
                             "step {name:?}: an entry appeared in the journal while the step \
                              ran ({other:?})"

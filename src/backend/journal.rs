@@ -324,6 +324,36 @@ impl<DB: Backend> SqlStore<DB> {
             {
                 Ok(())
             }
+            // Never started (its entry's write failed while the step
+            // ran): journaled all the same.
+            None => {
+                let sql = self.step_sql();
+                let (scope, key) = (claim.scope.as_str(), claim.key.as_str());
+                let token = Value::Bytes(&claim.token.as_bytes()[..]);
+                let seq = Value::Int(i64::from(step.seq));
+                let ttl = Value::Int(duration_millis(step.ttl));
+                let values = vec![
+                    Value::Text(scope),
+                    Value::Text(key),
+                    seq,
+                    Value::Text(step.name),
+                    Value::Bytes(&step.fingerprint.as_bytes()[..]),
+                    token,
+                    ttl,
+                ];
+                DB::execute(conn, &sql.insert, values).await?;
+                let values = vec![
+                    token,
+                    Value::Bytes(output),
+                    ttl,
+                    Value::Text(scope),
+                    Value::Text(key),
+                    seq,
+                    Value::Text(step.name),
+                ];
+                DB::execute(conn, &sql.complete, values).await?;
+                Ok(())
+            }
             _ => Err(crate::store::step_not_journaled(step)),
         }
     }

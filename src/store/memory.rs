@@ -368,6 +368,26 @@ impl Store for MemoryStore {
                 Ok(())
             }
             Some(entry) if entry.output.as_deref() == Some(output) => Ok(()),
+            // Never started (its entry's write failed while the step ran):
+            // journaled all the same.
+            None => {
+                steps.insert(
+                    step.seq,
+                    StepRecord {
+                        scope: claim.scope.clone(),
+                        key: claim.key.clone(),
+                        seq: step.seq,
+                        name: step.name.to_owned(),
+                        fingerprint: *step.fingerprint,
+                        state: StepState::Completed,
+                        token: claim.token,
+                        output: Some(output.to_vec()),
+                        updated_at: now,
+                        expires_at: now.saturating_add(duration_millis(step.ttl)),
+                    },
+                );
+                Ok(())
+            }
             _ => Err(super::step_not_journaled(step)),
         })?
     }

@@ -152,10 +152,11 @@ pub trait Store: Send + Sync {
         Err(no_journal())
     }
 
-    /// Journals the output of step `step` (begun by this claim, or in
-    /// doubt and reconciled), fenced by the claim as
-    /// [`begin_step`](Store::begin_step) is. Sent again after its answer
-    /// was lost, it succeeds when the entry holds this very output.
+    /// Journals the output of step `step` (begun by this claim, in doubt
+    /// and reconciled, or never started because that write failed),
+    /// fenced by the claim as [`begin_step`](Store::begin_step) is. Sent
+    /// again after its answer was lost, it succeeds when the entry holds
+    /// this very output.
     async fn complete_step(
         &self,
         claim: &Claim,

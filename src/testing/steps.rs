@@ -330,7 +330,8 @@ pub async fn a_step_journal_is_fenced<S: Store>(store: S) {
 }
 
 /// A journal entry's completion sent again (its answer lost) is accepted;
-/// another output for a completed step is not.
+/// another output for a completed step is not; a completion without an
+/// entry journals one.
 pub async fn a_step_completion_sent_again_is_accepted<S: Store>(store: S) {
     let key = fresh_key("steps-again");
     let (scope, k) = (Scope::new(SCOPE), Key::new(key.as_str()).unwrap());
@@ -367,6 +368,21 @@ pub async fn a_step_completion_sent_again_is_accepted<S: Store>(store: S) {
     assert_eq!(
         store.begin_step(&claim, &request).await.unwrap(),
         StepBegin::Replay(b"\"ch_1\"".to_vec())
+    );
+    // A step whose entry was never started (that write failed while it
+    // ran) is journaled by its completion all the same.
+    let never_started = StepRequest {
+        seq: 1,
+        name: "email",
+        ..request
+    };
+    store
+        .complete_step(&claim, &never_started, b"\"sent\"")
+        .await
+        .unwrap();
+    assert_eq!(
+        store.begin_step(&claim, &never_started).await.unwrap(),
+        StepBegin::Replay(b"\"sent\"".to_vec())
     );
 }
 
