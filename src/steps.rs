@@ -79,7 +79,9 @@
 //! runs, and its output is journaled while the body goes on, each on a
 //! task of its own. The body's result reaches the engine only once they
 //! have landed, and a dropped caller's claim is handed back only after
-//! them. Two things follow, both within what a rerun step accepts: a
+//! them (except on SQLite, whose writes queue for one lock anyway: there
+//! they are made in line, as for the other policies). Two things follow,
+//! both within what a rerun step accepts: a
 //! process killed right after such a step returned may take its output
 //! with it (the next attempt calls it again, with the same key), and an
 //! attempt that lost its claim may still start one more such call (with
@@ -562,7 +564,11 @@ impl<R> Step<R> {
                 journal: None,
             });
         };
-        if beside && policy == InDoubt::Rerun && unjournaled(&*journal, &current).await? {
+        if beside
+            && policy == InDoubt::Rerun
+            && journal.journal_beside()
+            && unjournaled(&*journal, &current).await?
+        {
             // Met for the first time, and rerun if in doubt: its entry is
             // written while its call runs, off the call's path.
             return Ok(Started::Beside {

@@ -344,6 +344,9 @@ impl<S: Store + Clone + 'static> Store for Claims<S> {
     ) -> Result<bool, Error> {
         self.0.resolve_step(scope, key, seq, name, resolution).await
     }
+    fn journal_beside(&self) -> bool {
+        self.0.journal_beside()
+    }
     fn detach(&self) -> Option<Arc<dyn Store>> {
         Some(Arc::new(self.clone()))
     }

@@ -81,6 +81,10 @@ pub(crate) mod dialect {
         /// `BEGIN IMMEDIATE`, the write lock from the start, since a
         /// deferred transaction that read first cannot always be upgraded).
         const BEGIN_WRITE: &'static str = "BEGIN";
+        /// Writes of several connections can proceed at once (row locks);
+        /// not on SQLite, where they queue for the database's one write
+        /// lock.
+        const WRITES_IN_PARALLEL: bool = true;
         /// What a read appends to lock its row against writers until the
         /// transaction ends (nothing where the transaction holds the whole
         /// database: SQLite).

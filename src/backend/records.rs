@@ -557,6 +557,10 @@ impl<DB: Backend> Store for SqlStore<DB> {
         DB::wakes_across_processes(self)
     }
 
+    fn journal_beside(&self) -> bool {
+        DB::WRITES_IN_PARALLEL
+    }
+
     fn detach(&self) -> Option<Arc<dyn Store>> {
         Some(Arc::new(self.clone()))
     }

@@ -295,6 +295,9 @@ impl<S: Store> Store for CachedStore<S> {
         self.inner.wakes_across_processes()
     }
 
+    fn journal_beside(&self) -> bool {
+        self.inner.journal_beside()
+    }
     fn detach(&self) -> Option<Arc<dyn Store>> {
         // A dropped caller's claim is handed back, or its outcome stored,
         // through the same cache.

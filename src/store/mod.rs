@@ -193,6 +193,14 @@ pub trait Store: Send + Sync {
         Err(no_journal())
     }
 
+    /// Whether the journal writes of a step may run beside the step's own
+    /// call and behind the body, off their path ([`crate::steps`]): `true`
+    /// by default; `false` where writes queue for one lock anyway
+    /// (SQLite's), so that more of them at once only wait longer.
+    fn journal_beside(&self) -> bool {
+        true
+    }
+
     /// An owned handle on the same records, for the work that must outlive
     /// a dropped caller: handing a claim back, or storing an outcome already
     /// in hand. `None` (the default) leaves such a claim to its lease.
@@ -396,6 +404,9 @@ macro_rules! forward_store {
             }
             fn wakes_across_processes(&self) -> bool {
                 (**self).wakes_across_processes()
+            }
+            fn journal_beside(&self) -> bool {
+                (**self).journal_beside()
             }
             fn detach(&self) -> Option<Arc<dyn Store>> {
                 (**self).detach()

@@ -154,6 +154,7 @@ const PURGE: &str = r#"DELETE FROM "{table}" WHERE rowid IN
 
 impl Dialect for Sqlite {
     const BEGIN_WRITE: &'static str = "BEGIN IMMEDIATE";
+    const WRITES_IN_PARALLEL: bool = false;
     const SMALL_OUTCOME_KIND: bool = false;
     const READ_FIRST: bool = true;
     type Wake = ();
