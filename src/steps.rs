@@ -256,7 +256,21 @@ impl Current {
 /// operation's scope as stored (`Scope::as_str`: the operation, then
 /// a line feed and the principal when there is one), and `occurrence`
 /// counts earlier steps of the same name in the operation, from 0. A
-/// service receiving the key can recompute it from the same parts.
+/// service receiving the key can recompute it from the same parts, as
+/// `printf 'idem-step-v1|12:payments.pay|8:order-17|6:charge|0' | sha256sum`
+/// does here:
+///
+/// ```
+/// use idem::steps::StepKey;
+/// use idem::{Key, Scope};
+///
+/// let key = StepKey::derive(&Scope::new("payments.pay"), &Key::new("order-17")?, "charge", 0);
+/// assert_eq!(
+///     key.as_str(),
+///     "67e28a3313a858d6533f53be205f62cea52d576245d954e843a737dbab355184"
+/// );
+/// # Ok::<(), idem::KeyError>(())
+/// ```
 #[derive(Clone, PartialEq, Eq, Hash)]
 pub struct StepKey(String);
 
