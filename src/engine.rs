@@ -116,7 +116,7 @@ use crate::key::{AsKey, Key, Scope};
 use crate::metrics;
 use crate::policy::Policy;
 use crate::record::{Begin, Claim, ClaimToken, Outcome, OutcomeKind};
-use crate::steps::{Operation, Pending};
+use crate::steps::{Operation, Pending, StepsAs};
 use crate::store::{BeginRequest, Store, TransactionalStore};
 
 /// The longest pause between two looks at an in-progress key when the store
@@ -191,17 +191,6 @@ pub struct Call<O = OkOnly<Json>> {
     /// where it is not the claim's own (entity mode's claim is per table,
     /// for any payload, and kept one lease).
     steps: Option<StepsAs>,
-}
-
-/// The operation as its durable steps see it.
-#[derive(Clone, Debug)]
-pub(crate) struct StepsAs {
-    /// Derives the steps' keys.
-    pub(crate) scope: Scope,
-    /// The payload's: a journal of another payload is refused.
-    pub(crate) fingerprint: Fingerprint,
-    /// How long journal entries are kept after their last write.
-    pub(crate) ttl: Duration,
 }
 
 /// What a [`Call`] does when its key is missing: an `Option` key that is

@@ -115,7 +115,6 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 
-use crate::engine::StepsAs;
 use crate::error::Error;
 use crate::fingerprint::Fingerprint;
 use crate::journal::{StepBegin, StepRequest, StepResolution, StepRun};
@@ -139,6 +138,17 @@ const JOURNAL_ATTEMPTS: u32 = 3;
 
 tokio::task_local! {
     static OPERATION: Operation;
+}
+
+/// What an operation's durable steps journal and derive their keys under.
+#[derive(Clone, Debug)]
+pub(crate) struct StepsAs {
+    /// Derives the steps' keys.
+    pub(crate) scope: Scope,
+    /// The payload's: a journal of another payload is refused.
+    pub(crate) fingerprint: Fingerprint,
+    /// How long journal entries are kept after their last write.
+    pub(crate) ttl: Duration,
 }
 
 /// The operation a body runs under, as its steps see it.

@@ -117,12 +117,13 @@ use crate::backend::entity::check_token_names;
 pub use crate::backend::entity::{
     is_unique_violation, Entity, EntityBind, EntityDatabase, RequestHash, TokenEntity,
 };
-use crate::engine::{self, Call, Codec, StepsAs};
+use crate::engine::{self, Call, Codec};
 use crate::error::Error;
 use crate::fingerprint::Fingerprint;
 use crate::key::{Key, Scope};
 use crate::metrics;
 use crate::policy::Policy;
+use crate::steps::StepsAs;
 
 /// Entity mode: returns the row whose token is the call's key, or runs
 /// `body` once per token and saves the entity it produces. See the
