@@ -8,8 +8,11 @@
 //! claim token, and a takeover (which updates the record) waits for it to
 //! commit. So once a takeover committed, no write of the claim it replaced
 //! can land: the new owner reads the journal as the old one left it.
-//! Records are always locked before journal entries, by every statement
-//! that takes both, so two of them never wait for each other.
+//! The transactions lock the record before the entries. InnoDB's
+//! one-statement completion locks the entry it scans first, so it can
+//! deadlock with a forget; InnoDB then rolls one back, and both run again
+//! (the forget in its transaction, the completion through the journal's
+//! retries).
 #![allow(unreachable_pub)] // named by the sealed `Dialect`'s statements, so `pub`; unnameable outside
 
 use super::exec::Value;
