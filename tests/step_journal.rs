@@ -4,6 +4,8 @@
 //!   replaces it: the write lands before the takeover (the successor then
 //!   replays the step) or is refused (the successor then finds the step in
 //!   doubt); never both landed and rerun;
+//! - an owner's step completion racing an operator's forget: no entry
+//!   survives the forget;
 //! - steps of one operation begun at once (`join!`): each is journaled at
 //!   its place, and a retry replays them all (MariaDB's gap locks, which
 //!   make such inserts deadlock, are retried).
@@ -97,6 +99,52 @@ async fn late_write_races_the_takeover<S: Store>(store: S) {
     println!("late write landed first {landed} times, refused {refused} times");
 }
 
+/// An owner's step completion racing an operator's forget: whichever
+/// lands first, no journal entry survives the forget, and the completion
+/// either landed before it or is refused.
+async fn completion_races_a_forget<S: Store>(store: S) {
+    let fingerprint = Fingerprint::of(&1).unwrap();
+    let ttl = Duration::from_secs(60);
+    for _ in 0..20 {
+        let (scope, key) = (
+            Scope::new("journal.forget"),
+            Key::new(fresh("forget")).unwrap(),
+        );
+        let request = BeginRequest {
+            scope: &scope,
+            key: &key,
+            fingerprint: &fingerprint,
+            token: ClaimToken::new(),
+            lease: Duration::from_secs(30),
+            ttl,
+        };
+        let Begin::Claimed(claim) = store.begin(&request).await.unwrap() else {
+            panic!("not claimed")
+        };
+        let step = StepRequest {
+            seq: 0,
+            name: "charge",
+            fingerprint: &fingerprint,
+            ttl,
+            adopt: false,
+        };
+        store.begin_step(&claim, &step).await.unwrap();
+        let (completed, forgot) = tokio::join!(
+            store.complete_step(&claim, &step, b"1"),
+            store.forget(&scope, &key)
+        );
+        assert!(forgot.unwrap());
+        assert!(
+            matches!(completed, Ok(()) | Err(Error::LeaseLost)),
+            "{completed:?}"
+        );
+        assert!(
+            store.steps(&scope, &key).await.unwrap().is_empty(),
+            "an entry survived the forget"
+        );
+    }
+}
+
 async fn steps_begun_at_once_replay<S: Store>(store: S) {
     let calls = Arc::new(AtomicUsize::new(0));
     let key = fresh("join");
@@ -148,6 +196,12 @@ common::backends!(memory, sqlite_file, sqlite_memory, postgres, mysql => {
     async fn a_late_step_write_races_the_takeover() {
         let (store, _guard) = backend::store(8).await;
         super::late_write_races_the_takeover(store).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn a_step_completion_races_a_forget() {
+        let (store, _guard) = backend::store(8).await;
+        super::completion_races_a_forget(store).await;
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
