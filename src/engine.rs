@@ -525,7 +525,7 @@ where
         // The body's durable steps journal through an owned handle on the
         // store, fenced by this claim; a dropped caller's claim is handed
         // back once their writes on the way have landed.
-        let pending = Pending::default();
+        let pending = Pending::new();
         guard.running(claim.clone());
         guard.journal_first(pending.clone());
         let operation = Operation::new(store.detach(), claim.clone(), call.steps_as(), pending);

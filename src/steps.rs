@@ -295,13 +295,7 @@ impl StepKey {
             hash.update(part.as_bytes());
         }
         hash.update(format!("|{occurrence}").as_bytes());
-        let digest = hash.finalize();
-        let mut hex = String::with_capacity(64);
-        for byte in digest {
-            hex.push(char::from(b"0123456789abcdef"[usize::from(byte >> 4)]));
-            hex.push(char::from(b"0123456789abcdef"[usize::from(byte & 15)]));
-        }
-        StepKey(hex)
+        StepKey(Fingerprint::from_digest(hash.finalize().into()).to_hex())
     }
 
     /// The key's text.
@@ -447,9 +441,9 @@ impl<R> Step<R> {
         R: Reconcile<T, E>,
     {
         let name = self.name;
-        let (current, journal) = match self.start(true).await? {
+        let (journal, current) = match self.start(true).await? {
             Started::Done(output) => return Ok(output),
-            Started::Run { current, journal } => (current, journal),
+            Started::Run(current) => (current.journal.clone(), current),
             Started::Beside { current, journal } => {
                 // On a task of its own, so that a caller dropped during the
                 // call does not cut the write off half way.
@@ -474,13 +468,7 @@ impl<R> Step<R> {
                         tracing::warn!(error = %err, step = name, "starting a step's entry failed");
                     }
                     Err(err) => return Err(err.into()),
-                    Ok(other) => {
-                        return Err(Error::store(format!(
-                            "step {name:?}: an entry appeared in the journal while the step \
-                             ran ({other:?})"
-                        ))
-                        .into())
-                    }
+                    Ok(other) => return Err(changed(name, &other).into()),
                 }
                 let output = output?;
                 let bytes = serde_json::to_vec(&output).map_err(Error::from)?;
@@ -527,24 +515,19 @@ impl<R> Step<R> {
         let name = self.name;
         // The entry is started before the call: written beside it, it
         // could wait for a lock the caller's transaction holds (SQLite's).
-        let (current, journal) = match self.start(false).await? {
+        let current = match self.start(false).await? {
             Started::Done(output) => return Ok(output),
-            Started::Run { current, journal } => (current, journal),
+            Started::Run(current) => current,
             Started::Beside { current, journal } => {
                 match begin(&*journal, &current.claim, &current.request(name)).await? {
-                    StepBegin::Run(_) => (current, Some(journal)),
-                    other => {
-                        return Err(Error::store(format!(
-                            "step {name:?}: an entry appeared in the journal ({other:?})"
-                        ))
-                        .into())
-                    }
+                    StepBegin::Run(_) => current,
+                    other => return Err(changed(name, &other).into()),
                 }
             }
         };
         let (result, conn) = f(conn, current.key.clone()).await;
         let output = result?;
-        if journal.is_some() {
+        if current.journal.is_some() {
             let bytes = serde_json::to_vec(&output).map_err(Error::from)?;
             store
                 .complete_step_on(conn, &current.claim, &current.request(name), &bytes)
@@ -583,10 +566,7 @@ impl<R> Step<R> {
                 ))
                 .into());
             }
-            return Ok(Started::Run {
-                current: Box::new(current),
-                journal: None,
-            });
+            return Ok(Started::Run(Box::new(current)));
         };
         if beside
             && policy == InDoubt::Rerun
@@ -654,13 +634,7 @@ impl<R> Step<R> {
                         StepRun::Fresh
                     }
                     StepBegin::Replay(bytes) => return Ok(Started::Done(decode(&bytes)?)),
-                    other => {
-                        return Err(Error::store(format!(
-                            "step {name:?}: the journal changed while it was reconciled \
-                             ({other:?})"
-                        ))
-                        .into())
-                    }
+                    other => return Err(changed(name, &other).into()),
                 }
             }
         };
@@ -677,11 +651,16 @@ impl<R> Step<R> {
             StepRun::Allowed => in_doubt(&current.claim.scope, name, "allowed"),
             StepRun::Fresh | StepRun::Again => {}
         }
-        Ok(Started::Run {
-            current: Box::new(current),
-            journal: Some(journal),
-        })
+        Ok(Started::Run(Box::new(current)))
     }
+}
+
+/// The journal answered a step otherwise than its own earlier answer
+/// allows: another writer changed it meanwhile (an operator's resolution).
+fn changed(name: &str, answer: &StepBegin) -> Error {
+    Error::store(format!(
+        "step {name:?}: its journal entry changed while the step ran ({answer:?})"
+    ))
 }
 
 /// Where a step stands before its own call.
@@ -695,10 +674,7 @@ enum Started<T> {
         journal: Arc<dyn Store>,
     },
     /// Run it, then journal its output (when there is a journal).
-    Run {
-        current: Box<Current>,
-        journal: Option<Arc<dyn Store>>,
-    },
+    Run(Box<Current>),
 }
 
 /// `body`, then the journal writes its steps left on their way.
@@ -711,18 +687,34 @@ async fn flushed<F: Future>(body: F) -> F::Output {
 }
 
 /// An operation's journal writes on their way, shared with the engine.
+/// `Pending::default()` keeps none: an operation that cannot journal
+/// (transactional mode) has no list to allocate.
 #[derive(Clone, Default)]
-pub(crate) struct Pending(Arc<Mutex<Vec<tokio::task::JoinHandle<()>>>>);
+pub(crate) struct Pending(Option<Arc<Mutex<Vec<tokio::task::JoinHandle<()>>>>>);
 
 impl Pending {
+    /// An empty list.
+    pub(crate) fn new() -> Self {
+        Pending(Some(Arc::default()))
+    }
+
     fn push(&self, write: tokio::task::JoinHandle<()>) {
-        self.0.lock().unwrap_or_else(|e| e.into_inner()).push(write);
+        // Without a list the write runs on, detached.
+        if let Some(pending) = &self.0 {
+            pending
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(write);
+        }
     }
 
     /// Waits for every write on its way.
     pub(crate) async fn flush(&self) {
+        let Some(list) = &self.0 else {
+            return;
+        };
         loop {
-            let pending = std::mem::take(&mut *self.0.lock().unwrap_or_else(|e| e.into_inner()));
+            let pending = std::mem::take(&mut *list.lock().unwrap_or_else(|e| e.into_inner()));
             if pending.is_empty() {
                 return;
             }
@@ -865,22 +857,17 @@ where
         .await?;
     if resolved {
         tracing::info!(%scope, %key, seq, step = name, resolution = label, "step resolved by an operator");
-        metrics::counter!(
-            STEPS_IN_DOUBT,
-            "operation" => scope.operation().to_owned(),
-            "step" => name.to_owned(),
-            "resolution" => label
-        )
-        .increment(1);
+        in_doubt(scope, name.to_owned(), label);
     }
     Ok(resolved)
 }
 
-fn in_doubt(scope: &Scope, step: &'static str, resolution: &'static str) {
+/// Counts a step in doubt of `scope`'s operation, by `resolution`.
+fn in_doubt(scope: &Scope, step: impl Into<metrics::SharedString>, resolution: &'static str) {
     metrics::counter!(
         STEPS_IN_DOUBT,
         "operation" => scope.operation().to_owned(),
-        "step" => step,
+        "step" => step.into(),
         "resolution" => resolution
     )
     .increment(1);

@@ -16,15 +16,15 @@
 #![allow(unreachable_pub)] // named by the sealed `Dialect`'s statements, so `pub`; unnameable outside
 
 use super::exec::Value;
+use super::records::Columns;
 use super::{Backend, SqlStore};
 use crate::error::Error;
-use crate::fingerprint::Fingerprint;
 use crate::journal::{
     decide_step, StepBegin, StepDecision, StepRecord, StepRequest, StepResolution, StepRun,
     StepState,
 };
 use crate::key::{Key, Scope};
-use crate::record::{duration_millis, Claim, ClaimToken, Millis};
+use crate::record::{duration_millis, Claim, Millis};
 
 /// How often a journal transaction runs when the database rolled it back
 /// to break a deadlock (MySQL's gap locks, when steps of one operation
@@ -212,9 +212,8 @@ impl<DB: Backend> SqlStore<DB> {
         let Some(row) = row else {
             return Err(Error::LeaseLost);
         };
-        let token = DB::bytes(&row, "claim_token")?;
-        let state = text::<DB>(&row, "state")?;
-        if token.as_deref() == Some(&claim.token.as_bytes()[..]) && state == "in_progress" {
+        let columns = Columns::<DB>::new(&row, "idempotency record");
+        if columns.token()? == Some(claim.token) && columns.text("state")? == "in_progress" {
             Ok(())
         } else {
             Err(Error::LeaseLost)
@@ -259,33 +258,19 @@ impl<DB: Backend> SqlStore<DB> {
             StepDecision::Start(run) => run,
         };
         let sql = self.step_sql();
-        let (scope, key) = (claim.scope.as_str(), claim.key.as_str());
-        let seq = Value::Int(i64::from(step.seq));
-        let fingerprint = Value::Bytes(&step.fingerprint.as_bytes()[..]);
-        let token = Value::Bytes(&claim.token.as_bytes()[..]);
-        let ttl = Value::Int(duration_millis(step.ttl));
         if found.is_some() {
             let values = vec![
                 Value::Text(step.name),
-                fingerprint,
-                token,
-                ttl,
-                Value::Text(scope),
-                Value::Text(key),
-                seq,
+                Value::Bytes(&step.fingerprint.as_bytes()[..]),
+                Value::Bytes(&claim.token.as_bytes()[..]),
+                Value::Int(duration_millis(step.ttl)),
+                Value::Text(claim.scope.as_str()),
+                Value::Text(claim.key.as_str()),
+                Value::Int(i64::from(step.seq)),
             ];
             DB::execute(conn, &sql.start, values).await?;
         } else {
-            let values = vec![
-                Value::Text(scope),
-                Value::Text(key),
-                seq,
-                Value::Text(step.name),
-                fingerprint,
-                token,
-                ttl,
-            ];
-            DB::execute(conn, &sql.insert, values).await?;
+            DB::execute(conn, &sql.insert, inserted(claim, step)).await?;
         }
         Ok(StepBegin::Run(run))
     }
@@ -301,16 +286,8 @@ impl<DB: Backend> SqlStore<DB> {
         output: &[u8],
     ) -> Result<(), Error> {
         self.fence_on(conn, claim).await?;
-        let values = vec![
-            Value::Bytes(&claim.token.as_bytes()[..]),
-            Value::Bytes(output),
-            Value::Int(duration_millis(step.ttl)),
-            Value::Text(claim.scope.as_str()),
-            Value::Text(claim.key.as_str()),
-            Value::Int(i64::from(step.seq)),
-            Value::Text(step.name),
-        ];
-        let done = DB::execute(conn, &self.step_sql().complete, values).await?;
+        let sql = self.step_sql();
+        let done = DB::execute(conn, &sql.complete, completed(claim, step, output)).await?;
         if DB::rows_affected(&done) > 0 {
             return Ok(());
         }
@@ -330,31 +307,8 @@ impl<DB: Backend> SqlStore<DB> {
             // Never started (its entry's write failed while the step
             // ran): journaled all the same.
             None => {
-                let sql = self.step_sql();
-                let (scope, key) = (claim.scope.as_str(), claim.key.as_str());
-                let token = Value::Bytes(&claim.token.as_bytes()[..]);
-                let seq = Value::Int(i64::from(step.seq));
-                let ttl = Value::Int(duration_millis(step.ttl));
-                let values = vec![
-                    Value::Text(scope),
-                    Value::Text(key),
-                    seq,
-                    Value::Text(step.name),
-                    Value::Bytes(&step.fingerprint.as_bytes()[..]),
-                    token,
-                    ttl,
-                ];
-                DB::execute(conn, &sql.insert, values).await?;
-                let values = vec![
-                    token,
-                    Value::Bytes(output),
-                    ttl,
-                    Value::Text(scope),
-                    Value::Text(key),
-                    seq,
-                    Value::Text(step.name),
-                ];
-                DB::execute(conn, &sql.complete, values).await?;
+                DB::execute(conn, &sql.insert, inserted(claim, step)).await?;
+                DB::execute(conn, &sql.complete, completed(claim, step, output)).await?;
                 Ok(())
             }
             _ => Err(crate::store::step_not_journaled(step)),
@@ -370,20 +324,8 @@ impl<DB: Backend> SqlStore<DB> {
         claim: &Claim,
         step: &StepRequest<'_>,
     ) -> Result<StepBegin, Error> {
-        let (scope, key) = (claim.scope.as_str(), claim.key.as_str());
-        let token = Value::Bytes(&claim.token.as_bytes()[..]);
-        let values = vec![
-            Value::Text(scope),
-            Value::Text(key),
-            Value::Int(i64::from(step.seq)),
-            Value::Text(step.name),
-            Value::Bytes(&step.fingerprint.as_bytes()[..]),
-            token,
-            Value::Int(duration_millis(step.ttl)),
-            Value::Text(scope),
-            Value::Text(key),
-            token,
-        ];
+        let mut values = inserted(claim, step);
+        values.extend(owned(claim));
         let mut conn = self.pool.acquire().await?;
         match DB::execute(&mut conn, &self.step_sql().insert_fenced, values).await {
             Ok(done) if DB::rows_affected(&done) > 0 => return Ok(StepBegin::Run(StepRun::Fresh)),
@@ -404,20 +346,8 @@ impl<DB: Backend> SqlStore<DB> {
         step: &StepRequest<'_>,
         output: &[u8],
     ) -> Result<(), Error> {
-        let (scope, key) = (claim.scope.as_str(), claim.key.as_str());
-        let token = Value::Bytes(&claim.token.as_bytes()[..]);
-        let values = vec![
-            token,
-            Value::Bytes(output),
-            Value::Int(duration_millis(step.ttl)),
-            Value::Text(scope),
-            Value::Text(key),
-            Value::Int(i64::from(step.seq)),
-            Value::Text(step.name),
-            Value::Text(scope),
-            Value::Text(key),
-            token,
-        ];
+        let mut values = completed(claim, step, output);
+        values.extend(owned(claim));
         let mut conn = self.pool.acquire().await?;
         let done = DB::execute(&mut conn, &self.step_sql().complete_fenced, values).await?;
         if DB::rows_affected(&done) > 0 {
@@ -476,45 +406,59 @@ fn is_unique_violation(err: &sqlx::Error) -> bool {
         .is_some_and(|e| e.is_unique_violation())
 }
 
-/// A text column (bytes checked as UTF-8 where text is binary).
-fn text<DB: Backend>(row: &DB::Row, column: &str) -> Result<String, Error> {
-    if DB::TEXT_AS_BYTES {
-        let bytes = DB::bytes(row, column)?.unwrap_or_default();
-        String::from_utf8(bytes).map_err(|_| corrupt(&format!("{column} is not UTF-8")))
-    } else {
-        Ok(DB::text(row, column)?)
-    }
+/// The values of `insert`, and the first ones of `insert_fenced`.
+fn inserted<'a>(claim: &'a Claim, step: &StepRequest<'a>) -> Values<'a> {
+    vec![
+        Value::Text(claim.scope.as_str()),
+        Value::Text(claim.key.as_str()),
+        Value::Int(i64::from(step.seq)),
+        Value::Text(step.name),
+        Value::Bytes(&step.fingerprint.as_bytes()[..]),
+        Value::Bytes(&claim.token.as_bytes()[..]),
+        Value::Int(duration_millis(step.ttl)),
+    ]
 }
 
-fn corrupt(what: &str) -> Error {
-    Error::store(format!("corrupt step journal entry: {what}"))
+/// The values of `complete`, and the first ones of `complete_fenced`.
+fn completed<'a>(claim: &'a Claim, step: &StepRequest<'a>, output: &'a [u8]) -> Values<'a> {
+    vec![
+        Value::Bytes(&claim.token.as_bytes()[..]),
+        Value::Bytes(output),
+        Value::Int(duration_millis(step.ttl)),
+        Value::Text(claim.scope.as_str()),
+        Value::Text(claim.key.as_str()),
+        Value::Int(i64::from(step.seq)),
+        Value::Text(step.name),
+    ]
+}
+
+/// The fence's values, last in the one-statement writes: the record's
+/// scope, key and the claim's token.
+fn owned(claim: &Claim) -> [Value<'_>; 3] {
+    [
+        Value::Text(claim.scope.as_str()),
+        Value::Text(claim.key.as_str()),
+        Value::Bytes(&claim.token.as_bytes()[..]),
+    ]
 }
 
 /// An entry's row and the database's time of the read.
 fn decode<DB: Backend>(row: &DB::Row) -> Result<(StepRecord, Millis), Error> {
-    let int = |column: &str| -> Result<i64, Error> {
-        DB::int(row, column)?.ok_or_else(|| corrupt(&format!("{column} is NULL")))
-    };
-    let fingerprint = DB::bytes(row, "fingerprint")?.unwrap_or_default();
-    let fingerprint = <[u8; 32]>::try_from(fingerprint.as_slice())
-        .map(Fingerprint::from_digest)
-        .map_err(|_| corrupt("fingerprint is not 32 bytes"))?;
-    let token = DB::bytes(row, "claim_token")?.unwrap_or_default();
-    let token = <[u8; 16]>::try_from(token.as_slice())
-        .map(ClaimToken::from_bytes)
-        .map_err(|_| corrupt("claim token is not 16 bytes"))?;
+    let columns = Columns::<DB>::new(row, "step journal entry");
     let entry = StepRecord {
-        scope: Scope::from_stored(&text::<DB>(row, "scope")?),
-        key: Key::new(text::<DB>(row, "key")?).map_err(|_| corrupt("invalid key"))?,
-        seq: u32::try_from(int("seq")?).map_err(|_| corrupt("seq out of range"))?,
-        name: text::<DB>(row, "name")?,
-        fingerprint,
-        state: StepState::parse(&text::<DB>(row, "state")?)
-            .ok_or_else(|| corrupt("unknown state"))?,
-        token,
-        output: DB::bytes(row, "output")?,
-        updated_at: int("updated_at")?,
-        expires_at: int("expires_at")?,
+        scope: columns.scope()?,
+        key: columns.key()?,
+        seq: u32::try_from(columns.int("seq")?).map_err(|_| columns.corrupt("seq out of range"))?,
+        name: columns.text("name")?,
+        fingerprint: columns.fingerprint()?,
+        state: StepState::parse(&columns.text("state")?)
+            .ok_or_else(|| columns.corrupt("unknown state"))?,
+        token: columns
+            .token()?
+            .ok_or_else(|| columns.corrupt("claim token is NULL"))?,
+        output: columns.bytes("output")?,
+        updated_at: columns.int("updated_at")?,
+        expires_at: columns.int("expires_at")?,
     };
-    Ok((entry, int("db_now")?))
+    Ok((entry, columns.int("db_now")?))
 }

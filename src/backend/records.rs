@@ -663,54 +663,97 @@ fn decode_read<DB: Backend>(row: &DB::Row) -> Result<(Record, Millis), Error> {
     Ok((record_from_row::<DB>(row)?, now))
 }
 
+/// The columns of a row this library wrote, read by name; a value it could
+/// not have written is a store error naming `what` the row is and what is
+/// wrong. Shared by the records and the step journal.
+pub(crate) struct Columns<'r, DB: Backend> {
+    row: &'r DB::Row,
+    what: &'static str,
+}
+
+impl<'r, DB: Backend> Columns<'r, DB> {
+    pub(crate) fn new(row: &'r DB::Row, what: &'static str) -> Self {
+        Columns { row, what }
+    }
+
+    pub(crate) fn corrupt(&self, wrong: &str) -> Error {
+        Error::store(format!("corrupt {}: {wrong}", self.what))
+    }
+
+    /// A text column (read as bytes and checked as UTF-8 where text
+    /// columns are binary).
+    pub(crate) fn text(&self, column: &str) -> Result<String, Error> {
+        if DB::TEXT_AS_BYTES {
+            let bytes = DB::bytes(self.row, column)?.unwrap_or_default();
+            String::from_utf8(bytes).map_err(|_| self.corrupt(&format!("{column} is not UTF-8")))
+        } else {
+            Ok(DB::text(self.row, column)?)
+        }
+    }
+
+    /// An integer column that is never NULL.
+    pub(crate) fn int(&self, column: &str) -> Result<i64, Error> {
+        DB::int(self.row, column)?.ok_or_else(|| self.corrupt(&format!("{column} is NULL")))
+    }
+
+    pub(crate) fn bytes(&self, column: &str) -> Result<Option<Vec<u8>>, Error> {
+        Ok(DB::bytes(self.row, column)?)
+    }
+
+    pub(crate) fn scope(&self) -> Result<Scope, Error> {
+        Ok(Scope::from_stored(&self.text("scope")?))
+    }
+
+    pub(crate) fn key(&self) -> Result<Key, Error> {
+        Key::new(self.text("key")?).map_err(|_| self.corrupt("invalid key"))
+    }
+
+    pub(crate) fn fingerprint(&self) -> Result<Fingerprint, Error> {
+        let fingerprint = self.bytes("fingerprint")?.unwrap_or_default();
+        <[u8; 32]>::try_from(fingerprint.as_slice())
+            .map(Fingerprint::from_digest)
+            .map_err(|_| self.corrupt("fingerprint is not 32 bytes"))
+    }
+
+    /// The claim token, `None` when NULL.
+    pub(crate) fn token(&self) -> Result<Option<ClaimToken>, Error> {
+        self.bytes("claim_token")?
+            .map(|t| <[u8; 16]>::try_from(t.as_slice()).map(ClaimToken::from_bytes))
+            .transpose()
+            .map_err(|_| self.corrupt("claim token is not 16 bytes"))
+    }
+}
+
 /// Decodes a record's row; a row this library could not have written is a
 /// store error naming what is wrong.
 fn record_from_row<DB: Backend>(row: &DB::Row) -> Result<Record, Error> {
-    let corrupt = |what: &str| Error::store(format!("corrupt idempotency record: {what}"));
-    let text = |column: &str| -> Result<String, Error> {
-        if DB::TEXT_AS_BYTES {
-            // Binary columns: text is read as bytes and checked here.
-            let bytes = DB::bytes(row, column)?.unwrap_or_default();
-            String::from_utf8(bytes).map_err(|_| corrupt(&format!("{column} is not UTF-8")))
-        } else {
-            Ok(DB::text(row, column)?)
-        }
-    };
-    let int = |column: &str| -> Result<i64, Error> {
-        DB::int(row, column)?.ok_or_else(|| corrupt(&format!("{column} is NULL")))
-    };
+    let columns = Columns::<DB>::new(row, "idempotency record");
     let kind = if DB::SMALL_OUTCOME_KIND {
         DB::small(row, "outcome_kind")?.map(i64::from)
     } else {
         DB::int(row, "outcome_kind")?
     };
-    let fingerprint = DB::bytes(row, "fingerprint")?.unwrap_or_default();
-    let fingerprint = <[u8; 32]>::try_from(fingerprint.as_slice())
-        .map(Fingerprint::from_digest)
-        .map_err(|_| corrupt("fingerprint is not 32 bytes"))?;
-    let state = State::parse(&text("state")?).ok_or_else(|| corrupt("unknown state"))?;
-    let outcome = match (kind, DB::bytes(row, "outcome")?) {
+    let state =
+        State::parse(&columns.text("state")?).ok_or_else(|| columns.corrupt("unknown state"))?;
+    let outcome = match (kind, columns.bytes("outcome")?) {
         (Some(kind), Some(body)) => Some(Outcome {
-            kind: OutcomeKind::from_code(kind).ok_or_else(|| corrupt("unknown outcome kind"))?,
+            kind: OutcomeKind::from_code(kind)
+                .ok_or_else(|| columns.corrupt("unknown outcome kind"))?,
             body,
         }),
         _ => None,
     };
-    let token = DB::bytes(row, "claim_token")?
-        .map(|t| <[u8; 16]>::try_from(t.as_slice()).map(ClaimToken::from_bytes))
-        .transpose()
-        .map_err(|_| corrupt("claim token is not 16 bytes"))?;
     Ok(Record {
-        scope: Scope::from_stored(&text("scope")?),
-        key: Key::new(text("key")?).map_err(|_| corrupt("invalid key"))?,
-        fingerprint,
+        scope: columns.scope()?,
+        key: columns.key()?,
+        fingerprint: columns.fingerprint()?,
         state,
-        fence: int("fence")?,
-        token,
+        fence: columns.int("fence")?,
+        token: columns.token()?,
         lease_until: DB::int(row, "lease_until")?,
         outcome,
-        created_at: int("created_at")?,
-        expires_at: int("expires_at")?,
+        created_at: columns.int("created_at")?,
+        expires_at: columns.int("expires_at")?,
     })
 }
 

@@ -41,6 +41,31 @@ struct Inner {
 
 type Journal = std::collections::HashMap<Slot, std::collections::BTreeMap<u32, StepRecord>>;
 
+/// The journal entry of `step`, written by `claim` at `now`: started, or
+/// completed with `output`.
+fn journal_entry(
+    claim: &Claim,
+    step: &StepRequest<'_>,
+    output: Option<&[u8]>,
+    now: Millis,
+) -> StepRecord {
+    StepRecord {
+        scope: claim.scope.clone(),
+        key: claim.key.clone(),
+        seq: step.seq,
+        name: step.name.to_owned(),
+        fingerprint: *step.fingerprint,
+        state: match output {
+            Some(_) => StepState::Completed,
+            None => StepState::Started,
+        },
+        token: claim.token,
+        output: output.map(<[u8]>::to_vec),
+        updated_at: now,
+        expires_at: now.saturating_add(duration_millis(step.ttl)),
+    }
+}
+
 /// The records by slot, in the order they were written (a removal moves
 /// the last one into the gap): the hashed index holds only positions, and
 /// each record sits with its slot and hash, so a look-up reads one small
@@ -331,21 +356,7 @@ impl Store for MemoryStore {
             match decide_step(step, claim.token, entry, now) {
                 StepDecision::Answer(answer) => answer,
                 StepDecision::Start(run) => {
-                    steps.insert(
-                        step.seq,
-                        StepRecord {
-                            scope: claim.scope.clone(),
-                            key: claim.key.clone(),
-                            seq: step.seq,
-                            name: step.name.to_owned(),
-                            fingerprint: *step.fingerprint,
-                            state: StepState::Started,
-                            token: claim.token,
-                            output: None,
-                            updated_at: now,
-                            expires_at: now.saturating_add(duration_millis(step.ttl)),
-                        },
-                    );
+                    steps.insert(step.seq, journal_entry(claim, step, None, now));
                     StepBegin::Run(run)
                 }
             }
@@ -371,21 +382,7 @@ impl Store for MemoryStore {
             // Never started (its entry's write failed while the step ran):
             // journaled all the same.
             None => {
-                steps.insert(
-                    step.seq,
-                    StepRecord {
-                        scope: claim.scope.clone(),
-                        key: claim.key.clone(),
-                        seq: step.seq,
-                        name: step.name.to_owned(),
-                        fingerprint: *step.fingerprint,
-                        state: StepState::Completed,
-                        token: claim.token,
-                        output: Some(output.to_vec()),
-                        updated_at: now,
-                        expires_at: now.saturating_add(duration_millis(step.ttl)),
-                    },
-                );
+                steps.insert(step.seq, journal_entry(claim, step, Some(output), now));
                 Ok(())
             }
             _ => Err(super::step_not_journaled(step)),
@@ -415,7 +412,9 @@ impl Store for MemoryStore {
         let Some(entry) = journal
             .get_mut(&At::of(scope, key).slot())
             .and_then(|steps| steps.get_mut(&seq))
-            .filter(|entry| entry.name == name && entry.state != StepState::Completed)
+            .filter(|entry| {
+                entry.name == name && entry.state != StepState::Completed && entry.expires_at > now
+            })
         else {
             return Ok(false);
         };
@@ -427,7 +426,6 @@ impl Store for MemoryStore {
             StepResolution::Rerun => entry.state = StepState::RerunAllowed,
         }
         entry.updated_at = now;
-        entry.expires_at = entry.expires_at.max(now);
         Ok(true)
     }
 
