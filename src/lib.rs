@@ -64,6 +64,8 @@ mod key;
 pub mod metrics;
 mod policy;
 pub mod record;
+#[cfg(feature = "redis")]
+mod redis_store;
 pub mod steps;
 pub mod store;
 #[cfg(feature = "testing")]
@@ -98,6 +100,9 @@ pub use fingerprint::{key_of, Fingerprint, HashedKey};
 pub use key::{AsKey, Displayed, Key, KeyError, Scope, MAX_KEY_LEN, MAX_SCOPE_LEN};
 pub use policy::{InProgressPolicy, Policy};
 pub use record::{Begin, Claim, ClaimToken, Outcome, OutcomeKind, Record, State};
+#[cfg(feature = "redis")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
+pub use redis_store::RedisStore;
 pub use store::{
     BeginRequest, CachedStore, MemoryStore, PassThroughStore, Store, TransactionalStore,
 };

@@ -295,6 +295,10 @@ impl<S: Store> Store for CachedStore<S> {
         self.inner.wakes_across_processes()
     }
 
+    fn deletes_expired_itself(&self) -> bool {
+        self.inner.deletes_expired_itself()
+    }
+
     fn journal_beside(&self) -> bool {
         self.inner.journal_beside()
     }

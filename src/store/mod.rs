@@ -101,6 +101,14 @@ pub trait Store: Send + Sync {
     /// deleted.
     async fn purge_expired(&self, batch: usize) -> Result<u64, Error>;
 
+    /// Whether the database deletes expired records and journal entries by
+    /// itself (Redis's key expiry), so that
+    /// [`purge_expired`](Store::purge_expired) has nothing to do and
+    /// answers 0. `false` by default.
+    fn deletes_expired_itself(&self) -> bool {
+        false
+    }
+
     /// Waits until the record of `(scope, key)` may have changed (completed
     /// or released), or at most `timeout`. The engine calls this between
     /// attempts while a duplicate waits; stores that can be told about
@@ -407,6 +415,9 @@ macro_rules! forward_store {
             }
             fn journal_beside(&self) -> bool {
                 (**self).journal_beside()
+            }
+            fn deletes_expired_itself(&self) -> bool {
+                (**self).deletes_expired_itself()
             }
             fn detach(&self) -> Option<Arc<dyn Store>> {
                 (**self).detach()

@@ -1,0 +1,893 @@
+//! Redis and Redis Cluster: records as hashes, every transition one Lua
+//! script ([`scripts`]), expiry by Redis's own TTL, and waiters woken by
+//! pub/sub on each record's channel.
+
+mod scripts;
+mod subscriptions;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::cluster::ClusterClientBuilder;
+use redis::cluster_async::ClusterConnection;
+use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
+use redis::{Cmd, IntoConnectionInfo, ProtocolVersion, RedisError, RedisFuture, Value};
+use sha2::{Digest, Sha256};
+
+use self::scripts::SCRIPTS;
+use self::subscriptions::Subscriptions;
+use crate::error::Error;
+use crate::fingerprint::Fingerprint;
+use crate::journal::{
+    decide_step, StepBegin, StepDecision, StepRecord, StepRequest, StepResolution, StepRun,
+    StepState,
+};
+use crate::key::{Key, Scope};
+use crate::record::{
+    decide, duration_millis, Begin, BeginRequest, Claim, ClaimToken, Millis, Outcome, OutcomeKind,
+    Record, State,
+};
+use crate::store::{Look, Store, Waiters};
+
+/// The default prefix of every key the store writes.
+const DEFAULT_PREFIX: &str = "idem";
+
+/// The longest duration written, in milliseconds (about 35,000 years):
+/// the scripts compute in Lua's doubles, exact below 2^53.
+const MAX_MILLIS: Millis = 1 << 50;
+
+/// How long a command may wait for its answer before it fails (and the
+/// engine's retry, with the same claim token, takes over).
+const DEFAULT_RESPONSE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Records in Redis or in a Redis Cluster (feature `redis`).
+///
+/// - **One script per transition.** Claim, takeover, renewal, completion,
+///   release, forget and the step journal's writes are each one Lua script
+///   (`EVALSHA`, loaded on first use and again after `NOSCRIPT`), atomic as
+///   the SQL stores' statements are. A claim answered by a lost reply and
+///   sent again is recognized by its token.
+/// - **The server's clock.** Leases and expiries are computed in the
+///   scripts from `TIME`, never from this process's clock.
+/// - **Redis expires records.** Each record is written with `PEXPIREAT`,
+///   its step journal too, so [`Store::purge_expired`] has nothing to do
+///   and answers 0 ([`Store::deletes_expired_itself`]).
+/// - **One slot per record.** The keys of a record (`<prefix>:{<tag>}:r`
+///   for the record, `:j` for its journal, `:c` for its channel) share the
+///   hash tag `<tag>`, the SHA-256 of its scope and key, so every script
+///   touches one slot and runs on any cluster.
+/// - **Waiters woken by pub/sub.** A duplicate that waits subscribes to
+///   the record's channel (`SSUBSCRIBE` on a cluster, `SUBSCRIBE` on a
+///   single Redis) before it looks; a completion or release publishes
+///   there when someone waits. A lost subscription falls back to polling.
+/// - **Bytes.** Outcomes and step outputs are stored as they are, so any
+///   codec works.
+///
+/// Redis replicates asynchronously: a claim or a completion acknowledged
+/// by a primary that fails before its replicas have it can be lost in a
+/// failover, and a retry may then run the body again.
+/// [`wait_for_replicas`](RedisStore::wait_for_replicas) makes every claim
+/// and completion wait until that many replicas acknowledged it (`WAIT`).
+/// The README's Stores section states the guarantee.
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), idem::Error> {
+/// use std::time::Duration;
+///
+/// let single = idem::RedisStore::connect("redis://127.0.0.1:6379").await?;
+/// let cluster = idem::RedisStore::connect_cluster(["redis://127.0.0.1:7100"])
+///     .await?
+///     .wait_for_replicas(1, Duration::from_millis(500));
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct RedisStore {
+    shared: Arc<Shared>,
+    prefix: Arc<str>,
+    replicas: Option<(u32, Duration)>,
+}
+
+/// What clones of a store share: the connection, and the waiters of this
+/// process with their subscriptions.
+struct Shared {
+    conn: Conn,
+    waiters: Arc<Waiters>,
+    subscriptions: Subscriptions,
+    /// Whether the channels of this process are subscribed and the
+    /// connection has not dropped since.
+    listening: Arc<AtomicBool>,
+    relay: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        self.relay.abort();
+    }
+}
+
+impl std::fmt::Debug for RedisStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisStore")
+            .field("cluster", &self.shared.conn.is_cluster())
+            .field("prefix", &self.prefix)
+            .field("replicas", &self.replicas)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A connection to a single Redis (reconnecting by itself) or to a
+/// cluster (following its slots and failovers by itself).
+#[derive(Clone)]
+enum Conn {
+    Single(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+impl Conn {
+    fn is_cluster(&self) -> bool {
+        matches!(self, Conn::Cluster(_))
+    }
+}
+
+impl ConnectionLike for Conn {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            Conn::Single(conn) => conn.req_packed_command(cmd),
+            Conn::Cluster(conn) => conn.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a redis::Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            Conn::Single(conn) => conn.req_packed_commands(pipeline, offset, count),
+            Conn::Cluster(conn) => conn.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Conn::Single(conn) => conn.get_db(),
+            Conn::Cluster(conn) => conn.get_db(),
+        }
+    }
+}
+
+fn store_error(err: RedisError) -> Error {
+    Error::store(err)
+}
+
+fn corrupt(what: &str) -> Error {
+    Error::store(format!("corrupt idempotency record in Redis: {what}"))
+}
+
+/// A duration as the scripts take it: milliseconds, at most [`MAX_MILLIS`].
+fn millis(d: Duration) -> Millis {
+    duration_millis(d).min(MAX_MILLIS)
+}
+
+/// The keys of one record, all under one hash tag.
+struct Keys {
+    record: String,
+    journal: String,
+    channel: String,
+}
+
+/// The keys of `(scope, key)` under `prefix`: their hash tag is the hex
+/// SHA-256 of `<len(scope)>:<scope><key>`, so that no scope or key can
+/// end the tag early or put two records in one.
+fn record_keys(prefix: &str, scope: &Scope, key: &Key) -> Keys {
+    let mut hasher = Sha256::new();
+    hasher.update(scope.as_str().len().to_string());
+    hasher.update(b":");
+    hasher.update(scope.as_str());
+    hasher.update(key.as_str());
+    let tag: String = hasher
+        .finalize()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    Keys {
+        record: format!("{prefix}:{{{tag}}}:r"),
+        journal: format!("{prefix}:{{{tag}}}:j"),
+        channel: format!("{prefix}:{{{tag}}}:c"),
+    }
+}
+
+impl RedisStore {
+    /// A store on the single Redis at `url` (`redis://host:port/db`, with
+    /// `user:password@` if needed), through one multiplexed connection that
+    /// reconnects by itself. Needs Redis 7.0 or later.
+    pub async fn connect(url: &str) -> Result<Self, Error> {
+        let info = url
+            .into_connection_info()
+            .map_err(|e| Error::Config(format!("invalid Redis URL {url:?}: {e}")))?;
+        let settings = info
+            .redis_settings()
+            .clone()
+            .set_protocol(ProtocolVersion::RESP3);
+        let client = redis::Client::open(info.set_redis_settings(settings)).map_err(store_error)?;
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let config = ConnectionManagerConfig::new()
+            .set_push_sender(tx)
+            .set_automatic_resubscription()
+            .set_response_timeout(Some(DEFAULT_RESPONSE_TIMEOUT))
+            .set_connection_timeout(Some(DEFAULT_RESPONSE_TIMEOUT));
+        let conn = client
+            .get_connection_manager_with_config(config)
+            .await
+            .map_err(store_error)?;
+        Ok(Self::on(Conn::Single(conn), rx))
+    }
+
+    /// A store on the Redis Cluster that `nodes` belong to (any of its
+    /// nodes, as `redis://host:port`): each script goes to the primary of
+    /// its record's slot, and the connection follows resharding and
+    /// failovers. Needs Redis 7.0 or later.
+    pub async fn connect_cluster<I, S>(nodes: I) -> Result<Self, Error>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        let mut infos = Vec::new();
+        for node in nodes {
+            let node = node.as_ref();
+            infos.push(
+                node.into_connection_info()
+                    .map_err(|e| Error::Config(format!("invalid Redis URL {node:?}: {e}")))?,
+            );
+        }
+        if infos.is_empty() {
+            return Err(Error::Config(
+                "a Redis Cluster store needs at least one node".into(),
+            ));
+        }
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let client = ClusterClientBuilder::new(infos)
+            .use_protocol(ProtocolVersion::RESP3)
+            .push_sender(tx)
+            .response_timeout(DEFAULT_RESPONSE_TIMEOUT)
+            .connection_timeout(DEFAULT_RESPONSE_TIMEOUT)
+            .build()
+            .map_err(|e| Error::Config(format!("invalid Redis Cluster configuration: {e}")))?;
+        let conn = client.get_async_connection().await.map_err(store_error)?;
+        Ok(Self::on(Conn::Cluster(conn), rx))
+    }
+
+    fn on(conn: Conn, pushes: tokio::sync::mpsc::UnboundedReceiver<redis::PushInfo>) -> Self {
+        let waiters = Arc::new(Waiters::default());
+        let listening = Arc::new(AtomicBool::new(false));
+        let relay = tokio::spawn(subscriptions::relay(
+            pushes,
+            waiters.clone(),
+            listening.clone(),
+        ));
+        let subscriptions = Subscriptions::start(conn.clone(), listening.clone());
+        RedisStore {
+            shared: Arc::new(Shared {
+                conn,
+                waiters,
+                subscriptions,
+                listening,
+                relay,
+            }),
+            prefix: DEFAULT_PREFIX.into(),
+            replicas: None,
+        }
+    }
+
+    /// Keys every record under `prefix` (`idem` by default), so that
+    /// several applications, or several tests, share one Redis: 1 to 64
+    /// printable ASCII characters, without `{` or `}` (which would change
+    /// the hash slot).
+    pub fn with_prefix(mut self, prefix: &str) -> Result<Self, Error> {
+        let valid = (1..=64).contains(&prefix.len())
+            && prefix
+                .bytes()
+                .all(|b| b.is_ascii_graphic() && b != b'{' && b != b'}');
+        if !valid {
+            return Err(Error::Config(format!(
+                "invalid Redis key prefix {prefix:?}: 1 to 64 printable ASCII characters, \
+                 without braces"
+            )));
+        }
+        self.prefix = prefix.into();
+        Ok(self)
+    }
+
+    /// The prefix of every key the store writes.
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    /// Whether the store is on a Redis Cluster.
+    pub fn is_cluster(&self) -> bool {
+        self.shared.conn.is_cluster()
+    }
+
+    /// After every claim and every completion (of a record or a step),
+    /// waits until `replicas` replicas acknowledged it (`WAIT`), for at
+    /// most `timeout`. A claim not acknowledged in time is handed back and
+    /// fails with a store error, so its body does not run; a completion
+    /// not acknowledged in time fails with a store error, and the engine
+    /// stores it again. `0` replicas turns the option off.
+    pub fn wait_for_replicas(mut self, replicas: u32, timeout: Duration) -> Self {
+        self.replicas = (replicas > 0).then_some((replicas, timeout));
+        self
+    }
+
+    fn keys(&self, scope: &Scope, key: &Key) -> Keys {
+        record_keys(&self.prefix, scope, key)
+    }
+
+    /// The command that publishes on a record's channel.
+    fn publish(&self) -> &'static str {
+        if self.is_cluster() {
+            "SPUBLISH"
+        } else {
+            "PUBLISH"
+        }
+    }
+
+    async fn invoke(&self, invocation: &redis::ScriptInvocation<'_>) -> Result<Value, Error> {
+        let mut conn = self.shared.conn.clone();
+        invocation
+            .invoke_async(&mut conn)
+            .await
+            .map_err(store_error)
+    }
+
+    /// `WAIT`s for the configured replicas after a write to `record`'s
+    /// slot. `Ok(false)`: fewer acknowledged it in time.
+    async fn replicated(&self, record: &str) -> Result<bool, Error> {
+        let Some((replicas, timeout)) = self.replicas else {
+            return Ok(true);
+        };
+        let mut wait = redis::cmd("WAIT");
+        wait.arg(replicas).arg(millis(timeout));
+        let acknowledged: i64 = match &self.shared.conn {
+            Conn::Single(conn) => wait
+                .query_async(&mut conn.clone())
+                .await
+                .map_err(store_error)?,
+            Conn::Cluster(conn) => {
+                let route = Route::with_key(record, SlotAddr::Master);
+                let answer = conn
+                    .clone()
+                    .route_command(
+                        wait,
+                        RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route)),
+                    )
+                    .await
+                    .map_err(store_error)?;
+                redis::from_redis_value(answer).map_err(|e| Error::store(e.to_string()))?
+            }
+        };
+        Ok(acknowledged >= i64::from(replicas))
+    }
+
+    fn not_replicated(&self, what: &str) -> Error {
+        let (replicas, timeout) = self.replicas.unwrap_or_default();
+        Error::store(format!(
+            "the {what} was not acknowledged by {replicas} Redis replica(s) within {timeout:?}"
+        ))
+    }
+
+    /// Answers whether the record is held by a live lease (and whose),
+    /// marking it waited: a waiter's look, after it subscribed.
+    async fn look(&self, keys: &Keys) -> Result<Look, Error> {
+        let value = self.invoke(&SCRIPTS.look.key(&keys.record)).await?;
+        let (now, record) = now_and_record(value)?;
+        Ok(match record {
+            Some(r) if r.holds_lease(now) => Look::HeldBy(r.token),
+            _ => Look::Free,
+        })
+    }
+
+    async fn wait_on(
+        &self,
+        request: &BeginRequest<'_>,
+        timeout: Duration,
+    ) -> Result<Option<Outcome>, Error> {
+        let keys = self.keys(request.scope, request.key);
+        let shared = &self.shared;
+        // The subscription lives as long as the wait.
+        let mut subscription = None;
+        let held = &mut subscription;
+        let look = move || async move {
+            // Subscribed before the look, so that a completion after the
+            // look is heard; a failed subscription leaves the poll.
+            *held = Some(shared.subscriptions.subscribe(&keys.channel).await);
+            self.look(&keys).await
+        };
+        let handed = shared
+            .waiters
+            .wait(request.scope, request.key, timeout, look)
+            .await;
+        drop(subscription);
+        handed
+    }
+}
+
+/// Bytes of a reply value.
+fn bytes(value: &Value) -> Option<&[u8]> {
+    match value {
+        Value::BulkString(b) => Some(b),
+        Value::SimpleString(s) => Some(s.as_bytes()),
+        _ => None,
+    }
+}
+
+fn text(value: &Value) -> Option<&str> {
+    bytes(value).and_then(|b| std::str::from_utf8(b).ok())
+}
+
+fn int(value: &Value) -> Option<i64> {
+    match value {
+        Value::Int(n) => Some(*n),
+        other => text(other)?.parse().ok(),
+    }
+}
+
+fn array(value: Value) -> Result<Vec<Value>, Error> {
+    match value {
+        Value::Array(items) => Ok(items),
+        Value::Nil => Ok(Vec::new()),
+        other => Err(Error::store(format!(
+            "unexpected reply from an idem script: {other:?}"
+        ))),
+    }
+}
+
+/// `{now, <fields>}`, as `peek` and `look` answer.
+fn now_and_record(value: Value) -> Result<(Millis, Option<Record>), Error> {
+    let mut items = array(value)?.into_iter();
+    let now = items
+        .next()
+        .as_ref()
+        .and_then(int)
+        .ok_or_else(|| corrupt("no time"))?;
+    let fields = array(items.next().unwrap_or(Value::Nil))?;
+    Ok((now, parse_record(fields)?))
+}
+
+/// A record from its hash fields, as HGETALL lists them; `None` for none.
+fn parse_record(fields: Vec<Value>) -> Result<Option<Record>, Error> {
+    if fields.is_empty() {
+        return Ok(None);
+    }
+    let mut map = std::collections::HashMap::new();
+    let mut items = fields.into_iter();
+    while let (Some(name), Some(value)) = (items.next(), items.next()) {
+        let name = text(&name)
+            .ok_or_else(|| corrupt("a field name"))?
+            .to_owned();
+        map.insert(name, value);
+    }
+    let field = |name: &str| map.get(name);
+    let number = |name: &str| field(name).and_then(int);
+    let scope = field("s")
+        .and_then(text)
+        .ok_or_else(|| corrupt("no scope"))?;
+    let key = field("k").and_then(text).ok_or_else(|| corrupt("no key"))?;
+    let fingerprint: [u8; 32] = field("fp")
+        .and_then(bytes)
+        .and_then(|b| b.try_into().ok())
+        .ok_or_else(|| corrupt("no fingerprint"))?;
+    let state = field("st")
+        .and_then(text)
+        .and_then(State::parse)
+        .ok_or_else(|| corrupt("no state"))?;
+    let token: Option<[u8; 16]> = field("tok").and_then(bytes).and_then(|b| b.try_into().ok());
+    let outcome = match (field("kind").and_then(int), field("body").and_then(bytes)) {
+        (Some(kind), Some(body)) => Some(Outcome {
+            kind: OutcomeKind::from_code(kind).ok_or_else(|| corrupt("an outcome kind"))?,
+            body: body.to_vec(),
+        }),
+        _ => None,
+    };
+    Ok(Some(Record {
+        scope: Scope::new(scope),
+        key: Key::new(key).map_err(|_| corrupt("an invalid key"))?,
+        fingerprint: Fingerprint::from_digest(fingerprint),
+        state,
+        fence: number("f").ok_or_else(|| corrupt("no fence"))?,
+        token: token.map(ClaimToken::from_bytes),
+        lease_until: number("lease"),
+        outcome,
+        created_at: number("c").ok_or_else(|| corrupt("no creation time"))?,
+        expires_at: number("exp").ok_or_else(|| corrupt("no expiry"))?,
+    }))
+}
+
+/// A journal entry from `name, fp, state, token, output, updated, expires`.
+fn parse_step(scope: &Scope, key: &Key, seq: u32, fields: &[Value]) -> Result<StepRecord, Error> {
+    let get = |i: usize| fields.get(i).filter(|v| !matches!(v, Value::Nil));
+    Ok(StepRecord {
+        scope: scope.clone(),
+        key: key.clone(),
+        seq,
+        name: get(0)
+            .and_then(text)
+            .ok_or_else(|| corrupt("a step without a name"))?
+            .to_owned(),
+        fingerprint: Fingerprint::from_digest(
+            get(1)
+                .and_then(bytes)
+                .and_then(|b| b.try_into().ok())
+                .ok_or_else(|| corrupt("a step without a fingerprint"))?,
+        ),
+        state: get(2)
+            .and_then(text)
+            .and_then(StepState::parse)
+            .ok_or_else(|| corrupt("a step without a state"))?,
+        token: ClaimToken::from_bytes(
+            get(3)
+                .and_then(bytes)
+                .and_then(|b| b.try_into().ok())
+                .ok_or_else(|| corrupt("a step without a token"))?,
+        ),
+        output: get(4).and_then(bytes).map(<[u8]>::to_vec),
+        updated_at: get(5)
+            .and_then(int)
+            .ok_or_else(|| corrupt("a step without a time"))?,
+        expires_at: get(6)
+            .and_then(int)
+            .ok_or_else(|| corrupt("a step without an expiry"))?,
+    })
+}
+
+/// The status word a journal script answers first.
+fn status(items: &[Value]) -> Result<&str, Error> {
+    items
+        .first()
+        .and_then(text)
+        .ok_or_else(|| Error::store("unexpected reply from an idem journal script"))
+}
+
+#[async_trait]
+impl Store for RedisStore {
+    async fn begin(&self, request: &BeginRequest<'_>) -> Result<Begin, Error> {
+        let keys = self.keys(request.scope, request.key);
+        // A record found free that the script did not claim changed in
+        // between: impossible in one script, so a few rounds at most.
+        for _ in 0..3 {
+            let value = self
+                .invoke(
+                    SCRIPTS
+                        .claim
+                        .key(&keys.record)
+                        .arg(request.scope.as_str())
+                        .arg(request.key.as_str())
+                        .arg(&request.fingerprint.as_bytes()[..])
+                        .arg(&request.token.as_bytes()[..])
+                        .arg(millis(request.lease))
+                        .arg(millis(request.ttl)),
+                )
+                .await?;
+            let mut items = array(value)?;
+            match status(&items)? {
+                "claimed" => {
+                    let fence = items.get(1).and_then(int).ok_or_else(|| corrupt("fence"))?;
+                    let claim = Claim::granted(request, fence);
+                    if !self.replicated(&keys.record).await? {
+                        // Not durable: hand it back, so that no body runs
+                        // on a claim a failover may lose.
+                        let _ = self.release(&claim).await;
+                        return Err(self.not_replicated("claim"));
+                    }
+                    return Ok(Begin::Claimed(claim));
+                }
+                "found" => {
+                    let now = items
+                        .get(1)
+                        .and_then(int)
+                        .ok_or_else(|| corrupt("no time"))?;
+                    let fields = array(items.pop().unwrap_or(Value::Nil))?;
+                    let record = parse_record(fields)?.ok_or_else(|| corrupt("no record"))?;
+                    if let Some(answer) = decide(request, &record, now).answer()? {
+                        return Ok(answer);
+                    }
+                }
+                other => return Err(Error::store(format!("unexpected claim answer {other:?}"))),
+            }
+        }
+        Err(Error::store(
+            "the Redis claim script and record::decide disagree on whether the key is free",
+        ))
+    }
+
+    async fn peek(&self, request: &BeginRequest<'_>) -> Result<Option<Begin>, Error> {
+        let keys = self.keys(request.scope, request.key);
+        let value = self.invoke(&SCRIPTS.peek.key(&keys.record)).await?;
+        match now_and_record(value)? {
+            (_, None) => Ok(None),
+            (now, Some(record)) => decide(request, &record, now).answer(),
+        }
+    }
+
+    async fn renew(&self, claim: &Claim) -> Result<(), Error> {
+        let keys = self.keys(&claim.scope, &claim.key);
+        let value = self
+            .invoke(
+                SCRIPTS
+                    .renew
+                    .key(&keys.record)
+                    .arg(&claim.token.as_bytes()[..])
+                    .arg(millis(claim.lease)),
+            )
+            .await?;
+        match int(&value) {
+            Some(1) => Ok(()),
+            _ => Err(Error::LeaseLost),
+        }
+    }
+
+    async fn complete(&self, claim: &Claim, outcome: &Outcome) -> Result<(), Error> {
+        let keys = self.keys(&claim.scope, &claim.key);
+        let value = self
+            .invoke(
+                SCRIPTS
+                    .complete
+                    .key(&keys.record)
+                    .arg(self.publish())
+                    .arg(&keys.channel)
+                    .arg(&claim.token.as_bytes()[..])
+                    .arg(outcome.kind.code())
+                    .arg(&outcome.body[..])
+                    .arg(millis(claim.ttl)),
+            )
+            .await?;
+        if int(&value) != Some(1) {
+            return Err(Error::LeaseLost);
+        }
+        if !self.replicated(&keys.record).await? {
+            return Err(self.not_replicated("completion"));
+        }
+        self.shared.waiters.hand_over(claim, outcome);
+        Ok(())
+    }
+
+    async fn release(&self, claim: &Claim) -> Result<(), Error> {
+        let keys = self.keys(&claim.scope, &claim.key);
+        let value = self
+            .invoke(
+                SCRIPTS
+                    .release
+                    .key(&keys.record)
+                    .arg(self.publish())
+                    .arg(&keys.channel)
+                    .arg(&claim.token.as_bytes()[..]),
+            )
+            .await?;
+        if int(&value) != Some(1) {
+            return Err(Error::LeaseLost);
+        }
+        self.shared.waiters.wake(&claim.scope, &claim.key);
+        Ok(())
+    }
+
+    async fn get(&self, scope: &Scope, key: &Key) -> Result<Option<Record>, Error> {
+        let keys = self.keys(scope, key);
+        let value = self.invoke(&SCRIPTS.peek.key(&keys.record)).await?;
+        Ok(now_and_record(value)?.1)
+    }
+
+    async fn forget(&self, scope: &Scope, key: &Key) -> Result<bool, Error> {
+        let keys = self.keys(scope, key);
+        let value = self
+            .invoke(
+                SCRIPTS
+                    .forget
+                    .key(&keys.record)
+                    .key(&keys.journal)
+                    .arg(self.publish())
+                    .arg(&keys.channel),
+            )
+            .await?;
+        self.shared.waiters.wake(scope, key);
+        Ok(int(&value) == Some(1))
+    }
+
+    /// Nothing to do: Redis deletes expired records and journals itself.
+    async fn purge_expired(&self, batch: usize) -> Result<u64, Error> {
+        let _ = batch;
+        Ok(0)
+    }
+
+    fn deletes_expired_itself(&self) -> bool {
+        true
+    }
+
+    async fn wait_for_change(
+        &self,
+        scope: &Scope,
+        key: &Key,
+        timeout: Duration,
+    ) -> Result<(), Error> {
+        // A look needs a request; any fingerprint and token do, as only
+        // the holder is read.
+        let fingerprint = Fingerprint::from_digest([0; 32]);
+        let request = BeginRequest {
+            scope,
+            key,
+            fingerprint: &fingerprint,
+            token: ClaimToken::new(),
+            lease: Duration::ZERO,
+            ttl: Duration::ZERO,
+        };
+        self.wait_on(&request, timeout).await.map(drop)
+    }
+
+    async fn wait_for_outcome(
+        &self,
+        request: &BeginRequest<'_>,
+        timeout: Duration,
+    ) -> Result<Option<Begin>, Error> {
+        Ok(self.wait_on(request, timeout).await?.map(Begin::Replay))
+    }
+
+    fn wakes_across_processes(&self) -> bool {
+        self.shared.listening.load(Ordering::Relaxed)
+    }
+
+    async fn begin_step(&self, claim: &Claim, step: &StepRequest<'_>) -> Result<StepBegin, Error> {
+        let keys = self.keys(&claim.scope, &claim.key);
+        let value = self
+            .invoke(
+                SCRIPTS
+                    .begin_step
+                    .key(&keys.record)
+                    .key(&keys.journal)
+                    .arg(&claim.token.as_bytes()[..])
+                    .arg(step.seq)
+                    .arg(step.name)
+                    .arg(&step.fingerprint.as_bytes()[..])
+                    .arg(millis(step.ttl))
+                    .arg(u8::from(step.adopt)),
+            )
+            .await?;
+        let items = array(value)?;
+        match status(&items)? {
+            "lost" => Err(Error::LeaseLost),
+            "run" => match items.get(1).and_then(text) {
+                Some("fresh") => Ok(StepBegin::Run(StepRun::Fresh)),
+                Some("adopted") => Ok(StepBegin::Run(StepRun::Adopted)),
+                Some("allowed") => Ok(StepBegin::Run(StepRun::Allowed)),
+                other => Err(Error::store(format!("unexpected step run {other:?}"))),
+            },
+            "found" => {
+                let now = items
+                    .get(1)
+                    .and_then(int)
+                    .ok_or_else(|| corrupt("no time"))?;
+                let entry = parse_step(&claim.scope, &claim.key, step.seq, &items[2..])?;
+                match decide_step(step, claim.token, Some(&entry), now) {
+                    StepDecision::Answer(answer) => Ok(answer),
+                    StepDecision::Start(_) => Err(Error::store(
+                        "the Redis journal script and journal::decide_step disagree",
+                    )),
+                }
+            }
+            other => Err(Error::store(format!("unexpected step answer {other:?}"))),
+        }
+    }
+
+    async fn complete_step(
+        &self,
+        claim: &Claim,
+        step: &StepRequest<'_>,
+        output: &[u8],
+    ) -> Result<(), Error> {
+        let keys = self.keys(&claim.scope, &claim.key);
+        let value = self
+            .invoke(
+                SCRIPTS
+                    .complete_step
+                    .key(&keys.record)
+                    .key(&keys.journal)
+                    .arg(&claim.token.as_bytes()[..])
+                    .arg(step.seq)
+                    .arg(step.name)
+                    .arg(&step.fingerprint.as_bytes()[..])
+                    .arg(millis(step.ttl))
+                    .arg(output),
+            )
+            .await?;
+        let items = array(value)?;
+        match status(&items)? {
+            "ok" if self.replicated(&keys.record).await? => Ok(()),
+            "ok" => Err(self.not_replicated("step's completion")),
+            "lost" => Err(Error::LeaseLost),
+            _ => Err(crate::store::step_not_journaled(step)),
+        }
+    }
+
+    async fn steps(&self, scope: &Scope, key: &Key) -> Result<Vec<StepRecord>, Error> {
+        let keys = self.keys(scope, key);
+        let mut conn = self.shared.conn.clone();
+        let fields: Vec<(Vec<u8>, Value)> = redis::cmd("HGETALL")
+            .arg(&keys.journal)
+            .query_async(&mut conn)
+            .await
+            .map_err(store_error)?;
+        // `<seq>:<field>` → the entry's fields in parse_step's order.
+        const ORDER: [&str; 7] = ["n", "fp", "st", "tok", "out", "u", "e"];
+        let mut entries = std::collections::BTreeMap::<u32, Vec<Value>>::new();
+        for (name, value) in fields {
+            let name = std::str::from_utf8(&name).map_err(|_| corrupt("a journal field"))?;
+            let (seq, field) = name
+                .split_once(':')
+                .ok_or_else(|| corrupt("a journal field"))?;
+            let seq: u32 = seq.parse().map_err(|_| corrupt("a journal field"))?;
+            let Some(at) = ORDER.iter().position(|f| *f == field) else {
+                continue;
+            };
+            entries
+                .entry(seq)
+                .or_insert_with(|| vec![Value::Nil; ORDER.len()])[at] = value;
+        }
+        entries
+            .into_iter()
+            .map(|(seq, fields)| parse_step(scope, key, seq, &fields))
+            .collect()
+    }
+
+    async fn resolve_step(
+        &self,
+        scope: &Scope,
+        key: &Key,
+        seq: u32,
+        name: &str,
+        resolution: &StepResolution,
+    ) -> Result<bool, Error> {
+        let keys = self.keys(scope, key);
+        let mut invocation = SCRIPTS.resolve_step.key(&keys.record);
+        invocation.key(&keys.journal).arg(seq).arg(name);
+        match resolution {
+            StepResolution::Completed(output) => invocation.arg("completed").arg(&output[..]),
+            StepResolution::Rerun => invocation.arg("rerun").arg(""),
+        };
+        let value = self.invoke(&invocation).await?;
+        Ok(int(&value) == Some(1))
+    }
+
+    fn detach(&self) -> Option<Arc<dyn Store>> {
+        Some(Arc::new(self.clone()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_keys_of_a_record_share_one_hash_tag() {
+        let keys = record_keys("app", &Scope::new("pay{ments}"), &Key::new("k}{1").unwrap());
+        let tag = |k: &str| {
+            let open = k.find('{').unwrap();
+            let close = open + k[open..].find('}').unwrap();
+            k[open + 1..close].to_owned()
+        };
+        assert_eq!(tag(&keys.record), tag(&keys.journal));
+        assert_eq!(tag(&keys.record), tag(&keys.channel));
+        assert_eq!(tag(&keys.record).len(), 64);
+        assert!(keys.record.starts_with("app:{"));
+        // Another key, another tag; the scope and key are not confused.
+        let other = record_keys("app", &Scope::new("pay{ments}k"), &Key::new("}{1").unwrap());
+        assert_ne!(tag(&keys.record), tag(&other.record));
+    }
+
+    #[test]
+    fn the_scripts_are_all_listed() {
+        assert_eq!(scripts::NAMES.len(), 10);
+        assert!(scripts::NAMES.contains(&"claim"));
+    }
+}
