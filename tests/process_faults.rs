@@ -1,5 +1,5 @@
 //! Owners in other processes that crash, stop or run a skewed clock, on
-//! SQLite (a file), PostgreSQL and MariaDB/MySQL.
+//! SQLite (a file), PostgreSQL, MariaDB/MySQL, Redis and Redis Cluster.
 //!
 //! - Killed: a process holding a claim is killed with SIGKILL, so nothing
 //!   of it runs again: no release, no completion, no drop. The lease and the
@@ -373,7 +373,7 @@ async fn skewed_clock(test: &str, location: &str, store: Arc<dyn Store>) {
     assert_eq!(owner.await.unwrap().unwrap(), 1);
 }
 
-common::backends!(sqlite_file, postgres, mysql => {
+common::backends!(sqlite_file, postgres, mysql, redis, redis_cluster => {
     /// The store at `location`, as the child processes open it.
     async fn open(location: String) -> Arc<dyn Store> {
         Arc::new(backend::store_at(&location, 4).await)
@@ -406,10 +406,11 @@ common::backends!(sqlite_file, postgres, mysql => {
         stopped_owner(common::test_name(test), &location, store).await;
     }
 
-    // The servers have clocks of their own. SQLite's `'now'` is the clock
-    // of the process that runs the statement (its processes share a host,
-    // so a clock): faking that process's clock fakes SQLite's too.
-    backend::if_server! {
+    // The servers and Redis have clocks of their own. SQLite's `'now'` is
+    // the clock of the process that runs the statement (its processes
+    // share a host, so a clock): faking that process's clock fakes
+    // SQLite's too.
+    backend::if_own_clock! {
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn skewed_clock_neither_takes_over_nor_purges() {
             if let Ok(spec) = std::env::var(CHILD_VAR) {

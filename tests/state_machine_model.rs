@@ -3,7 +3,7 @@
 //! reference model of the state machine (the rules of `record::decide` and
 //! of the `Store` contract). Every answer and, after every step, every
 //! record must agree with the model. Run on the memory store, SQLite (in
-//! memory), PostgreSQL and MariaDB/MySQL.
+//! memory), PostgreSQL, MariaDB/MySQL, Redis and Redis Cluster.
 //!
 //! Time is real: a begin asks for a short (`SHORT`) or a long lease and
 //! ttl, and `Expire` sleeps until every short deadline has passed. So that
@@ -144,16 +144,25 @@ struct HeldClaim {
 /// The model's answer to `op` and its next state, reading every deadline
 /// that a step from `start` to `end` might have seen pass as `late`
 /// (passed or not).
+///
+/// On a store whose database deletes expired records itself
+/// (`expires_itself`, Redis), an expired record is gone before the step:
+/// a claim after it is a fresh one (fence 1), its owner's completion or
+/// release finds nothing, and a purge deletes nothing.
 fn predict(
     model: &Model,
     claims: &[HeldClaim],
     op: &Op,
-    start: Instant,
-    end: Instant,
+    (start, end): (Instant, Instant),
     late: bool,
+    expires_itself: bool,
 ) -> (Answer, Model) {
     let passed = |d: Deadline| d.passed_by(start) || (late && !d.pending_at(end));
     let mut next = model.clone();
+    if expires_itself {
+        next.retain(|_, r| !passed(r.expires));
+    }
+    let model = &next.clone();
     let answer = match *op {
         Op::Begin {
             key,
@@ -213,6 +222,7 @@ fn predict(
             }
         }
         Op::Expire => Answer::Done,
+        Op::Purge if expires_itself => Answer::Purged(0),
         Op::Purge => {
             next.retain(|_, r| !passed(r.expires));
             Answer::Purged((model.len() - next.len()) as u64)
@@ -319,8 +329,10 @@ async fn check(store: &dyn Store, scope: &Scope, ops: &[Op]) -> Result<(), TestC
             .await
             .map_err(|e| TestCaseError::fail(format!("step {step} {op:?}: {e}")))?;
         let end = Instant::now();
-        let (on_time, on_time_model) = predict(&model, &claims, op, start, end, false);
-        let (late, late_model) = predict(&model, &claims, op, start, end, true);
+        let expires_itself = store.deletes_expired_itself();
+        let (on_time, on_time_model) =
+            predict(&model, &claims, op, (start, end), false, expires_itself);
+        let (late, late_model) = predict(&model, &claims, op, (start, end), true, expires_itself);
         model = if answer == on_time {
             on_time_model
         } else if answer == late {
@@ -342,10 +354,21 @@ async fn check(store: &dyn Store, scope: &Scope, ops: &[Op]) -> Result<(), TestC
 
         // Every record is what the model says.
         for (k, key) in keys.iter().enumerate() {
+            let asked = Instant::now();
             let stored = store
                 .get(scope, key)
                 .await
                 .map_err(|e| TestCaseError::fail(format!("get: {e}")))?;
+            if expires_itself {
+                // Gone once expired; either reading near the deadline.
+                if let Some(r) = model.get(&k) {
+                    let gone = r.expires.passed_by(asked)
+                        || (stored.is_none() && !r.expires.pending_at(Instant::now()));
+                    if gone {
+                        model.remove(&k);
+                    }
+                }
+            }
             let expected = model.get(&k);
             let seen = stored.as_ref().map(|r| {
                 let owner = (0..OWNERS)
@@ -402,7 +425,7 @@ where
 
 // A store of its own for each case (a table of its own on the servers), so
 // that a purge sees only the case's own records.
-common::backends!(memory, sqlite_memory, postgres, mysql => {
+common::backends!(memory, sqlite_memory, postgres, mysql, redis, redis_cluster => {
     #[test]
     fn store_follows_the_model() {
         run_model(|| backend::store(2));

@@ -29,3 +29,9 @@ idem::store_conformance!(mysql_without_returning, async {
     let (store, guard) = backend::mysql::store(10).await;
     (store.__claim_without_returning(), guard)
 });
+
+#[cfg(feature = "redis")]
+idem::store_conformance!(redis, backend::redis::store(10));
+
+#[cfg(feature = "redis")]
+idem::store_conformance!(redis_cluster, backend::redis_cluster::store(10));

@@ -440,7 +440,7 @@ async fn dropped_during_the_claim_blocks_nothing<S: Store + Clone + 'static>(sto
     assert_eq!(retried, 1, "the dropped caller's body never ran");
 }
 
-common::backends!(memory, sqlite_file, postgres, mysql => {
+common::backends!(memory, sqlite_file, postgres, mysql, redis, redis_cluster => {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn every_fault_point() {
         let (store, _guard) = backend::store(20).await;

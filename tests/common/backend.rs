@@ -9,9 +9,11 @@
 //!   of its own, a table of its own on a server), through a pool of at most
 //!   `max` connections where the backend pools them, and the [`Guard`]
 //!   that cleans up after it;
-//! - `if_sql! { items }`, `if_server! { items }` and `if_mysql! { items }`:
-//!   the items on the backends listed below, on the database servers, on
-//!   MariaDB/MySQL, and nothing elsewhere.
+//! - `if_sql! { items }`, `if_server! { items }`, `if_mysql! { items }`
+//!   and `if_own_clock! { items }`: the items on the backends listed
+//!   below, on the database servers, on MariaDB/MySQL, on the backends
+//!   whose database has a clock of its own (the servers and Redis), and
+//!   nothing elsewhere.
 //!
 //! The SQL backends but `sqlite_memory` also have `Database` (sqlx's),
 //! `param(n)` (the n-th bind parameter in the backend's SQL),
@@ -34,6 +36,8 @@ use super::servers::{unique_table, Db, DropTables, Server};
 pub struct Guard {
     dir: Option<tempfile::TempDir>,
     tables: Option<DropTables>,
+    #[cfg(feature = "redis")]
+    keys: Option<super::redis::DeleteKeys>,
 }
 
 impl Guard {
@@ -41,15 +45,24 @@ impl Guard {
     pub fn temp_dir() -> Guard {
         Guard {
             dir: Some(tempfile::tempdir().expect("a temporary directory")),
-            tables: None,
+            ..Guard::default()
         }
     }
 
     /// Tables on `server`, none yet.
     pub fn tables(server: Server) -> Guard {
         Guard {
-            dir: None,
             tables: Some(DropTables::new(server)),
+            ..Guard::default()
+        }
+    }
+
+    /// Keys under `prefix` on `redis`, deleted with the guard.
+    #[cfg(feature = "redis")]
+    pub fn keys(redis: super::redis::Redis, prefix: String) -> Guard {
+        Guard {
+            keys: Some(super::redis::DeleteKeys { redis, prefix }),
+            ..Guard::default()
         }
     }
 
@@ -128,7 +141,9 @@ pub mod memory {
     }
 
     #[allow(unused_imports)]
-    pub(crate) use super::{skip as if_sql, skip as if_server, skip as if_mysql};
+    pub(crate) use super::{
+        skip as if_sql, skip as if_server, skip as if_mysql, skip as if_own_clock,
+    };
 }
 
 /// The SQLite store on a database file, which connections and processes
@@ -190,7 +205,9 @@ pub mod sqlite_file {
     }
 
     #[allow(unused_imports)]
-    pub(crate) use super::{keep as if_sql, skip as if_server, skip as if_mysql};
+    pub(crate) use super::{
+        keep as if_sql, skip as if_server, skip as if_mysql, skip as if_own_clock,
+    };
 }
 
 /// The SQLite store on an in-memory database (one connection).
@@ -209,7 +226,9 @@ pub mod sqlite_memory {
     }
 
     #[allow(unused_imports)]
-    pub(crate) use super::{skip as if_sql, skip as if_server, skip as if_mysql};
+    pub(crate) use super::{
+        skip as if_sql, skip as if_server, skip as if_mysql, skip as if_own_clock,
+    };
 }
 
 /// A backend on a database server: the same functions for each.
@@ -280,7 +299,7 @@ macro_rules! server_backend {
             }
 
             #[allow(unused_imports)]
-            pub(crate) use super::{keep as if_sql, keep as if_server, $if_mysql as if_mysql};
+            pub(crate) use super::{keep as if_sql, keep as if_server, $if_mysql as if_mysql, keep as if_own_clock};
         }
     };
 }
@@ -295,4 +314,53 @@ server_backend! {
     /// The MariaDB/MySQL store on the server of `IDEM_MYSQL_URL`.
     mysql: "mysql", Server::MySql, idem::MySqlStore, sqlx::MySql,
     tag: "my", param: |_| "?".to_owned(), if_mysql: keep
+}
+
+/// A backend on Redis: the store, keyed under a prefix of the test's own,
+/// and `location` (the prefix: another handle on the same records, as
+/// another process opens them, is `store_at(prefix)`).
+macro_rules! redis_backend {
+    ($(#[$doc:meta])* $name:ident: Redis::$redis:ident) => {
+        $(#[$doc])*
+        #[cfg(feature = "redis")]
+        pub mod $name {
+            use super::*;
+            use crate::common::redis::{unique_prefix, Redis};
+
+            pub const NAME: &str = stringify!($name);
+            pub const REDIS: Redis = Redis::$redis;
+            pub type Store = idem::RedisStore;
+
+            /// A store on keys of its own, deleted with the guard (`max`
+            /// does not apply: one multiplexed connection).
+            pub async fn store(_max: u32) -> (Store, Guard) {
+                let prefix = unique_prefix(NAME);
+                let store = store_at(&prefix, 1).await;
+                (store, Guard::keys(REDIS, prefix))
+            }
+
+            /// A store on the keys under `prefix`, on a connection of its own.
+            pub async fn store_at(prefix: &str, _max: u32) -> Store {
+                REDIS.store(prefix).await
+            }
+
+            /// The prefix of a store.
+            pub fn location(store: &Store, _guard: &Guard) -> String {
+                store.prefix().to_owned()
+            }
+
+            #[allow(unused_imports)]
+            pub(crate) use super::{skip as if_sql, skip as if_server, skip as if_mysql, keep as if_own_clock};
+        }
+    };
+}
+
+redis_backend! {
+    /// The Redis store on the single Redis of `IDEM_REDIS_URL`.
+    redis: Redis::Single
+}
+
+redis_backend! {
+    /// The Redis store on the Redis Cluster of `IDEM_REDIS_CLUSTER_URL`.
+    redis_cluster: Redis::Cluster
 }

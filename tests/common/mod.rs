@@ -20,6 +20,8 @@ pub mod backend;
 pub mod broker;
 pub mod http;
 pub mod namespace;
+#[cfg(feature = "redis")]
+pub mod redis;
 pub mod servers;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -107,6 +109,14 @@ macro_rules! backends {
     (@module mysql $body:tt) => {
         #[cfg(feature = "mysql")]
         $crate::common::backends!(@mod mysql $body);
+    };
+    (@module redis $body:tt) => {
+        #[cfg(feature = "redis")]
+        $crate::common::backends!(@mod redis $body);
+    };
+    (@module redis_cluster $body:tt) => {
+        #[cfg(feature = "redis")]
+        $crate::common::backends!(@mod redis_cluster $body);
     };
     (@mod $backend:ident { $($item:item)* }) => {
         mod $backend {
