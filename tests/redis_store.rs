@@ -428,6 +428,62 @@ async fn killed_connections(redis: Redis) {
     assert_eq!(runs.load(std::sync::atomic::Ordering::SeqCst), KEYS_KILLED);
 }
 
+/// Scripts the server forgot (`SCRIPT FLUSH`, as after a restart or a
+/// failover) are loaded again by the next call, which succeeds.
+async fn flushed_scripts_are_loaded_again(redis: Redis) {
+    let prefix = unique_prefix("flush");
+    let _keys = DeleteKeys {
+        redis,
+        prefix: prefix.clone(),
+    };
+    let store = redis.store(&prefix).await;
+    assert_eq!(charge(&store, redis, "flush-1").await.unwrap(), 1);
+    let mut conn = redis.conn().await;
+    // On a cluster, SCRIPT FLUSH goes to every primary.
+    redis::cmd("SCRIPT")
+        .arg("FLUSH")
+        .query_async::<()>(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(charge(&store, redis, "flush-1").await.unwrap(), 1);
+    assert_eq!(charge(&store, redis, "flush-2").await.unwrap(), 1);
+}
+
+/// With replicas asked for and none to acknowledge (a single Redis has
+/// none), a claim is handed back and fails with a store error: the body
+/// does not run, and the key is free for a call without the option.
+async fn an_unreplicated_claim_runs_nothing(redis: Redis) {
+    let prefix = unique_prefix("unreplicated");
+    let _keys = DeleteKeys {
+        redis,
+        prefix: prefix.clone(),
+    };
+    let durable = redis
+        .store(&prefix)
+        .await
+        .wait_for_replicas(3, Duration::from_millis(50));
+    let ran = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flag = ran.clone();
+    let err = run::<_, i64, Error, _, _>(&durable, Call::new(SCOPE, "lonely", &1), async move {
+        flag.store(true, std::sync::atomic::Ordering::SeqCst);
+        Ok(1)
+    })
+    .await
+    .unwrap_err();
+    assert!(
+        matches!(err, Error::Store(_)) && err.to_string().contains("replica"),
+        "{err}"
+    );
+    assert!(!ran.load(std::sync::atomic::Ordering::SeqCst));
+    let plain = redis.store(&prefix).await;
+    assert!(plain
+        .get(&Scope::new(SCOPE), &Key::new("lonely").unwrap())
+        .await
+        .unwrap()
+        .is_none());
+    assert_eq!(charge(&plain, redis, "lonely").await.unwrap(), 1);
+}
+
 /// The tests that kill this process's connections run one at a time, and
 /// not beside the others of this binary, whose connections they would
 /// kill too.
@@ -460,6 +516,18 @@ macro_rules! on_redis {
             async fn a_waiter_elsewhere_is_woken_by_the_completion() {
                 let _shared = EXCLUSIVE.read().await;
                 a_waiter_elsewhere_is_woken(REDIS).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn flushed_scripts_are_loaded_again() {
+                let _alone = EXCLUSIVE.write().await;
+                super::flushed_scripts_are_loaded_again(REDIS).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn an_unreplicated_claim_runs_nothing() {
+                let _shared = EXCLUSIVE.read().await;
+                super::an_unreplicated_claim_runs_nothing(REDIS).await;
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -13,11 +13,13 @@ use async_trait::async_trait;
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClientBuilder;
 use redis::cluster_async::ClusterConnection;
-use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
-use redis::{Cmd, IntoConnectionInfo, ProtocolVersion, RedisError, RedisFuture, Value};
+use redis::{
+    Cmd, ErrorKind, IntoConnectionInfo, ProtocolVersion, RedisError, RedisFuture, ServerErrorKind,
+    Value,
+};
 use sha2::{Digest, Sha256};
 
-use self::scripts::SCRIPTS;
+use self::scripts::{Invocation, SCRIPTS};
 use self::subscriptions::Subscriptions;
 use crate::error::Error;
 use crate::fingerprint::Fingerprint;
@@ -336,41 +338,62 @@ impl RedisStore {
         }
     }
 
-    async fn invoke(&self, invocation: &redis::ScriptInvocation<'_>) -> Result<Value, Error> {
-        let mut conn = self.shared.conn.clone();
-        invocation
-            .invoke_async(&mut conn)
-            .await
-            .map_err(store_error)
+    /// Runs a script; `EVALSHA`, then `SCRIPT LOAD` and `EVALSHA` again
+    /// if the server does not know it (a restart, a failover, a `SCRIPT
+    /// FLUSH`).
+    async fn invoke(&self, invocation: Invocation<'_>) -> Result<Value, Error> {
+        Ok(self.invoke_then(invocation, None).await?.0)
     }
 
-    /// `WAIT`s for the configured replicas after a write to `record`'s
-    /// slot. `Ok(false)`: fewer acknowledged it in time.
-    async fn replicated(&self, record: &str) -> Result<bool, Error> {
-        let Some((replicas, timeout)) = self.replicas else {
-            return Ok(true);
-        };
-        let mut wait = redis::cmd("WAIT");
-        wait.arg(replicas).arg(millis(timeout));
-        let acknowledged: i64 = match &self.shared.conn {
-            Conn::Single(conn) => wait
-                .query_async(&mut conn.clone())
-                .await
-                .map_err(store_error)?,
-            Conn::Cluster(conn) => {
-                let route = Route::with_key(record, SlotAddr::Master);
-                let answer = conn
-                    .clone()
-                    .route_command(
-                        wait,
-                        RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route)),
-                    )
-                    .await
-                    .map_err(store_error)?;
-                redis::from_redis_value(answer).map_err(|e| Error::store(e.to_string()))?
+    /// [`invoke`](Self::invoke), then, when replicas are asked for, `WAIT`
+    /// in the same pipeline, on the same connection to the same primary:
+    /// `WAIT` counts the replicas that have everything this connection
+    /// saw written, so on another connection (or after a failover, on
+    /// another primary) it would prove nothing. Sent again as a whole if
+    /// the connection fails. Answers the script's reply and whether enough
+    /// replicas acknowledged.
+    async fn invoke_replicated(&self, invocation: Invocation<'_>) -> Result<(Value, bool), Error> {
+        self.invoke_then(invocation, self.replicas).await
+    }
+
+    async fn invoke_then(
+        &self,
+        invocation: Invocation<'_>,
+        replicas: Option<(u32, Duration)>,
+    ) -> Result<(Value, bool), Error> {
+        let mut conn = self.shared.conn.clone();
+        let mut pipeline = redis::pipe();
+        pipeline.add_command(invocation.evalsha());
+        if let Some((replicas, timeout)) = replicas {
+            pipeline.cmd("WAIT").arg(replicas).arg(millis(timeout));
+        }
+        let mut loaded = false;
+        loop {
+            match pipeline.query_async::<Vec<Value>>(&mut conn).await {
+                Ok(mut replies) => {
+                    let acknowledged = match replicas {
+                        None => true,
+                        Some((replicas, _)) => {
+                            replies.pop().as_ref().and_then(int).unwrap_or(0) >= i64::from(replicas)
+                        }
+                    };
+                    let reply = replies.pop().unwrap_or(Value::Nil);
+                    return Ok((reply, acknowledged));
+                }
+                Err(err)
+                    if !loaded && err.kind() == ErrorKind::Server(ServerErrorKind::NoScript) =>
+                {
+                    let _: Value = invocation
+                        .lua
+                        .load()
+                        .query_async(&mut conn)
+                        .await
+                        .map_err(store_error)?;
+                    loaded = true;
+                }
+                Err(err) => return Err(store_error(err)),
             }
-        };
-        Ok(acknowledged >= i64::from(replicas))
+        }
     }
 
     fn not_replicated(&self, what: &str) -> Error {
@@ -383,7 +406,7 @@ impl RedisStore {
     /// Answers whether the record is held by a live lease (and whose),
     /// marking it waited: a waiter's look, after it subscribed.
     async fn look(&self, keys: &Keys) -> Result<Look, Error> {
-        let value = self.invoke(&SCRIPTS.look.key(&keys.record)).await?;
+        let value = self.invoke(SCRIPTS.look.on(&keys.record)).await?;
         let (now, record) = now_and_record(value)?;
         Ok(match record {
             Some(r) if r.holds_lease(now) => Look::HeldBy(r.token),
@@ -559,11 +582,11 @@ impl Store for RedisStore {
         // A record found free that the script did not claim changed in
         // between: impossible in one script, so a few rounds at most.
         for _ in 0..3 {
-            let value = self
-                .invoke(
+            let (value, acknowledged) = self
+                .invoke_replicated(
                     SCRIPTS
                         .claim
-                        .key(&keys.record)
+                        .on(&keys.record)
                         .arg(request.scope.as_str())
                         .arg(request.key.as_str())
                         .arg(&request.fingerprint.as_bytes()[..])
@@ -577,7 +600,7 @@ impl Store for RedisStore {
                 "claimed" => {
                     let fence = items.get(1).and_then(int).ok_or_else(|| corrupt("fence"))?;
                     let claim = Claim::granted(request, fence);
-                    if !self.replicated(&keys.record).await? {
+                    if !acknowledged {
                         // Not durable: hand it back, so that no body runs
                         // on a claim a failover may lose.
                         let _ = self.release(&claim).await;
@@ -606,7 +629,7 @@ impl Store for RedisStore {
 
     async fn peek(&self, request: &BeginRequest<'_>) -> Result<Option<Begin>, Error> {
         let keys = self.keys(request.scope, request.key);
-        let value = self.invoke(&SCRIPTS.peek.key(&keys.record)).await?;
+        let value = self.invoke(SCRIPTS.peek.on(&keys.record)).await?;
         match now_and_record(value)? {
             (_, None) => Ok(None),
             (now, Some(record)) => decide(request, &record, now).answer(),
@@ -619,7 +642,7 @@ impl Store for RedisStore {
             .invoke(
                 SCRIPTS
                     .renew
-                    .key(&keys.record)
+                    .on(&keys.record)
                     .arg(&claim.token.as_bytes()[..])
                     .arg(millis(claim.lease)),
             )
@@ -632,11 +655,11 @@ impl Store for RedisStore {
 
     async fn complete(&self, claim: &Claim, outcome: &Outcome) -> Result<(), Error> {
         let keys = self.keys(&claim.scope, &claim.key);
-        let value = self
-            .invoke(
+        let (value, acknowledged) = self
+            .invoke_replicated(
                 SCRIPTS
                     .complete
-                    .key(&keys.record)
+                    .on(&keys.record)
                     .arg(self.publish())
                     .arg(&keys.channel)
                     .arg(&claim.token.as_bytes()[..])
@@ -648,7 +671,7 @@ impl Store for RedisStore {
         if int(&value) != Some(1) {
             return Err(Error::LeaseLost);
         }
-        if !self.replicated(&keys.record).await? {
+        if !acknowledged {
             return Err(self.not_replicated("completion"));
         }
         self.shared.waiters.hand_over(claim, outcome);
@@ -661,7 +684,7 @@ impl Store for RedisStore {
             .invoke(
                 SCRIPTS
                     .release
-                    .key(&keys.record)
+                    .on(&keys.record)
                     .arg(self.publish())
                     .arg(&keys.channel)
                     .arg(&claim.token.as_bytes()[..]),
@@ -676,7 +699,7 @@ impl Store for RedisStore {
 
     async fn get(&self, scope: &Scope, key: &Key) -> Result<Option<Record>, Error> {
         let keys = self.keys(scope, key);
-        let value = self.invoke(&SCRIPTS.peek.key(&keys.record)).await?;
+        let value = self.invoke(SCRIPTS.peek.on(&keys.record)).await?;
         Ok(now_and_record(value)?.1)
     }
 
@@ -686,7 +709,7 @@ impl Store for RedisStore {
             .invoke(
                 SCRIPTS
                     .forget
-                    .key(&keys.record)
+                    .on(&keys.record)
                     .key(&keys.journal)
                     .arg(self.publish())
                     .arg(&keys.channel),
@@ -744,7 +767,7 @@ impl Store for RedisStore {
             .invoke(
                 SCRIPTS
                     .begin_step
-                    .key(&keys.record)
+                    .on(&keys.record)
                     .key(&keys.journal)
                     .arg(&claim.token.as_bytes()[..])
                     .arg(step.seq)
@@ -787,11 +810,11 @@ impl Store for RedisStore {
         output: &[u8],
     ) -> Result<(), Error> {
         let keys = self.keys(&claim.scope, &claim.key);
-        let value = self
-            .invoke(
+        let (value, acknowledged) = self
+            .invoke_replicated(
                 SCRIPTS
                     .complete_step
-                    .key(&keys.record)
+                    .on(&keys.record)
                     .key(&keys.journal)
                     .arg(&claim.token.as_bytes()[..])
                     .arg(step.seq)
@@ -803,7 +826,7 @@ impl Store for RedisStore {
             .await?;
         let items = array(value)?;
         match status(&items)? {
-            "ok" if self.replicated(&keys.record).await? => Ok(()),
+            "ok" if acknowledged => Ok(()),
             "ok" => Err(self.not_replicated("step's completion")),
             "lost" => Err(Error::LeaseLost),
             _ => Err(crate::store::step_not_journaled(step)),
@@ -849,13 +872,17 @@ impl Store for RedisStore {
         resolution: &StepResolution,
     ) -> Result<bool, Error> {
         let keys = self.keys(scope, key);
-        let mut invocation = SCRIPTS.resolve_step.key(&keys.record);
-        invocation.key(&keys.journal).arg(seq).arg(name);
-        match resolution {
+        let invocation = SCRIPTS
+            .resolve_step
+            .on(&keys.record)
+            .key(&keys.journal)
+            .arg(seq)
+            .arg(name);
+        let invocation = match resolution {
             StepResolution::Completed(output) => invocation.arg("completed").arg(&output[..]),
             StepResolution::Rerun => invocation.arg("rerun").arg(""),
         };
-        let value = self.invoke(&invocation).await?;
+        let value = self.invoke(invocation).await?;
         Ok(int(&value) == Some(1))
     }
 

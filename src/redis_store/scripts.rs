@@ -33,7 +33,7 @@
 
 use std::sync::LazyLock;
 
-use redis::Script;
+use redis::{Cmd, Script, ToRedisArgs};
 
 /// What every script begins with: the server's time in milliseconds, and
 /// integers written exactly (Lua's numbers are doubles, exact below 2^53;
@@ -45,22 +45,78 @@ local function int(x) return string.format('%.0f', x) end
 local rec = KEYS[1]
 ";
 
-fn script(body: &str) -> Script {
-    Script::new(&format!("{PRELUDE}{body}"))
+/// A script: its source, for `SCRIPT LOAD`, and its SHA-1, for `EVALSHA`.
+pub(super) struct Lua {
+    code: String,
+    hash: String,
+}
+
+fn script(body: &str) -> Lua {
+    let code = format!("{PRELUDE}{body}");
+    let hash = Script::new(&code).get_hash().to_owned();
+    Lua { code, hash }
+}
+
+impl Lua {
+    /// A call of the script on `key` (the record, which routes it).
+    pub(super) fn on(&self, key: &str) -> Invocation<'_> {
+        Invocation {
+            lua: self,
+            keys: vec![key.as_bytes().to_vec()],
+            args: Vec::new(),
+        }
+    }
+
+    /// `SCRIPT LOAD` of the script (on every primary of a cluster).
+    pub(super) fn load(&self) -> Cmd {
+        let mut load = redis::cmd("SCRIPT");
+        load.arg("LOAD").arg(&self.code);
+        load
+    }
+}
+
+/// One call of a script: its keys and arguments, as bytes.
+pub(super) struct Invocation<'a> {
+    pub(super) lua: &'a Lua,
+    keys: Vec<Vec<u8>>,
+    args: Vec<Vec<u8>>,
+}
+
+impl Invocation<'_> {
+    /// Another key, in the record's slot.
+    pub(super) fn key(mut self, key: &str) -> Self {
+        self.keys.push(key.as_bytes().to_vec());
+        self
+    }
+
+    pub(super) fn arg<T: ToRedisArgs>(mut self, arg: T) -> Self {
+        self.args.extend(arg.to_redis_args());
+        self
+    }
+
+    /// `EVALSHA <hash> <keys> <args>`.
+    pub(super) fn evalsha(&self) -> Cmd {
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(&self.lua.hash)
+            .arg(self.keys.len())
+            .arg(&self.keys)
+            .arg(&self.args);
+        cmd
+    }
 }
 
 /// The scripts, hashed once.
 pub(super) struct Scripts {
-    pub claim: Script,
-    pub peek: Script,
-    pub look: Script,
-    pub renew: Script,
-    pub complete: Script,
-    pub release: Script,
-    pub forget: Script,
-    pub begin_step: Script,
-    pub complete_step: Script,
-    pub resolve_step: Script,
+    pub claim: Lua,
+    pub peek: Lua,
+    pub look: Lua,
+    pub renew: Lua,
+    pub complete: Lua,
+    pub release: Lua,
+    pub forget: Lua,
+    pub begin_step: Lua,
+    pub complete_step: Lua,
+    pub resolve_step: Lua,
 }
 
 pub(super) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
