@@ -5,7 +5,8 @@
 //! stock, writes an invoice and the "processed" marker
 //! (`Deduplicator::process_in_transaction`, or `#[idempotent(tx = ...)]`).
 //! RabbitMQ redelivers what a consumer did not acknowledge; every case
-//! counts the effects. Each case runs on SQLite and on PostgreSQL.
+//! counts the effects. Each case runs on SQLite and on PostgreSQL; the
+//! `on_redis` cases deduplicate on Redis and on a Redis Cluster.
 //!
 //! RabbitMQ is `amqp://guest:guest@127.0.0.1:5672/%2f` unless
 //! `IDEM_AMQP_URL` says otherwise; PostgreSQL is `IDEM_POSTGRES_URL` (see
@@ -681,4 +682,169 @@ async fn an_unreachable_broker_fails_naming_the_variable() {
         Err(why) => why,
     };
     assert!(why.contains("IDEM_AMQP_URL"), "{why}");
+}
+
+/// Consumers deduplicating on Redis and on a Redis Cluster
+/// (`Deduplicator::process`: the marker lives in Redis, beside no
+/// transaction, so the effect here is the handler's own and counted in
+/// memory). A redelivery after a crash before the ack is a duplicate, and
+/// 4 consumers over duplicated and redelivered messages apply each effect
+/// once.
+#[cfg(feature = "redis")]
+mod on_redis {
+    use std::collections::HashMap;
+    use std::sync::Mutex;
+
+    use super::*;
+    use broker::Queue;
+    use common::redis::{unique_prefix, DeleteKeys, Redis};
+
+    /// The effects applied, by order id.
+    #[derive(Default)]
+    struct Effects(Mutex<HashMap<String, usize>>);
+
+    impl Effects {
+        fn apply(&self, event: &OrderPlaced) -> i64 {
+            *self
+                .0
+                .lock()
+                .unwrap()
+                .entry(event.order_id.clone())
+                .or_default() += 1;
+            event.quantity
+        }
+
+        fn counts(&self) -> HashMap<String, usize> {
+            self.0.lock().unwrap().clone()
+        }
+    }
+
+    async fn handle(
+        dedup: &Deduplicator<idem::RedisStore>,
+        effects: &Effects,
+        body: &[u8],
+    ) -> Result<Handled<i64>, ShopError> {
+        let event: OrderPlaced = serde_json::from_slice(body)?;
+        dedup
+            .process(&event.order_id, &event, async { Ok(effects.apply(&event)) })
+            .await
+    }
+
+    async fn redelivery_after_a_crash_is_a_duplicate(redis: Redis) {
+        let prefix = unique_prefix("consumer");
+        let _keys = DeleteKeys {
+            redis,
+            prefix: prefix.clone(),
+        };
+        let dedup = Deduplicator::new(redis.store(&prefix).await, "orders.reserve");
+        let effects = Effects::default();
+        let queue = Queue::new("redis-crash").await;
+        queue.publish(&encode(&order("r-1", 3))).await;
+
+        let crashed = broker::connect().await;
+        let (_channel, mut consumer) = queue.consume(&crashed, 1).await;
+        let first = broker::next(&mut consumer).await;
+        let handled = handle(&dedup, &effects, &first.data).await.unwrap();
+        assert_eq!(handled, Handled::Processed(3));
+        broker::bounded("close the connection", crashed.close(320, "crash".into())).await;
+
+        let conn = broker::connect().await;
+        let (_channel, mut consumer) = queue.consume(&conn, 1).await;
+        let again = broker::next(&mut consumer).await;
+        assert!(again.redelivered);
+        let handled = handle(&dedup, &effects, &again.data).await.unwrap();
+        assert_eq!(handled, Handled::Duplicate(3));
+        broker::ack(&again).await;
+        broker::assert_drained(&mut consumer).await;
+        assert_eq!(effects.counts().get("r-1"), Some(&1));
+    }
+
+    async fn many_consumers_apply_each_effect_once(redis: Redis) {
+        const ORDERS: usize = 100;
+        const CONSUMERS: usize = 4;
+        let prefix = unique_prefix("consumers");
+        let _keys = DeleteKeys {
+            redis,
+            prefix: prefix.clone(),
+        };
+        let effects = Arc::new(Effects::default());
+        let queue = Arc::new(Queue::new("redis-many").await);
+        // Every order published twice (a publisher's retry).
+        for i in 0..ORDERS {
+            let body = encode(&order(&format!("m-{i}"), 1 + i as i64 % 5));
+            queue.publish(&body).await;
+            queue.publish(&body).await;
+        }
+        let handled = Arc::new(AtomicUsize::new(0));
+        let consumers: Vec<_> = (0..CONSUMERS)
+            .map(|c| {
+                let (queue, effects, handled) = (queue.clone(), effects.clone(), handled.clone());
+                let prefix = prefix.clone();
+                tokio::spawn(async move {
+                    let dedup = Deduplicator::new(redis.store(&prefix).await, "orders.reserve");
+                    let mut crashed_once = false;
+                    loop {
+                        let conn = broker::connect().await;
+                        let (_channel, mut consumer) = queue.consume(&conn, 4).await;
+                        let mut crashed = false;
+                        while let Some(delivery) =
+                            broker::next_within(&mut consumer, Duration::from_secs(2)).await
+                        {
+                            handle(&dedup, &effects, &delivery.data).await.unwrap();
+                            // Consumer 0 crashes once, after processing and
+                            // before the ack of its 10th message.
+                            let n = handled.fetch_add(1, Ordering::SeqCst);
+                            if c == 0 && !crashed_once && n >= 10 {
+                                crashed_once = true;
+                                crashed = true;
+                                break;
+                            }
+                            broker::ack(&delivery).await;
+                        }
+                        if crashed {
+                            broker::bounded("crash", conn.close(320, "crash".into())).await;
+                            continue;
+                        }
+                        return;
+                    }
+                })
+            })
+            .collect();
+        for consumer in consumers {
+            tokio::time::timeout(Duration::from_secs(120), consumer)
+                .await
+                .expect("the consumers finished within 120 s")
+                .unwrap();
+        }
+        let counts = effects.counts();
+        assert_eq!(counts.len(), ORDERS, "every order applied");
+        assert!(
+            counts.values().all(|n| *n == 1),
+            "an effect applied twice: {counts:?}"
+        );
+        assert!(
+            handled.load(Ordering::SeqCst) >= 2 * ORDERS,
+            "every delivery was handled"
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn redis_redelivery_after_a_crash_is_a_duplicate() {
+        redelivery_after_a_crash_is_a_duplicate(Redis::Single).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn redis_cluster_redelivery_after_a_crash_is_a_duplicate() {
+        redelivery_after_a_crash_is_a_duplicate(Redis::Cluster).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn redis_consumers_apply_each_effect_once() {
+        many_consumers_apply_each_effect_once(Redis::Single).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn redis_cluster_consumers_apply_each_effect_once() {
+        many_consumers_apply_each_effect_once(Redis::Cluster).await;
+    }
 }

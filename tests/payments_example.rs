@@ -5,7 +5,8 @@
 //! starts the real service on an ephemeral port of 127.0.0.1 and talks to
 //! it with a real client: every endpoint and status, retries after lost
 //! answers, concurrent duplicates, the declined card's replay, transient
-//! gateway failures, entity mode alone (`--no-http-layer`), the
+//! gateway failures, entity mode alone (`--no-http-layer`), the layer's
+//! records in Redis or a Redis Cluster (`--idempotency-store`), the
 //! Stripe-compatible routes and `/metrics`. Cases that need processes (two
 //! instances sharing one PostgreSQL, the demo's exit status) start this
 //! test binary again as the app (see
@@ -44,6 +45,7 @@ fn config(db: &Namespace) -> Config {
         addr: ([127, 0, 0, 1], 0).into(),
         database_url: db.url().to_owned(),
         http_layer: true,
+        idempotency_store: None,
         gateway_latency: Duration::from_millis(10),
         gateway_failure_rate: 0.0,
     }
@@ -665,4 +667,76 @@ async fn two_instances_share_one_postgres() {
     })
     .await
     .expect("the two-instance case ended within 180 s");
+}
+
+/// `--idempotency-store redis://...`: the HTTP layer keeps its records in
+/// Redis (or a Redis Cluster) while entity mode stays on SQLite. Twenty
+/// concurrent duplicates are one charge, one original answer and
+/// nineteen replays; a later retry replays; another payload is 422; and
+/// the layer's records are in Redis, under `payments`.
+#[cfg(feature = "redis")]
+async fn the_layer_on_redis(redis: common::redis::Redis, url: String) {
+    const DUPLICATES: usize = 20;
+    let db = common::backend::sqlite_file::namespace("pay").await;
+    let (server, api) = start(Config {
+        idempotency_store: Some(url),
+        gateway_latency: Duration::from_millis(200),
+        ..config(&db)
+    })
+    .await;
+    let key = format!("redis-{}", std::process::id());
+    let barrier = Arc::new(Barrier::new(DUPLICATES));
+    let tasks: Vec<_> = (0..DUPLICATES)
+        .map(|_| {
+            let (api, barrier, key) = (api.clone(), barrier.clone(), key.clone());
+            tokio::spawn(async move {
+                barrier.wait().await;
+                api.pay(&key, &card(4100, VISA)).await
+            })
+        })
+        .collect();
+    let mut answers = Vec::new();
+    for task in tasks {
+        answers.push(task.await.unwrap());
+    }
+    for answer in &answers {
+        assert_eq!(answer.status, StatusCode::CREATED, "{}", answer.body);
+        assert_eq!(answer.body, answers[0].body);
+    }
+    assert_eq!(answers.iter().filter(|a| !a.replayed()).count(), 1);
+    let retry = api.pay(&key, &card(4100, VISA)).await;
+    assert!(retry.replayed());
+    assert_eq!(retry.body, answers[0].body);
+    assert_eq!(
+        api.pay(&key, &card(999, VISA)).await.status,
+        StatusCode::UNPROCESSABLE_ENTITY
+    );
+    assert_one_charge_per_key(&api.charges().await, 1);
+    // The records are Redis's: hashes under the app's prefix.
+    let mut conn = redis.conn().await;
+    let records: Vec<String> = redis::cmd("KEYS")
+        .arg("payments:*:r")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert!(!records.is_empty(), "no record of the layer in Redis");
+    server.stop().await.unwrap();
+}
+
+#[cfg(feature = "redis")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_layer_keeps_its_records_in_redis() {
+    use common::redis::Redis;
+    the_layer_on_redis(Redis::Single, Redis::Single.url()).await;
+}
+
+#[cfg(feature = "redis")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_layer_keeps_its_records_in_a_redis_cluster() {
+    use common::redis::Redis;
+    common::redis::ensure_local_cluster();
+    let url = Redis::Cluster
+        .url()
+        .replacen("redis://", "redis+cluster://", 1);
+    the_layer_on_redis(Redis::Cluster, url).await;
 }

@@ -38,6 +38,9 @@ pub struct Config {
     /// Whether the HTTP idempotency layer is on (`--no-http-layer` turns it
     /// off, leaving entity mode alone between retries and the card).
     pub http_layer: bool,
+    /// Where the HTTP layer keeps its records when not in the database
+    /// (`--idempotency-store redis://...`).
+    pub idempotency_store: Option<String>,
     pub gateway_latency: Duration,
     pub gateway_failure_rate: f64,
 }
@@ -48,6 +51,7 @@ impl Default for Config {
             addr: SocketAddr::from(([127, 0, 0, 1], 3000)),
             database_url: "sqlite://payments.db".to_owned(),
             http_layer: true,
+            idempotency_store: None,
             gateway_latency: Duration::from_millis(50),
             gateway_failure_rate: 0.0,
         }
@@ -122,12 +126,17 @@ impl Server {
 
 /// Opens the database, binds the address, and serves on a task.
 pub async fn start(config: &Config) -> Result<Server, StartError> {
-    let db = db::connect(
+    let mut db = db::connect(
         &config.database_url,
         config.gateway_latency,
         config.gateway_failure_rate,
     )
     .await?;
+    if let Some(url) = &config.idempotency_store {
+        let (store, description) = db::idempotency_store(url).await?;
+        db.store = store;
+        db.description = format!("{}, the layer's records in {description}", db.description);
+    }
     let app = Arc::new(App {
         db,
         metrics: telemetry::prometheus(),

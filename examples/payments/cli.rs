@@ -18,6 +18,10 @@ options:
                                (default: $DATABASE_URL, else sqlite://payments.db;
                                demo: a SQLite file in a temporary directory)
   --no-http-layer              no idempotency layer: entity mode alone guards the charges
+  --idempotency-store URL      keep the layer's records there rather than in the database:
+                               redis://HOST:PORT (a Redis) or redis+cluster://HOST:PORT[,...]
+                               (a Redis Cluster), keyed under `payments`; needs --features redis.
+                               Entity mode stays on the database
   --gateway-latency-ms MS      time a call to the fake card gateway takes; a charge is
                                recorded half way through it (default 50; demo 100)
   --gateway-failure-rate RATE  share of charges that fail transiently, 0 to 1 (default 0; demo 0.1)
@@ -36,6 +40,7 @@ struct Options {
     addr: Option<SocketAddr>,
     database_url: Option<String>,
     no_http_layer: bool,
+    idempotency_store: Option<String>,
     latency_ms: Option<u64>,
     failure_rate: Option<f64>,
 }
@@ -72,6 +77,7 @@ fn parse(args: Vec<String>) -> Result<(Command, Options), String> {
             }
             "--database-url" => options.database_url = Some(value("a URL")?),
             "--no-http-layer" => options.no_http_layer = true,
+            "--idempotency-store" => options.idempotency_store = Some(value("a URL")?),
             "--gateway-latency-ms" => {
                 let ms = value("a number of milliseconds")?;
                 options.latency_ms = Some(
@@ -138,6 +144,7 @@ async fn serve(options: Options) -> u8 {
             .or_else(|| std::env::var("DATABASE_URL").ok())
             .unwrap_or(defaults.database_url),
         http_layer: !options.no_http_layer,
+        idempotency_store: options.idempotency_store,
         gateway_latency: options
             .latency_ms
             .map_or(defaults.gateway_latency, Duration::from_millis),
@@ -211,6 +218,7 @@ async fn demo_command(options: Options) -> u8 {
             .unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 0))),
         database_url,
         http_layer: !options.no_http_layer,
+        idempotency_store: options.idempotency_store,
         gateway_latency: Duration::from_millis(options.latency_ms.unwrap_or(100)),
         gateway_failure_rate: options.failure_rate.unwrap_or(0.1),
     };
@@ -239,6 +247,12 @@ mod tests {
         assert_eq!(options.addr, Some(SocketAddr::from(([127, 0, 0, 1], 0))));
         assert_eq!(options.latency_ms, Some(5));
         assert!(options.no_http_layer);
+        let (_, options) = parse(args(&["--idempotency-store", "redis://127.0.0.1:6379"])).unwrap();
+        assert_eq!(
+            options.idempotency_store.as_deref(),
+            Some("redis://127.0.0.1:6379")
+        );
+        assert!(parse(args(&["--idempotency-store"])).is_err());
         assert_eq!(parse(args(&[])).unwrap().0, Command::Serve);
         assert!(parse(args(&["--gateway-failure-rate", "2"])).is_err());
         assert!(parse(args(&["--bogus"])).is_err());

@@ -2,7 +2,7 @@
 //! or MySQL/MariaDB, each opened in a file of its own ([`sqlite`],
 //! [`postgres`], [`mysql`]) with its tables. One pool serves the business
 //! tables and entity mode; the HTTP layer's records go to the same
-//! database.
+//! database, or to Redis ([`idempotency_store`]).
 //!
 //! The operations are generic over the database
 //! ([`Payments<DB>`](super::service::Payments)); [`Backend`] holds the
@@ -86,6 +86,16 @@ pub enum ConnectError {
     },
     #[error("unsupported database URL {0}: use sqlite://<file>, postgres://... or mysql://...")]
     Unsupported(String),
+    #[error(
+        "unsupported idempotency store URL {0}: use redis://HOST:PORT or \
+         redis+cluster://HOST:PORT[,HOST:PORT...]"
+    )]
+    UnsupportedStore(String),
+    #[cfg(not(feature = "redis"))]
+    #[error(
+        "{0} is a Redis URL, but this build has no Redis support: run it with `--features redis`"
+    )]
+    RedisNotBuilt(String),
 }
 
 impl ConnectError {
@@ -138,6 +148,39 @@ pub async fn connect(
         });
     }
     Err(ConnectError::Unsupported(url.to_owned()))
+}
+
+/// The HTTP layer's store at `url`, when its records are not kept in the
+/// database: `redis://HOST:PORT[/DB]` (a single Redis) or
+/// `redis+cluster://HOST:PORT[,HOST:PORT...]` (a Redis Cluster, any of its
+/// nodes), keyed under `payments`. Answers the store and its description
+/// for the banner.
+pub async fn idempotency_store(url: &str) -> Result<(Arc<dyn Store>, String), ConnectError> {
+    let cluster = url.strip_prefix("redis+cluster://");
+    if cluster.is_none() && !url.starts_with("redis://") {
+        return Err(ConnectError::UnsupportedStore(url.to_owned()));
+    }
+    #[cfg(feature = "redis")]
+    {
+        let store = match cluster {
+            Some(nodes) => {
+                let nodes = nodes.split(',').map(|node| format!("redis://{node}"));
+                idem::RedisStore::connect_cluster(nodes).await
+            }
+            None => idem::RedisStore::connect(url).await,
+        };
+        let store = store
+            .and_then(|store| store.with_prefix("payments"))
+            .map_err(ConnectError::store(url))?;
+        let what = if cluster.is_some() {
+            "Redis Cluster"
+        } else {
+            "Redis"
+        };
+        Ok((Arc::new(store), format!("{what} {url}")))
+    }
+    #[cfg(not(feature = "redis"))]
+    Err(ConnectError::RedisNotBuilt(url.to_owned()))
 }
 
 impl Backend {
