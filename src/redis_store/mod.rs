@@ -567,6 +567,23 @@ fn parse_step(scope: &Scope, key: &Key, seq: u32, fields: &[Value]) -> Result<St
     })
 }
 
+/// A journal script's call for `step` of `claim`'s operation: the record
+/// and the journal, then the token, seq, name, fingerprint and ttl.
+fn step_call<'a>(
+    lua: &'a scripts::Lua,
+    keys: &Keys,
+    claim: &Claim,
+    step: &StepRequest<'_>,
+) -> Invocation<'a> {
+    lua.on(&keys.record)
+        .key(&keys.journal)
+        .arg(&claim.token.as_bytes()[..])
+        .arg(step.seq)
+        .arg(step.name)
+        .arg(&step.fingerprint.as_bytes()[..])
+        .arg(millis(step.ttl))
+}
+
 /// The status word a journal script answers first.
 fn status(items: &[Value]) -> Result<&str, Error> {
     items
@@ -764,18 +781,7 @@ impl Store for RedisStore {
     async fn begin_step(&self, claim: &Claim, step: &StepRequest<'_>) -> Result<StepBegin, Error> {
         let keys = self.keys(&claim.scope, &claim.key);
         let value = self
-            .invoke(
-                SCRIPTS
-                    .begin_step
-                    .on(&keys.record)
-                    .key(&keys.journal)
-                    .arg(&claim.token.as_bytes()[..])
-                    .arg(step.seq)
-                    .arg(step.name)
-                    .arg(&step.fingerprint.as_bytes()[..])
-                    .arg(millis(step.ttl))
-                    .arg(u8::from(step.adopt)),
-            )
+            .invoke(step_call(&SCRIPTS.begin_step, &keys, claim, step).arg(u8::from(step.adopt)))
             .await?;
         let items = array(value)?;
         match status(&items)? {
@@ -811,18 +817,7 @@ impl Store for RedisStore {
     ) -> Result<(), Error> {
         let keys = self.keys(&claim.scope, &claim.key);
         let (value, acknowledged) = self
-            .invoke_replicated(
-                SCRIPTS
-                    .complete_step
-                    .on(&keys.record)
-                    .key(&keys.journal)
-                    .arg(&claim.token.as_bytes()[..])
-                    .arg(step.seq)
-                    .arg(step.name)
-                    .arg(&step.fingerprint.as_bytes()[..])
-                    .arg(millis(step.ttl))
-                    .arg(output),
-            )
+            .invoke_replicated(step_call(&SCRIPTS.complete_step, &keys, claim, step).arg(output))
             .await?;
         let items = array(value)?;
         match status(&items)? {
