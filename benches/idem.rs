@@ -1,5 +1,5 @@
 //! The benchmark harness:
-//! `cargo bench --bench idem --features sqlite,postgres,mysql`.
+//! `cargo bench --bench idem --features sqlite,postgres,mysql,redis`.
 //!
 //! Every figure is a ratio of two measurements taken side by side in the
 //! same run: baseline and subject alternate in rounds (A B, then B A), and
@@ -14,24 +14,41 @@
 //! PATH), a bare sqlx loop on MariaDB. It runs in the same rounds as the
 //! plain call and idem, and is reported as a ratio to the same plain call.
 //!
-//! Servers: `IDEM_POSTGRES_URL` and `IDEM_MYSQL_URL` (local defaults as in
-//! the tests); SQLite is a file in a temporary directory. `IDEM_BENCH_QUICK=1`
-//! shortens every measurement (for trying the harness, not for figures).
-//! `IDEM_BENCH_ONLY=postgres` (or `sqlite`, `mariadb`, comma-separated) runs
-//! some backends only. B4' runs this binary again as child processes, with
-//! `IDEM_BENCH_CHILD` naming the backend (see [`child`]).
+//! Redis and Redis Cluster have no reference, no transactional mode and
+//! no SQL: B1 (record mode), B2, B4 and the store's cost per call run on
+//! them ([`Calls`]), with a plain call that is the body's own write, one
+//! `INCRBY` (see [`RedisPayments`]).
+//!
+//! Servers: `IDEM_POSTGRES_URL`, `IDEM_MYSQL_URL`, `IDEM_REDIS_URL` and
+//! `IDEM_REDIS_CLUSTER_URL` (local defaults as in the tests); SQLite is a
+//! file in a temporary directory. `IDEM_BENCH_QUICK=1` shortens every
+//! measurement (for trying the harness, not for figures).
+//! `IDEM_BENCH_ONLY=postgres` (or `sqlite`, `mariadb`, `redis`,
+//! `redis_cluster`, comma-separated) runs some backends only. B4' runs this
+//! binary again as child processes, with `IDEM_BENCH_CHILD` naming the
+//! backend (see [`child`]).
 
 use std::fmt::Write as _;
 use std::future::Future;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use futures::future::{FutureExt, LocalBoxFuture};
-use idem::{idempotent, Fingerprint, Store};
+use idem::{idempotent, CachedStore, Fingerprint, Store};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::sync::Barrier;
+
+/// The tests' Redis and Redis Cluster: their URLs (`IDEM_REDIS_URL`,
+/// `IDEM_REDIS_CLUSTER_URL`, the local ones by default, the local cluster
+/// started if down), stores and connections, and the deletion of the keys
+/// under a prefix.
+#[path = "../tests/common/redis.rs"]
+#[allow(dead_code)]
+mod redis_env;
+
+use redis_env::{Conn, DeleteKeys, Redis};
 
 const CONCURRENCY: usize = 4;
 
@@ -39,6 +56,8 @@ const CONCURRENCY: usize = 4;
 pub enum PayError {
     #[error("database: {0}")]
     Db(#[from] sqlx::Error),
+    #[error("redis: {0}")]
+    Redis(#[from] redis::RedisError),
     #[error(transparent)]
     Idem(#[from] idem::Error),
 }
@@ -591,15 +610,26 @@ macro_rules! backend {
                     let (table, cta) = (table_name(tag, "pay"), table_name(tag, "cta"));
                     let this = Self::open(pool, dir, &table_name(tag, "rec"), table, cta);
                     this.store.migrate().await.unwrap();
-                    sqlx::raw_sql(&DIALECT.tables.replace("{pay}", &this.table).replace("{cta}", &this.cta))
-                        .execute(&this.pool)
-                        .await
-                        .unwrap();
+                    sqlx::raw_sql(
+                        &DIALECT
+                            .tables
+                            .replace("{pay}", &this.table)
+                            .replace("{cta}", &this.cta),
+                    )
+                    .execute(&this.pool)
+                    .await
+                    .unwrap();
                     this
                 }
 
                 /// On existing tables.
-                fn open(pool: sqlx::Pool<$db>, dir: &Path, records: &str, table: String, cta: String) -> Self {
+                fn open(
+                    pool: sqlx::Pool<$db>,
+                    dir: &Path,
+                    records: &str,
+                    table: String,
+                    cta: String,
+                ) -> Self {
                     let store = <$store>::new(pool.clone())
                         .with_table_name(records)
                         .unwrap();
@@ -710,31 +740,25 @@ macro_rules! backend {
 
                 /// The business INSERT on `executor`, then a body that
                 /// takes `body`.
-                async fn insert<'e, E>(&'e self, executor: E, key: &str, amount: i64, body: Duration) -> Result<i64, PayError>
+                async fn insert<'e, E>(
+                    &'e self,
+                    executor: E,
+                    key: &str,
+                    amount: i64,
+                    body: Duration,
+                ) -> Result<i64, PayError>
                 where
                     E: sqlx::Executor<'e, Database = $db>,
                 {
-                    sqlx::query(&self.insert).bind(key).bind(amount).execute(executor).await?;
+                    sqlx::query(&self.insert)
+                        .bind(key)
+                        .bind(amount)
+                        .execute(executor)
+                        .await?;
                     if !body.is_zero() {
                         tokio::time::sleep(body).await;
                     }
                     Ok(amount)
-                }
-
-                pub async fn plain(&self, key: &str, amount: i64, body: Duration) -> Result<i64, PayError> {
-                    self.insert(&self.pool, key, amount, body).await
-                }
-
-                #[idempotent(key = key, store = self.store, scope = "bench.pay", fingerprint = amount,
-                             lease = "60s", wait = "30s")]
-                pub async fn record(&self, key: &str, amount: i64, body: Duration) -> Result<i64, PayError> {
-                    self.insert(&self.pool, key, amount, body).await
-                }
-
-                #[idempotent(key = key, store = self.cached, scope = "bench.pay", fingerprint = amount,
-                             lease = "60s", wait = "30s")]
-                pub async fn record_cached(&self, key: &str, amount: i64, body: Duration) -> Result<i64, PayError> {
-                    self.insert(&self.pool, key, amount, body).await
                 }
 
                 pub async fn plain_tx(
@@ -747,8 +771,7 @@ macro_rules! backend {
                     self.insert(&mut **tx, key, amount, body).await
                 }
 
-                #[idempotent(key = key, store = self.store, tx = tx, scope = "bench.pay_tx",
-                             fingerprint = amount)]
+                #[idempotent(key = key, store = self.store, tx = tx, scope = "bench.pay_tx", fingerprint = amount)]
                 pub async fn in_tx(
                     &self,
                     tx: &mut sqlx::Transaction<'_, $db>,
@@ -759,20 +782,19 @@ macro_rules! backend {
                     self.insert(&mut **tx, key, amount, body).await
                 }
 
-                #[idempotent(key = key, store = self.store, scope = "bench.dup", fingerprint = amount,
-                             lease = "60s", wait = "30s")]
-                pub async fn dup(&self, key: &str, amount: i64, ran: &std::sync::atomic::AtomicBool, runs: &AtomicUsize) -> Result<i64, PayError> {
-                    ran.store(true, Ordering::SeqCst);
-                    runs.fetch_add(1, Ordering::SeqCst);
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    Ok(amount)
-                }
-
                 /// B8: entity mode, the row itself keeping the token.
                 #[idempotent(key = key, store = self.pool, entity, fingerprint = amount)]
-                pub async fn entity_charge(&self, key: &str, amount: i64, body: Duration) -> Result<EntityCharge, PayError> {
+                pub async fn entity_charge(
+                    &self,
+                    key: &str,
+                    amount: i64,
+                    body: Duration,
+                ) -> Result<EntityCharge, PayError> {
                     tokio::time::sleep(body).await;
-                    Ok(EntityCharge { token: key.to_owned(), amount })
+                    Ok(EntityCharge {
+                        token: key.to_owned(),
+                        amount,
+                    })
                 }
 
                 pub async fn call(self: &Arc<Self>, mode: Mode, body: Duration) {
@@ -782,9 +804,10 @@ macro_rules! backend {
                 pub async fn call_key(self: &Arc<Self>, mode: Mode, key: &str, body: Duration) {
                     let key = key.to_owned();
                     let done = match mode {
-                        Mode::Plain => self.plain(&key, 500, body).await,
-                        Mode::Record => self.record(&key, 500, body).await,
-                        Mode::Cached => self.record_cached(&key, 500, body).await,
+                        Mode::Plain | Mode::Record | Mode::Cached => {
+                            let write = self.insert(&self.pool, &key, 500, body);
+                            outside_tx((&self.store, &self.cached), mode, &key, 500, write).await
+                        }
                         Mode::PlainTx | Mode::Tx => {
                             let mut tx = self.pool.begin().await.unwrap();
                             let r = if mode == Mode::Tx {
@@ -854,15 +877,21 @@ macro_rules! backend {
                 }
             }
 
-            impl Bench for Payments {
-                fn dialect(&self) -> &'static Dialect {
-                    &DIALECT
+            impl Calls for Payments {
+                fn label(&self) -> &'static str {
+                    DIALECT.label
                 }
-                fn records(&self) -> String {
-                    self.store.table_name().to_owned()
+                fn goals(&self) -> &'static Goals {
+                    &DIALECT.goals
                 }
-                fn dir(&self) -> &Path {
-                    &self.dir
+                fn write(&self) -> &'static str {
+                    "INSERT"
+                }
+                fn transactional(&self) -> bool {
+                    true
+                }
+                fn reference_status(&self) -> Option<Result<(), &'static str>> {
+                    reference_status(&DIALECT)
                 }
                 fn reference(
                     self: &Arc<Self>,
@@ -874,7 +903,9 @@ macro_rules! backend {
                     async move {
                         let sql = this.reference_sql().await;
                         match DIALECT.reference {
-                            Client::Pgbench => pgbench(&server_url(&DIALECT), sql, script, tasks, window).await,
+                            Client::Pgbench => {
+                                pgbench(&server_url(&DIALECT), sql, script, tasks, window).await
+                            }
                             Client::Loop => {
                                 throughput_of(tasks, Span::For(window), move || {
                                     let this = this.clone();
@@ -885,17 +916,6 @@ macro_rules! backend {
                             Client::None => unreachable!("{} has no reference", DIALECT.label),
                         }
                     }
-                }
-                fn resized(&self, connections: u32) -> impl Future<Output = Self> + Send {
-                    async move {
-                        let pool = $connect(&DIALECT, &self.dir, connections).await;
-                        let mut this = Self::open(pool, &self.dir, self.store.table_name(), self.table.clone(), self.cta.clone());
-                        this.reference = self.reference.clone();
-                        this
-                    }
-                }
-                fn close(&self) -> impl Future<Output = ()> + Send {
-                    self.pool.close()
                 }
                 fn call(
                     self: &Arc<Self>,
@@ -915,19 +935,40 @@ macro_rules! backend {
                     let (this, key) = (self.clone(), key.to_owned());
                     async move { this.call_key(mode, &key, Duration::ZERO).await }
                 }
-                fn duplicate(
-                    self: &Arc<Self>,
-                    key: &str,
-                    runs: Arc<AtomicUsize>,
-                ) -> impl Future<Output = bool> + Send {
-                    let (this, key) = (self.clone(), key.to_owned());
+            }
+
+            impl Bench for Payments {
+                fn dialect(&self) -> &'static Dialect {
+                    &DIALECT
+                }
+                fn records(&self) -> String {
+                    self.store.table_name().to_owned()
+                }
+                fn dir(&self) -> &Path {
+                    &self.dir
+                }
+                fn resized(&self, connections: u32) -> impl Future<Output = Self> + Send {
                     async move {
-                        let ran = std::sync::atomic::AtomicBool::new(false);
-                        this.dup(&key, 1, &ran, &runs).await.unwrap();
-                        ran.load(Ordering::SeqCst)
+                        let pool = $connect(&DIALECT, &self.dir, connections).await;
+                        let mut this = Self::open(
+                            pool,
+                            &self.dir,
+                            self.store.table_name(),
+                            self.table.clone(),
+                            self.cta.clone(),
+                        );
+                        this.reference = self.reference.clone();
+                        this
                     }
                 }
-                fn entity_call(self: &Arc<Self>, key: &str, body: Duration) -> impl Future<Output = ()> + Send {
+                fn close(&self) -> impl Future<Output = ()> + Send {
+                    self.pool.close()
+                }
+                fn entity_call(
+                    self: &Arc<Self>,
+                    key: &str,
+                    body: Duration,
+                ) -> impl Future<Output = ()> + Send {
                     let (this, key) = (self.clone(), key.to_owned());
                     async move {
                         let row = this.entity_charge(&key, 500, body).await.unwrap();
@@ -936,7 +977,10 @@ macro_rules! backend {
                 }
                 fn entity_setup(&self) -> impl Future<Output = ()> + Send {
                     async move {
-                        sqlx::raw_sql(DIALECT.entity_table).execute(&self.pool).await.unwrap();
+                        sqlx::raw_sql(DIALECT.entity_table)
+                            .execute(&self.pool)
+                            .await
+                            .unwrap();
                     }
                 }
                 fn check_then_act(self: &Arc<Self>) -> impl Future<Output = ()> + Send {
@@ -1012,6 +1056,63 @@ pub enum Mode {
     Cached,
     PlainTx,
     Tx,
+}
+
+/// A record-mode call on `store` whose body is `write`: the backend's
+/// business write (and the body's time).
+#[idempotent(key = key, store = store, scope = "bench.pay", fingerprint = amount,
+             lease = "60s", wait = "30s")]
+async fn record<S, W>(store: &S, key: &str, amount: i64, write: W) -> Result<i64, PayError>
+where
+    S: Store,
+    W: Future<Output = Result<i64, PayError>> + Send,
+{
+    write.await
+}
+
+/// A call of `mode` outside a transaction, on a store and the same records
+/// behind a local replay cache: `write` alone (the plain call), or as the
+/// body of a record-mode call.
+async fn outside_tx<S, W>(
+    (store, cached): (&S, &CachedStore<S>),
+    mode: Mode,
+    key: &str,
+    amount: i64,
+    write: W,
+) -> Result<i64, PayError>
+where
+    S: Store,
+    W: Future<Output = Result<i64, PayError>> + Send,
+{
+    match mode {
+        Mode::Plain => write.await,
+        Mode::Record => record(store, key, amount, write).await,
+        Mode::Cached => record(cached, key, amount, write).await,
+        Mode::PlainTx | Mode::Tx => unreachable!("{mode:?} takes a transaction"),
+    }
+}
+
+/// B4's body: counts its run, and takes 50 ms.
+#[idempotent(key = key, store = store, scope = "bench.dup", fingerprint = amount,
+             lease = "60s", wait = "30s")]
+async fn dup(
+    store: &dyn Store,
+    key: &str,
+    amount: i64,
+    ran: &AtomicBool,
+    runs: &AtomicUsize,
+) -> Result<i64, PayError> {
+    ran.store(true, Ordering::SeqCst);
+    runs.fetch_add(1, Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    Ok(amount)
+}
+
+/// One call of B4 on `store`; answers whether it ran the body.
+async fn duplicate(store: &dyn Store, key: &str, runs: &AtomicUsize) -> bool {
+    let ran = AtomicBool::new(false);
+    dup(store, key, 1, &ran, runs).await.unwrap();
+    ran.load(Ordering::SeqCst)
 }
 
 backend!(
@@ -1131,38 +1232,143 @@ async fn connect_sqlite(_dialect: &Dialect, dir: &Path, _connections: u32) -> sq
     store.pool().clone()
 }
 
-/// What the generic measurements need from a backend.
-trait Bench: Send + Sync + Sized + 'static {
-    fn dialect(&self) -> &'static Dialect;
-    fn label(&self) -> &'static str {
-        self.dialect().label
+/// Redis's goals: issue 14 set none for it but those of every backend.
+const REDIS_GOALS: Goals = Goals {
+    record: Goal::None,
+    tx: Goal::None,
+    replay: Goal::None,
+    processes: Goal::None,
+};
+
+/// A single Redis or a Redis Cluster: idem's records, and the body's
+/// write, under a key prefix of this run's own, whose keys are deleted
+/// when it is dropped. The body's write, and so the whole plain call, is
+/// one `INCRBY` on a key of its own (`<prefix>:pay:<key>`), through a
+/// multiplexed connection beside the store's: one round trip, as the SQL
+/// backends' plain call is their business INSERT. Record mode only: the
+/// body has no transaction to be in.
+struct RedisPayments {
+    redis: Redis,
+    store: idem::RedisStore,
+    /// The same records behind a local replay cache.
+    cached: CachedStore<idem::RedisStore>,
+    conn: Conn,
+    _keys: DeleteKeys,
+}
+
+impl RedisPayments {
+    async fn new(redis: Redis) -> Self {
+        let prefix = redis_env::unique_prefix("bench");
+        let store = redis.store(&prefix).await;
+        RedisPayments {
+            cached: CachedStore::new(store.clone(), 100_000).unwrap(),
+            store,
+            conn: redis.conn().await,
+            redis,
+            _keys: DeleteKeys { redis, prefix },
+        }
     }
+
+    /// The business write, then a body that takes `body`.
+    async fn incr(&self, key: &str, amount: i64, body: Duration) -> Result<i64, PayError> {
+        let mut conn = match &self.conn {
+            Conn::Single(conn) => Conn::Single(conn.clone()),
+            Conn::Cluster(conn) => Conn::Cluster(conn.clone()),
+        };
+        redis::cmd("INCRBY")
+            .arg(format!("{}:pay:{key}", self.store.prefix()))
+            .arg(amount)
+            .query_async::<i64>(&mut conn)
+            .await?;
+        if !body.is_zero() {
+            tokio::time::sleep(body).await;
+        }
+        Ok(amount)
+    }
+
+    async fn pay(&self, mode: Mode, key: &str, body: Duration) {
+        let write = self.incr(key, 500, body);
+        outside_tx((&self.store, &self.cached), mode, key, 500, write)
+            .await
+            .unwrap();
+    }
+}
+
+impl Calls for RedisPayments {
+    fn label(&self) -> &'static str {
+        match self.redis {
+            Redis::Single => "Redis",
+            Redis::Cluster => "Redis Cluster",
+        }
+    }
+    fn goals(&self) -> &'static Goals {
+        &REDIS_GOALS
+    }
+    fn write(&self) -> &'static str {
+        "INCRBY"
+    }
+    fn transactional(&self) -> bool {
+        false
+    }
+    fn call(self: &Arc<Self>, mode: Mode, body: Duration) -> impl Future<Output = ()> + Send {
+        let this = self.clone();
+        async move { this.pay(mode, &unique("pay"), body).await }
+    }
+    fn call_key(self: &Arc<Self>, mode: Mode, key: &str) -> impl Future<Output = ()> + Send {
+        let (this, key) = (self.clone(), key.to_owned());
+        async move { this.pay(mode, &key, Duration::ZERO).await }
+    }
+    fn store(&self) -> Arc<dyn Store> {
+        Arc::new(self.store.clone())
+    }
+}
+
+/// What the measurements of every backend (B1, B2, B4, the store's cost
+/// per call) need from it.
+trait Calls: Send + Sync + Sized + 'static {
+    fn label(&self) -> &'static str;
+    fn goals(&self) -> &'static Goals;
+    /// The plain call's one write (the body's), as the rows name it.
+    fn write(&self) -> &'static str;
+    /// Whether the body can be in the caller's transaction (B1's
+    /// transactional rows).
+    fn transactional(&self) -> bool;
+    /// Whether the reference is measured here: `None` where the backend
+    /// has none, `Some(Err(why))` where it cannot be.
+    fn reference_status(&self) -> Option<Result<(), &'static str>> {
+        None
+    }
+    /// The reference's calls per second: `script` by `tasks` clients for
+    /// `window`; asked only where `reference_status` answers `Some(Ok(()))`.
+    fn reference(
+        self: &Arc<Self>,
+        _script: Script,
+        _tasks: usize,
+        _window: Duration,
+    ) -> impl Future<Output = f64> + Send {
+        let label = self.label();
+        async move { unreachable!("{label} has no reference") }
+    }
+    /// A call of `mode` (with a body taking `body` after its write) on a
+    /// key of its own.
+    fn call(self: &Arc<Self>, mode: Mode, body: Duration) -> impl Future<Output = ()> + Send;
+    /// A call of `mode` on `key`, the body its write alone.
+    fn call_key(self: &Arc<Self>, mode: Mode, key: &str) -> impl Future<Output = ()> + Send;
+    fn store(&self) -> Arc<dyn Store>;
+}
+
+/// What the SQL backends' other measurements need from them.
+trait Bench: Calls {
+    fn dialect(&self) -> &'static Dialect;
     /// The records table.
     fn records(&self) -> String;
     /// Where SQLite's file is.
     fn dir(&self) -> &Path;
-    /// The reference's calls per second: `script` by `tasks` clients for
-    /// `window`.
-    fn reference(
-        self: &Arc<Self>,
-        script: Script,
-        tasks: usize,
-        window: Duration,
-    ) -> impl Future<Output = f64> + Send;
     /// The same tables through a pool of its own, of `connections`
     /// connections.
     fn resized(&self, connections: u32) -> impl Future<Output = Self> + Send;
     /// Closes the pool.
     fn close(&self) -> impl Future<Output = ()> + Send;
-    fn call(self: &Arc<Self>, mode: Mode, body: Duration) -> impl Future<Output = ()> + Send;
-    fn call_key(self: &Arc<Self>, mode: Mode, key: &str) -> impl Future<Output = ()> + Send;
-    fn store(&self) -> Arc<dyn Store>;
-    /// One call of B4; answers whether it ran the body.
-    fn duplicate(
-        self: &Arc<Self>,
-        key: &str,
-        runs: Arc<AtomicUsize>,
-    ) -> impl Future<Output = bool> + Send;
     /// Creates B8's entity table.
     fn entity_setup(&self) -> impl Future<Output = ()> + Send;
     /// One entity-mode call of B8.
@@ -1197,7 +1403,7 @@ struct Compared {
 impl Compared {
     /// Plain calls (`modes.0`) and idem's (`modes.1`), each measured by
     /// `run`, and the reference's `script` by `tasks` clients, if any.
-    async fn measure<'a, B: Bench, R>(
+    async fn measure<'a, B: Calls, R>(
         b: &'a Arc<B>,
         modes: (Mode, Mode),
         script: Option<Script>,
@@ -1207,7 +1413,7 @@ impl Compared {
     where
         R: Fn(Mode) -> LocalBoxFuture<'a, f64> + Copy + 'a,
     {
-        let status = script.and(reference_status(b.dialect()));
+        let status = script.and(b.reference_status());
         let mut measures = vec![measure(move || run(modes.0)), measure(move || run(modes.1))];
         if let (Some(script), Some(Ok(()))) = (script, status) {
             measures.push(measure(move || b.reference(script, tasks, window())));
@@ -1245,7 +1451,7 @@ impl Compared {
 }
 
 /// Calls per second of `mode` by `tasks` tasks on `b` for `span`.
-fn calls_of<B: Bench>(
+fn calls_of<B: Calls>(
     b: &Arc<B>,
     tasks: usize,
     mode: Mode,
@@ -1260,14 +1466,15 @@ fn calls_of<B: Bench>(
 }
 
 /// B1: first execution throughput, attribute vs none, and the reference.
-async fn b1<B: Bench>(b: &Arc<B>, report: &mut Report) {
-    let goals = &b.dialect().goals;
+async fn b1<B: Calls>(b: &Arc<B>, report: &mut Report) {
+    let goals = b.goals();
+    let write = b.write();
     let (bare, slow) = (Duration::ZERO, Duration::from_millis(20));
     let tx = (Mode::PlainTx, Mode::Tx);
     let record = (Mode::Plain, Mode::Record);
     let cases = [
         (
-            "transactional, bare INSERT",
+            "transactional, bare",
             "tx",
             tx,
             bare,
@@ -1275,7 +1482,7 @@ async fn b1<B: Bench>(b: &Arc<B>, report: &mut Report) {
             goals.tx,
         ),
         (
-            "record mode, bare INSERT",
+            "record mode, bare",
             "record",
             record,
             bare,
@@ -1300,12 +1507,25 @@ async fn b1<B: Bench>(b: &Arc<B>, report: &mut Report) {
         ),
     ];
     for (what, short, modes, body, script, goal) in cases {
+        if modes == tx && !b.transactional() {
+            continue;
+        }
+        let what = if body.is_zero() {
+            format!("{what} {write}")
+        } else {
+            what.to_owned()
+        };
         let found = Compared::measure(b, modes, script, CONCURRENCY, |mode| {
             calls_of(b, CONCURRENCY, mode, body, Span::For(window())).boxed_local()
         })
         .await;
         if script.is_some() {
-            let label = format!("{} {short}", b.label());
+            // A backend with record mode only: its name alone.
+            let label = if b.transactional() {
+                format!("{} {short}", b.label())
+            } else {
+                b.label().to_owned()
+            };
             report
                 .b1
                 .push((label, found.ratio, found.reference_ratio()));
@@ -1325,11 +1545,11 @@ async fn b1<B: Bench>(b: &Arc<B>, report: &mut Report) {
 }
 
 /// B2: replay latency vs first execution (record mode, one caller).
-async fn b2<B: Bench>(b: &Arc<B>, report: &mut Report) {
+async fn b2<B: Calls>(b: &Arc<B>, report: &mut Report) {
     let (ratio, firsts, replays) = replay_vs_first(b, Mode::Record).await;
     // The reference's replay, one read, against its first execution, one
     // client each: the ratio of their latencies.
-    let reference = match reference_status(b.dialect()) {
+    let reference = match b.reference_status() {
         None => None,
         Some(Err(why)) => Some(Err(why)),
         Some(Ok(())) => {
@@ -1347,7 +1567,7 @@ async fn b2<B: Bench>(b: &Arc<B>, report: &mut Report) {
             "replay latency vs first execution, record mode ({replays:.2} ms vs {firsts:.2} ms, median)"
         ),
         format!("{ratio:.2}{}", reference_note(reference)),
-        (b.dialect().goals.replay, ""),
+        (b.goals().replay, ""),
         (ratio, None),
     ));
     let (ratio, firsts, replays) = replay_vs_first(b, Mode::Cached).await;
@@ -1369,12 +1589,11 @@ const CACHED_REPLAY_GOAL: Goal = Goal::AtMost(0.02);
 
 /// Median latencies of first executions and of their replays in `mode`,
 /// one caller, and the median of the per-round ratios.
-async fn replay_vs_first<B: Bench>(b: &Arc<B>, mode: Mode) -> (f64, f64, f64) {
+async fn replay_vs_first<B: Calls>(b: &Arc<B>, mode: Mode) -> (f64, f64, f64) {
     let n = if quick() { 20 } else { 100 };
     let mut ratios = Vec::new();
     let (mut firsts, mut replays) = (Vec::new(), Vec::new());
-    for _ in 0..rounds() {
-        let keys: Vec<String> = (0..n).map(|_| unique("b2")).collect();
+    for keys in keys_per_round("b2", n) {
         let mut first = Vec::new();
         for k in &keys {
             let t = Instant::now();
@@ -1485,7 +1704,7 @@ impl OneKey {
 
 /// `calls` calls on `key` released together (at `at`, µs of the wall
 /// clock, if given): whether each ran the body, and when it returned.
-async fn calls_on_one_key<B: Bench>(
+async fn calls_on_one_key<B: Calls>(
     b: &Arc<B>,
     key: &str,
     calls: usize,
@@ -1496,13 +1715,14 @@ async fn calls_on_one_key<B: Bench>(
     }
     let runs = Arc::new(AtomicUsize::new(0));
     let barrier = Arc::new(Barrier::new(calls));
+    let store = b.store();
     let tasks: Vec<_> = (0..calls)
         .map(|_| {
-            let (b, key, runs, barrier) =
-                (b.clone(), key.to_owned(), runs.clone(), barrier.clone());
+            let (store, key, runs, barrier) =
+                (store.clone(), key.to_owned(), runs.clone(), barrier.clone());
             tokio::spawn(async move {
                 barrier.wait().await;
-                let won = b.duplicate(&key, runs).await;
+                let won = duplicate(&*store, &key, &runs).await;
                 (won, unix_micros())
             })
         })
@@ -1515,7 +1735,7 @@ async fn calls_on_one_key<B: Bench>(
 }
 
 /// B4: 64 calls on one key released at once.
-async fn b4<B: Bench>(b: &Arc<B>, report: &mut Report) {
+async fn b4<B: Calls>(b: &Arc<B>, report: &mut Report) {
     const CALLS: usize = 64;
     let mut found = OneKey::default();
     for _ in 0..rounds() {
@@ -1594,7 +1814,7 @@ const CHILD_CALLS: usize = 16;
 /// round of calls, says `ready`, then for each line `key at` on its
 /// standard input makes its calls on `key` at `at`, and answers a line
 /// `ran returned_at` for each, then `end`.
-async fn child<B: Bench>(b: Arc<B>) {
+async fn child<B: Calls>(b: Arc<B>) {
     // One call runs the body, the others wait: the pool's connections are
     // open, and PostgreSQL's listener is listening.
     calls_on_one_key(&b, &unique("warm"), CHILD_CALLS, None).await;
@@ -1872,58 +2092,115 @@ async fn b5<B: Bench>(b: &Arc<B>, report: &mut Report) {
     }
 }
 
+/// `n` keys of their own for each round.
+fn keys_per_round(tag: &str, n: usize) -> Vec<Vec<String>> {
+    (0..rounds())
+        .map(|_| (0..n).map(|_| unique(tag)).collect())
+        .collect()
+}
+
+/// B6's measurement, one caller: the time per call in ns of `plain` calls,
+/// of first executions (`idem`) and of their replays (`idem` again on the
+/// same keys), each the mean over a round's keys, in the same rounds;
+/// their medians over the rounds.
+async fn cost_per_call<'a, P, PF, I, IF>(keys: &'a [Vec<String>], plain: P, idem: I) -> [f64; 3]
+where
+    P: Fn(&'a str) -> PF,
+    PF: Future<Output = ()>,
+    I: Fn(&'a str) -> IF,
+    IF: Future<Output = ()>,
+{
+    let mut times = [Vec::new(), Vec::new(), Vec::new()];
+    for keys in keys {
+        let per_call = |t: Instant| t.elapsed().as_secs_f64() * 1e9 / keys.len() as f64;
+        let t = Instant::now();
+        for k in keys {
+            plain(k).await;
+        }
+        times[0].push(per_call(t));
+        for times in &mut times[1..] {
+            let t = Instant::now();
+            for k in keys {
+                idem(k).await;
+            }
+            times.push(per_call(t));
+        }
+    }
+    times.map(median)
+}
+
+/// B6's rows: the cost per call of a first execution and of a replay,
+/// from `[plain, first, replay]` in ns, against `plain` (`baseline` says
+/// what that call is).
+fn cost_rows(
+    backend: &'static str,
+    [plain, first, replay]: [f64; 3],
+    baseline: &str,
+    goals: [Goal; 2],
+    report: &mut Report,
+) {
+    let time = |ns: f64| match ns {
+        ns if ns < 100.0 => format!("{ns:.1} ns"),
+        ns if ns < 10_000.0 => format!("{ns:.0} ns"),
+        ns => format!("{:.0} µs", ns / 1e3),
+    };
+    let calls = [("first execution", first), ("replay", replay)];
+    for ((what, ns), goal) in calls.into_iter().zip(goals) {
+        let cost = (ns - plain) / 1e3;
+        let digits = if cost.abs() < 10.0 { 2 } else { 0 };
+        report.rows.push(Row::judged(
+            ("B6", backend),
+            format!(
+                "cost per call, {what}: {} against {} for {baseline}",
+                time(ns),
+                time(plain)
+            ),
+            format!("{cost:+.digits$} µs"),
+            (goal, " µs"),
+            (cost, None),
+        ));
+    }
+}
+
 /// B6: the memory store's cost per call vs a plain function call.
 async fn b6(report: &mut Report) {
     #[inline(never)]
     async fn plain(amount: i64) -> Result<i64, idem::Error> {
         Ok(std::hint::black_box(amount))
     }
-    let store = idem::MemoryStore::new();
-    let n = if quick() { 20_000 } else { 200_000 };
-    let (mut first, mut replay, mut base) = (Vec::new(), Vec::new(), Vec::new());
-    for _ in 0..rounds() {
-        let t = Instant::now();
-        for _ in 0..n {
+    let store = &idem::MemoryStore::new();
+    let keys = keys_per_round("b6", if quick() { 20_000 } else { 200_000 });
+    let times = cost_per_call(
+        &keys,
+        |_| async {
             std::hint::black_box(plain(500).await.unwrap());
-        }
-        base.push(t.elapsed().as_secs_f64() * 1e9 / n as f64);
-        let keys: Vec<String> = (0..n).map(|i| format!("m{i}-{}", unique("b6"))).collect();
-        let t = Instant::now();
-        for k in &keys {
-            let r: Result<i64, idem::Error> = idem::run(
-                &store,
-                idem::Call::new("bench.mem", k.as_str(), &500i64),
-                plain(500),
-            )
-            .await;
+        },
+        |k| async move {
+            let r: Result<i64, idem::Error> =
+                idem::run(store, idem::Call::new("bench.mem", k, &500i64), plain(500)).await;
             std::hint::black_box(r.unwrap());
-        }
-        first.push(t.elapsed().as_secs_f64() * 1e9 / n as f64);
-        let t = Instant::now();
-        for k in &keys {
-            let r: Result<i64, idem::Error> = idem::run(
-                &store,
-                idem::Call::new("bench.mem", k.as_str(), &500i64),
-                plain(500),
-            )
-            .await;
-            std::hint::black_box(r.unwrap());
-        }
-        replay.push(t.elapsed().as_secs_f64() * 1e9 / n as f64);
-    }
-    let (b, f, r) = (median(base), median(first), median(replay));
-    for (what, ns, goal) in [("first execution", f, 1.0), ("replay", r, 0.5)] {
-        let cost = (ns - b) / 1e3;
-        report.rows.push(Row::judged(
-            ("B6", "memory"),
-            format!(
-                "cost per call, {what}: {ns:.0} ns against {b:.1} ns for a plain async fn call"
-            ),
-            format!("+{cost:.2} µs"),
-            (Goal::AtMost(goal), " µs"),
-            (cost, None),
-        ));
-    }
+        },
+    )
+    .await;
+    let goals = [Goal::AtMost(1.0), Goal::AtMost(0.5)];
+    cost_rows("memory", times, "a plain async fn call", goals, report);
+}
+
+/// B6 on a backend's store: first executions and replays in record mode
+/// against plain calls (the body's write alone), one caller.
+async fn b6_on<B: Calls>(b: &Arc<B>, report: &mut Report) {
+    let keys = keys_per_round("b6", if quick() { 20 } else { 100 });
+    let times = cost_per_call(
+        &keys,
+        |k| b.call_key(Mode::Plain, k),
+        |k| b.call_key(Mode::Record, k),
+    )
+    .await;
+    let baseline = format!(
+        "the plain call (the body's one {}, without idem), one caller",
+        b.write()
+    );
+    cost_rows(b.label(), times, &baseline, [Goal::None; 2], report);
 }
 
 fn main() {
@@ -1948,10 +2225,23 @@ async fn each<B: Bench>(b: &Arc<B>, report: &mut Report) {
     b5(b, report).await;
     b8(b, report).await;
     b9(b, report).await;
+    b6_on(b, report).await;
     if b.dialect().curve {
         b7(b, report).await;
     }
     b.drop_tables().await;
+    eprintln!("{} done in {:.0} s", b.label(), t.elapsed().as_secs_f64());
+}
+
+/// Redis or Redis Cluster: what runs on every backend; its keys are
+/// deleted as it is dropped.
+async fn each_redis(redis: Redis, report: &mut Report) {
+    let t = Instant::now();
+    let b = &Arc::new(RedisPayments::new(redis).await);
+    b1(b, report).await;
+    b2(b, report).await;
+    b4(b, report).await;
+    b6_on(b, report).await;
     eprintln!("{} done in {:.0} s", b.label(), t.elapsed().as_secs_f64());
 }
 
@@ -1963,7 +2253,7 @@ async fn main_async() {
     let dir = tempfile::tempdir().unwrap();
     let dir = dir.path();
     let only = std::env::var("IDEM_BENCH_ONLY").unwrap_or_default();
-    let wanted = |backend: &str| only.is_empty() || only.contains(backend);
+    let wanted = |backend: &str| only.is_empty() || only.split(',').any(|b| b.trim() == backend);
     if wanted("sqlite") {
         each(&Arc::new(lite::Payments::new(dir, "b").await), &mut report).await;
     }
@@ -1972,6 +2262,12 @@ async fn main_async() {
     }
     if wanted("mariadb") {
         each(&Arc::new(my::Payments::new(dir, "b").await), &mut report).await;
+    }
+    if wanted("redis") {
+        each_redis(Redis::Single, &mut report).await;
+    }
+    if wanted("redis_cluster") {
+        each_redis(Redis::Cluster, &mut report).await;
     }
     b6(&mut report).await;
     let load_after = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
@@ -2024,6 +2320,14 @@ async fn main_async() {
         .and_then(|v| v.split(',').next())
         .map(|v| format!("MariaDB {v}"))
         .unwrap_or(my_version);
+    // "Redis server v=7.0.15 sha=...": the release.
+    let redis_version = cmd("redis-server", &["--version"]);
+    let redis_version = redis_version
+        .split("v=")
+        .nth(1)
+        .and_then(|v| v.split_whitespace().next())
+        .map(|v| format!("Redis {v}"))
+        .unwrap_or(redis_version);
     let loadavg = |s: &str| s.split_whitespace().take(3).collect::<Vec<_>>().join(" ");
     let notes = std::fs::read_to_string("BENCHMARKS.md")
         .ok()
@@ -2033,14 +2337,14 @@ async fn main_async() {
     let _ = writeln!(md, "# Benchmarks\n");
     let _ = writeln!(
         md,
-        "Made by `cargo bench --bench idem --features sqlite,postgres,mysql{}` on {date}, in {:.0} s.\n",
+        "Made by `cargo bench --bench idem --features sqlite,postgres,mysql,redis{}` on {date}, in {:.0} s.\n",
         if quick() { " (IDEM_BENCH_QUICK=1)" } else { "" },
         started.elapsed().as_secs_f64()
     );
     let _ = writeln!(md, "- machine: {nproc} CPUs ({cpu}), {mem} of memory");
     let _ = writeln!(
         md,
-        "- servers: {pg_version}; {my_version}; SQLite (bundled with sqlx) on a file in WAL mode"
+        "- servers: {pg_version}; {my_version}; SQLite (bundled with sqlx) on a file in WAL mode; {redis_version}, single and as a cluster of 3 primaries and 3 replicas on this machine"
     );
     let _ = writeln!(
         md,
@@ -2056,7 +2360,11 @@ async fn main_async() {
     let pgbench = cmd("pgbench", &["--version"]);
     let _ = writeln!(
         md,
-        "- reference: the statements the store sends for the same call, without idem's engine, in the same rounds, as a ratio to the same plain call: on PostgreSQL {pgbench} (`-M prepared -c <tasks> -j 2 -T 1`), on MariaDB a sqlx loop on the pool (as long as idem's measurement); a replay's reference is the one read by key (B2: its latency against the reference's first execution, one client)\n"
+        "- reference: the statements the store sends for the same call, without idem's engine, in the same rounds, as a ratio to the same plain call: on PostgreSQL {pgbench} (`-M prepared -c <tasks> -j 2 -T 1`), on MariaDB a sqlx loop on the pool (as long as idem's measurement); a replay's reference is the one read by key (B2: its latency against the reference's first execution, one client)"
+    );
+    let _ = writeln!(
+        md,
+        "- Redis and Redis Cluster: the plain call, the baseline of B1 and B6, is the body's own write alone, one `INCRBY` on a key of its own (where the SQL backends' is their business INSERT), so that a ratio shows idem's cost on top of one round trip; record mode only (a Redis body has no transaction to be in), no reference\n"
     );
     let chart_written = chart(&report, Path::new(CHART));
     match &chart_written {
@@ -2167,7 +2475,7 @@ fn chart(report: &Report, path: &Path) -> Result<(), Box<dyn std::error::Error>>
             .fold(0.0, f64::max);
         let mut chart = panel(
             &bottom,
-            "B1, first execution, bare INSERT: throughput / plain calls",
+            "B1, first execution, bare write (INSERT, Redis INCRBY): throughput / plain calls",
         )
         // Integer ranges are inclusive: one segment per label.
         .build_cartesian_2d(
