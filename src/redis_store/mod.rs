@@ -20,7 +20,7 @@ use redis::{
 use sha2::{Digest, Sha256};
 
 use self::scripts::{Invocation, SCRIPTS};
-use self::subscriptions::Subscriptions;
+use self::subscriptions::{Completing, Subscriptions};
 use crate::error::Error;
 use crate::fingerprint::Fingerprint;
 use crate::journal::{
@@ -97,6 +97,9 @@ pub struct RedisStore {
 struct Shared {
     conn: Conn,
     waiters: Arc<Waiters>,
+    /// The keys this process is completing (their waiters here get the
+    /// outcome from the completion, not from its message).
+    completing: Arc<Completing>,
     subscriptions: Subscriptions,
     /// Whether the channels of this process are subscribed and the
     /// connection has not dropped since.
@@ -266,9 +269,11 @@ impl RedisStore {
     fn on(conn: Conn, pushes: tokio::sync::mpsc::UnboundedReceiver<redis::PushInfo>) -> Self {
         let waiters = Arc::new(Waiters::default());
         let listening = Arc::new(AtomicBool::new(false));
+        let completing = Arc::new(Completing::default());
         let relay = tokio::spawn(subscriptions::relay(
             pushes,
             waiters.clone(),
+            completing.clone(),
             listening.clone(),
         ));
         let subscriptions = Subscriptions::start(conn.clone(), listening.clone());
@@ -276,6 +281,7 @@ impl RedisStore {
             shared: Arc::new(Shared {
                 conn,
                 waiters,
+                completing,
                 subscriptions,
                 listening,
                 relay,
@@ -394,6 +400,35 @@ impl RedisStore {
                 Err(err) => return Err(store_error(err)),
             }
         }
+    }
+
+    /// The completion script, and `WAIT` if asked for.
+    async fn complete_once(
+        &self,
+        claim: &Claim,
+        outcome: &Outcome,
+        keys: &Keys,
+    ) -> Result<(), Error> {
+        let (value, acknowledged) = self
+            .invoke_replicated(
+                SCRIPTS
+                    .complete
+                    .on(&keys.record)
+                    .arg(self.publish())
+                    .arg(&keys.channel)
+                    .arg(&claim.token.as_bytes()[..])
+                    .arg(outcome.kind.code())
+                    .arg(&outcome.body[..])
+                    .arg(millis(claim.ttl)),
+            )
+            .await?;
+        if int(&value) != Some(1) {
+            return Err(Error::LeaseLost);
+        }
+        if !acknowledged {
+            return Err(self.not_replicated("completion"));
+        }
+        Ok(())
     }
 
     fn not_replicated(&self, what: &str) -> Error {
@@ -672,27 +707,15 @@ impl Store for RedisStore {
 
     async fn complete(&self, claim: &Claim, outcome: &Outcome) -> Result<(), Error> {
         let keys = self.keys(&claim.scope, &claim.key);
-        let (value, acknowledged) = self
-            .invoke_replicated(
-                SCRIPTS
-                    .complete
-                    .on(&keys.record)
-                    .arg(self.publish())
-                    .arg(&keys.channel)
-                    .arg(&claim.token.as_bytes()[..])
-                    .arg(outcome.kind.code())
-                    .arg(&outcome.body[..])
-                    .arg(millis(claim.ttl)),
-            )
-            .await?;
-        if int(&value) != Some(1) {
-            return Err(Error::LeaseLost);
+        // Until this returns, the waiters here are woken by it.
+        let completing = self.shared.completing.start(&claim.scope, &claim.key);
+        let completed = self.complete_once(claim, outcome, &keys).await;
+        drop(completing);
+        match &completed {
+            Ok(()) => self.shared.waiters.hand_over(claim, outcome),
+            Err(_) => self.shared.waiters.wake(&claim.scope, &claim.key),
         }
-        if !acknowledged {
-            return Err(self.not_replicated("completion"));
-        }
-        self.shared.waiters.hand_over(claim, outcome);
-        Ok(())
+        completed
     }
 
     async fn release(&self, claim: &Claim) -> Result<(), Error> {
