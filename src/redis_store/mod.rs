@@ -229,7 +229,7 @@ impl RedisStore {
             .get_connection_manager_with_config(config)
             .await
             .map_err(store_error)?;
-        Ok(Self::on(Conn::Single(conn), rx))
+        Self::on(Conn::Single(conn), rx).checked().await
     }
 
     /// A store on the Redis Cluster that `nodes` belong to (any of its
@@ -263,7 +263,26 @@ impl RedisStore {
             .build()
             .map_err(|e| Error::Config(format!("invalid Redis Cluster configuration: {e}")))?;
         let conn = client.get_async_connection().await.map_err(store_error)?;
-        Ok(Self::on(Conn::Cluster(conn), rx))
+        Self::on(Conn::Cluster(conn), rx).checked().await
+    }
+
+    /// The store, if its server is Redis 7.0 or later (`SPUBLISH`,
+    /// `PEXPIRETIME` and scripts that write after `TIME`); else a clear
+    /// error rather than a failed script at the first call.
+    async fn checked(self) -> Result<Self, Error> {
+        // `redis.REDIS_VERSION_NUM` exists in scripts from 7.0 on.
+        let version: i64 = redis::cmd("EVAL")
+            .arg("return redis.REDIS_VERSION_NUM or 0")
+            .arg(0)
+            .query_async(&mut self.shared.conn.clone())
+            .await
+            .map_err(store_error)?;
+        if version < 0x07_00_00 {
+            return Err(Error::Config(
+                "the Redis store needs Redis 7.0 or later; this server is older".into(),
+            ));
+        }
+        Ok(self)
     }
 
     fn on(conn: Conn, pushes: tokio::sync::mpsc::UnboundedReceiver<redis::PushInfo>) -> Self {
