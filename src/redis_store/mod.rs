@@ -470,10 +470,11 @@ impl RedisStore {
 
     async fn wait_on(
         &self,
-        request: &BeginRequest<'_>,
+        scope: &Scope,
+        key: &Key,
         timeout: Duration,
     ) -> Result<Option<Outcome>, Error> {
-        let keys = self.keys(request.scope, request.key);
+        let keys = self.keys(scope, key);
         let shared = &self.shared;
         // The subscription lives as long as the wait.
         let mut subscription = None;
@@ -484,10 +485,7 @@ impl RedisStore {
             *held = Some(shared.subscriptions.subscribe(&keys.channel).await);
             self.look(&keys).await
         };
-        let handed = shared
-            .waiters
-            .wait(request.scope, request.key, timeout, look)
-            .await;
+        let handed = shared.waiters.wait(scope, key, timeout, look).await;
         drop(subscription);
         handed
     }
@@ -794,18 +792,7 @@ impl Store for RedisStore {
         key: &Key,
         timeout: Duration,
     ) -> Result<(), Error> {
-        // A look needs a request; any fingerprint and token do, as only
-        // the holder is read.
-        let fingerprint = Fingerprint::from_digest([0; 32]);
-        let request = BeginRequest {
-            scope,
-            key,
-            fingerprint: &fingerprint,
-            token: ClaimToken::new(),
-            lease: Duration::ZERO,
-            ttl: Duration::ZERO,
-        };
-        self.wait_on(&request, timeout).await.map(drop)
+        self.wait_on(scope, key, timeout).await.map(drop)
     }
 
     async fn wait_for_outcome(
@@ -813,7 +800,10 @@ impl Store for RedisStore {
         request: &BeginRequest<'_>,
         timeout: Duration,
     ) -> Result<Option<Begin>, Error> {
-        Ok(self.wait_on(request, timeout).await?.map(Begin::Replay))
+        Ok(self
+            .wait_on(request.scope, request.key, timeout)
+            .await?
+            .map(Begin::Replay))
     }
 
     fn wakes_across_processes(&self) -> bool {
@@ -950,8 +940,27 @@ mod tests {
     }
 
     #[test]
-    fn the_scripts_are_all_listed() {
-        assert_eq!(scripts::NAMES.len(), 10);
-        assert!(scripts::NAMES.contains(&"claim"));
+    /// Each transition has a script of its own: no two fields of
+    /// `SCRIPTS` hold the same code (a copy-paste slip would make one
+    /// transition run another's script).
+    fn every_transition_has_its_own_script() {
+        let s = &*SCRIPTS;
+        let all = [
+            &s.claim,
+            &s.peek,
+            &s.look,
+            &s.renew,
+            &s.complete,
+            &s.release,
+            &s.forget,
+            &s.begin_step,
+            &s.complete_step,
+            &s.resolve_step,
+        ];
+        let hashes: std::collections::HashSet<_> = all
+            .iter()
+            .map(|lua| lua.on("k").evalsha().get_packed_command())
+            .collect();
+        assert_eq!(hashes.len(), all.len());
     }
 }

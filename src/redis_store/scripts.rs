@@ -132,22 +132,6 @@ pub(super) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     resolve_step: script(RESOLVE_STEP),
 });
 
-/// The names of the scripts, in the order of [`Scripts`]' fields: what the
-/// README lists.
-#[cfg(test)]
-pub(super) const NAMES: [&str; 10] = [
-    "claim",
-    "peek",
-    "look",
-    "renew",
-    "complete",
-    "release",
-    "forget",
-    "begin_step",
-    "complete_step",
-    "resolve_step",
-];
-
 /// Answers `{'claimed', fence}` when this request holds the key now (a
 /// fresh record, fence 1, also in place of an expired one; a takeover of
 /// a lapsed lease with the same fingerprint, fence + 1; or this very
