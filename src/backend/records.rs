@@ -446,9 +446,8 @@ impl<DB: Backend> Store for SqlStore<DB> {
     }
 
     async fn complete(&self, claim: &Claim, outcome: &Outcome) -> Result<(), Error> {
-        on_pool!(self, |conn| self.complete_on(&mut conn, claim, outcome))?;
-        self.waiters.hand_over(claim, outcome);
-        Ok(())
+        let complete = async { on_pool!(self, |conn| self.complete_on(&mut conn, claim, outcome)) };
+        self.waiters.complete(claim, outcome, complete).await
     }
 
     async fn release(&self, claim: &Claim) -> Result<(), Error> {

@@ -20,7 +20,7 @@ use redis::{
 use sha2::{Digest, Sha256};
 
 use self::scripts::{Invocation, SCRIPTS};
-use self::subscriptions::{Completing, Subscriptions};
+use self::subscriptions::Subscriptions;
 use crate::error::Error;
 use crate::fingerprint::Fingerprint;
 use crate::journal::{
@@ -97,9 +97,6 @@ pub struct RedisStore {
 struct Shared {
     conn: Conn,
     waiters: Arc<Waiters>,
-    /// The keys this process is completing (their waiters here get the
-    /// outcome from the completion, not from its message).
-    completing: Arc<Completing>,
     subscriptions: Subscriptions,
     /// Whether the channels of this process are subscribed and the
     /// connection has not dropped since.
@@ -288,11 +285,9 @@ impl RedisStore {
     fn on(conn: Conn, pushes: tokio::sync::mpsc::UnboundedReceiver<redis::PushInfo>) -> Self {
         let waiters = Arc::new(Waiters::default());
         let listening = Arc::new(AtomicBool::new(false));
-        let completing = Arc::new(Completing::default());
         let relay = tokio::spawn(subscriptions::relay(
             pushes,
             waiters.clone(),
-            completing.clone(),
             listening.clone(),
         ));
         let subscriptions = Subscriptions::start(conn.clone(), listening.clone());
@@ -300,7 +295,6 @@ impl RedisStore {
             shared: Arc::new(Shared {
                 conn,
                 waiters,
-                completing,
                 subscriptions,
                 listening,
                 relay,
@@ -724,15 +718,8 @@ impl Store for RedisStore {
 
     async fn complete(&self, claim: &Claim, outcome: &Outcome) -> Result<(), Error> {
         let keys = self.keys(&claim.scope, &claim.key);
-        // Until this returns, the waiters here are woken by it.
-        let completing = self.shared.completing.start(&claim.scope, &claim.key);
-        let completed = self.complete_once(claim, outcome, &keys).await;
-        drop(completing);
-        match &completed {
-            Ok(()) => self.shared.waiters.hand_over(claim, outcome),
-            Err(_) => self.shared.waiters.wake(&claim.scope, &claim.key),
-        }
-        completed
+        let complete = self.complete_once(claim, outcome, &keys);
+        self.shared.waiters.complete(claim, outcome, complete).await
     }
 
     async fn release(&self, claim: &Claim) -> Result<(), Error> {

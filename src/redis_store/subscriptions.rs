@@ -9,7 +9,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use redis::{PushInfo, PushKind, Value};
 use tokio::sync::{mpsc, oneshot};
@@ -128,67 +128,23 @@ async fn manage(
     }
 }
 
-/// The keys whose completion this process is sending: their waiters here
-/// are woken by the completion itself, with its outcome in hand.
-#[derive(Debug, Default)]
-pub(super) struct Completing(Mutex<HashMap<(String, String), usize>>);
-
-impl Completing {
-    /// Marks `(scope, key)` as being completed here until the guard drops.
-    pub(super) fn start<'a>(&'a self, scope: &Scope, key: &Key) -> CompletingGuard<'a> {
-        let slot = (scope.as_str().to_owned(), key.as_str().to_owned());
-        *self.lock().entry(slot.clone()).or_default() += 1;
-        CompletingGuard { of: self, slot }
-    }
-
-    fn contains(&self, scope: &Scope, key: &Key) -> bool {
-        let map = self.lock();
-        !map.is_empty() && map.contains_key(&(scope.as_str().to_owned(), key.as_str().to_owned()))
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<(String, String), usize>> {
-        self.0.lock().unwrap_or_else(|e| e.into_inner())
-    }
-}
-
-/// A completion under way; see [`Completing::start`].
-pub(super) struct CompletingGuard<'a> {
-    of: &'a Completing,
-    slot: (String, String),
-}
-
-impl Drop for CompletingGuard<'_> {
-    fn drop(&mut self) {
-        let mut map = self.of.lock();
-        if let Some(count) = map.get_mut(&self.slot) {
-            *count -= 1;
-            if *count == 0 {
-                map.remove(&self.slot);
-            }
-        }
-    }
-}
-
 /// Relays the messages of the subscribed channels to the waiters of their
 /// keys. A lost connection may have lost messages: every waiter looks
 /// again, and polls quickly until a subscription succeeds again.
 ///
 /// The message of a completion sent from this process arrives before the
-/// script's own reply: it is left to the completion, which wakes the
-/// waiters here with the outcome, so that they do not read the record.
+/// script's own reply: [`Waiters::wake_from_store`] leaves it to the
+/// completion, which wakes the waiters here with the outcome.
 pub(super) async fn relay(
     mut pushes: mpsc::UnboundedReceiver<PushInfo>,
     waiters: Arc<Waiters>,
-    completing: Arc<Completing>,
     listening: Arc<AtomicBool>,
 ) {
     while let Some(push) = pushes.recv().await {
         match push.kind {
             PushKind::Message | PushKind::SMessage => {
                 if let Some((scope, key)) = push.data.get(1).and_then(scope_and_key) {
-                    if !completing.contains(&scope, &key) {
-                        waiters.wake(&scope, &key);
-                    }
+                    waiters.wake_from_store(&scope, &key);
                 }
             }
             PushKind::Disconnection => {

@@ -18,6 +18,9 @@ type Slot = (String, String);
 #[derive(Debug, Default)]
 pub(crate) struct Waiters {
     slots: Mutex<HashMap<Slot, Arc<Waiting>>>,
+    /// The keys whose completion this process is sending, with how many
+    /// completions of each are under way (see [`Waiters::complete`]).
+    completing: Mutex<HashMap<Slot, usize>>,
 }
 
 /// The waiters of one key.
@@ -75,9 +78,55 @@ impl Waiters {
         waiting.notify.notify_waiters();
     }
 
+    /// Runs `complete`, the completion of `claim` with `outcome`, and then
+    /// hands the outcome over to the waiters of its key (or, when it
+    /// failed or was dropped, wakes them to look at the record).
+    ///
+    /// Until it returns, messages from the store about this key
+    /// ([`Waiters::wake_from_store`]) are left to it: the store tells its
+    /// listeners of a completion when it commits, which is before the
+    /// completing connection gets its own reply, and a waiter woken by
+    /// that message would find nothing handed over yet and read the record
+    /// again, through the pool with every other waiter of the key.
+    #[cfg_attr(not(any(feature = "_sql", feature = "redis")), allow(dead_code))]
+    pub(crate) async fn complete<Fut, E>(
+        &self,
+        claim: &Claim,
+        outcome: &Outcome,
+        complete: Fut,
+    ) -> Result<(), E>
+    where
+        Fut: std::future::Future<Output = Result<(), E>>,
+    {
+        let mut completing = Completing::start(self, claim);
+        let completed = complete.await;
+        if completed.is_ok() {
+            self.hand_over(claim, outcome);
+            completing.handed = true;
+        }
+        completed
+    }
+
+    /// Wakes the waiters of `(scope, key)` for a message from the store (a
+    /// `NOTIFY`, a published message), unless a completion of the key in
+    /// this process is under way: that completion wakes them itself, with
+    /// its outcome in hand (see [`Waiters::complete`]).
+    #[cfg_attr(not(any(feature = "postgres", feature = "redis")), allow(dead_code))]
+    pub(crate) fn wake_from_store(&self, scope: &Scope, key: &Key) {
+        {
+            let completing = self.completing.lock().unwrap_or_else(|e| e.into_inner());
+            if !completing.is_empty()
+                && completing.contains_key(&(scope.as_str().to_owned(), key.as_str().to_owned()))
+            {
+                return;
+            }
+        }
+        self.wake(scope, key);
+    }
+
     /// Wakes every waiter of every key (the notifications of a lost
     /// connection may be lost too: each waiter looks again).
-    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    #[cfg_attr(not(any(feature = "postgres", feature = "redis")), allow(dead_code))]
     pub(crate) fn wake_all(&self) {
         let slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
         for waiting in slots.values() {
@@ -127,6 +176,53 @@ impl Waiters {
             .as_ref()
             .filter(|(token, _)| holder == Some(*token))
             .map(|(_, outcome)| outcome.clone()))
+    }
+}
+
+/// A completion under way in this process (see [`Waiters::complete`]).
+/// When it drops without having handed its outcome over (it failed, or
+/// its caller dropped it), the waiters of its key are woken to look at
+/// the record: the store's message, if it sent one, was left to it.
+struct Completing<'a> {
+    waiters: &'a Waiters,
+    claim: &'a Claim,
+    slot: Slot,
+    handed: bool,
+}
+
+impl<'a> Completing<'a> {
+    fn start(waiters: &'a Waiters, claim: &'a Claim) -> Self {
+        let slot: Slot = (
+            claim.scope.as_str().to_owned(),
+            claim.key.as_str().to_owned(),
+        );
+        let mut completing = waiters.completing.lock().unwrap_or_else(|e| e.into_inner());
+        *completing.entry(slot.clone()).or_default() += 1;
+        Completing {
+            waiters,
+            claim,
+            slot,
+            handed: false,
+        }
+    }
+}
+
+impl Drop for Completing<'_> {
+    fn drop(&mut self) {
+        if !self.handed {
+            self.waiters.wake(&self.claim.scope, &self.claim.key);
+        }
+        let mut completing = self
+            .waiters
+            .completing
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if let Some(count) = completing.get_mut(&self.slot) {
+            *count -= 1;
+            if *count == 0 {
+                completing.remove(&self.slot);
+            }
+        }
     }
 }
 
@@ -236,6 +332,117 @@ mod tests {
         assert_eq!(handed_to(Look::HeldBy(None), token, ttl).await, None);
         let holder = Look::HeldBy(Some(token));
         assert_eq!(handed_to(holder, token, Duration::ZERO).await, None);
+    }
+
+    /// A waiter of the key `claim(token)` holds, waiting with a long
+    /// timeout, and a handle to see whether it has returned.
+    fn waiting(
+        waiters: &Arc<Waiters>,
+        token: ClaimToken,
+    ) -> tokio::task::JoinHandle<Option<Outcome>> {
+        let w = waiters.clone();
+        tokio::spawn(async move {
+            let (scope, key) = (Scope::new("op"), Key::new("k").unwrap());
+            w.wait(&scope, &key, Duration::from_secs(30), || async {
+                Ok::<_, ()>(Look::HeldBy(Some(token)))
+            })
+            .await
+            .unwrap()
+        })
+    }
+
+    async fn registered(waiters: &Waiters) {
+        while waiters.slots.lock().unwrap().is_empty() {
+            tokio::task::yield_now().await;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    fn done() -> Outcome {
+        Outcome {
+            kind: crate::record::OutcomeKind::Ok,
+            body: b"\"done\"".to_vec(),
+        }
+    }
+
+    /// The store's message of a completion sent from this process arrives
+    /// before the completion's reply: the waiters stay asleep until the
+    /// completion hands them its outcome, and do not read the record.
+    #[tokio::test]
+    async fn a_message_during_a_completion_here_is_left_to_it() {
+        let waiters = Arc::new(Waiters::default());
+        let token = ClaimToken::new();
+        let waiter = waiting(&waiters, token);
+        registered(&waiters).await;
+        let (reply, replied) = tokio::sync::oneshot::channel::<()>();
+        let w = waiters.clone();
+        let completion = tokio::spawn(async move {
+            let claim = claim(token, Duration::from_secs(60));
+            let (scope, key) = (claim.scope.clone(), claim.key.clone());
+            w.complete(&claim, &done(), async {
+                // Committed: the store tells every listener, this one too.
+                w.wake_from_store(&scope, &key);
+                replied.await.unwrap();
+                Ok::<_, ()>(())
+            })
+            .await
+        });
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(
+            !waiter.is_finished(),
+            "the message woke a waiter of a completion under way"
+        );
+        reply.send(()).unwrap();
+        completion.await.unwrap().unwrap();
+        assert_eq!(waiter.await.unwrap().map(|o| o.body), Some(done().body));
+        // Once it returned, the store's messages of the key wake again.
+        assert!(waiters.completing.lock().unwrap().is_empty());
+        let waiter = waiting(&waiters, token);
+        registered(&waiters).await;
+        waiters.wake_from_store(&Scope::new("op"), &Key::new("k").unwrap());
+        assert_eq!(waiter.await.unwrap(), None);
+    }
+
+    /// A completion that fails, or whose caller drops it, wakes the waiters
+    /// whose message it held back: they look at the record themselves.
+    #[tokio::test]
+    async fn a_failed_or_dropped_completion_wakes_its_waiters() {
+        let waiters = Arc::new(Waiters::default());
+        let token = ClaimToken::new();
+        let claim = claim(token, Duration::from_secs(60));
+        let waiter = waiting(&waiters, token);
+        registered(&waiters).await;
+        let failed = waiters
+            .complete(&claim, &done(), async {
+                waiters.wake_from_store(&claim.scope, &claim.key);
+                Err::<(), _>("the reply was lost")
+            })
+            .await;
+        assert_eq!(failed, Err("the reply was lost"));
+        let woken = tokio::time::timeout(Duration::from_secs(5), waiter).await;
+        assert_eq!(woken.expect("woken").unwrap(), None);
+
+        let waiter = waiting(&waiters, token);
+        registered(&waiters).await;
+        let w = waiters.clone();
+        let completion = tokio::spawn(async move {
+            let claim = claim_for(token);
+            w.complete(&claim, &done(), async {
+                w.wake_from_store(&claim.scope, &claim.key);
+                std::future::pending::<Result<(), ()>>().await
+            })
+            .await
+        });
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(!waiter.is_finished());
+        completion.abort();
+        let woken = tokio::time::timeout(Duration::from_secs(5), waiter).await;
+        assert_eq!(woken.expect("woken").unwrap(), None);
+        assert!(waiters.completing.lock().unwrap().is_empty());
+    }
+
+    fn claim_for(token: ClaimToken) -> Claim {
+        claim(token, Duration::from_secs(60))
     }
 
     #[tokio::test]

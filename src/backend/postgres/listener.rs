@@ -110,7 +110,7 @@ async fn relay(
                 .split_once(' ')
                 .and_then(|(key, scope)| Some((Key::new(key).ok()?, Scope::from_stored(scope))));
             if let Some((key, scope)) = woken {
-                waiters.wake(&scope, &key);
+                waiters.wake_from_store(&scope, &key);
             }
         }
     }
