@@ -135,8 +135,10 @@ const NOW: &str = "(EXTRACT(EPOCH FROM clock_timestamp()) * 1000)::BIGINT";
 /// (`"idemmigr"` in ASCII).
 const MIGRATION_LOCK: i64 = 0x6964_656d_6d69_6772;
 
-/// Inserts a new record, or, when the key is taken, answers the record
-/// that holds it, in one round trip: a replay is this one statement.
+/// Answers the record holding the key, or, when there is none, inserts a
+/// new record, in one round trip: a replay is this one statement, and
+/// costs one index lookup, as a plain read does (the insert runs only when
+/// the lookup found nothing).
 ///
 /// `ON CONFLICT DO NOTHING` locks nothing, so a duplicate (even inside a
 /// caller's transaction) holds no lock the owner needs. The existing row
@@ -145,6 +147,10 @@ const MIGRATION_LOCK: i64 = 0x6964_656d_6d69_6772;
 /// answers no row; the record is then read again. A free record (expired,
 /// or a lapsed lease) is taken over with [`TAKE_OVER`].
 const CLAIM: &str = r#"WITH c AS (SELECT {now} AS now),
+    held AS (
+        SELECT scope, key, fingerprint, state, fence, claim_token, lease_until,
+            outcome_kind, outcome, created_at, expires_at
+        FROM "{table}" WHERE scope = $1 AND key = $2),
     ins AS (
         INSERT INTO "{table}"
             (scope, key, fingerprint, state, fence, claim_token, lease_until,
@@ -152,15 +158,13 @@ const CLAIM: &str = r#"WITH c AS (SELECT {now} AS now),
         SELECT $1, $2, $3, 'in_progress', 1, $4, c.now + $5, c.now,
                c.now + GREATEST($5, $6)
         FROM c
+        WHERE NOT EXISTS (SELECT 1 FROM held)
         ON CONFLICT (scope, key) DO NOTHING
         RETURNING scope, key, fingerprint, state, fence, claim_token, lease_until,
             outcome_kind, outcome, created_at, expires_at)
     SELECT ins.*, c.now AS db_now FROM ins, c
     UNION ALL
-    SELECT t.scope, t.key, t.fingerprint, t.state, t.fence, t.claim_token, t.lease_until,
-        t.outcome_kind, t.outcome, t.created_at, t.expires_at, c.now AS db_now
-    FROM "{table}" AS t, c
-    WHERE t.scope = $1 AND t.key = $2 AND NOT EXISTS (SELECT 1 FROM ins)"#;
+    SELECT held.*, c.now AS db_now FROM held, c"#;
 
 const TAKE_OVER: &str = r#"UPDATE "{table}" AS t SET
         fingerprint = $3,
