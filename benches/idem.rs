@@ -24,7 +24,10 @@
 //! file in a temporary directory. `IDEM_BENCH_QUICK=1` shortens every
 //! measurement (for trying the harness, not for figures).
 //! `IDEM_BENCH_ONLY=postgres` (or `sqlite`, `mariadb`, `redis`,
-//! `redis_cluster`, comma-separated) runs some backends only. B4' runs this
+//! `redis_cluster`, comma-separated) runs some backends only, and
+//! `IDEM_BENCH_CASES=B4,B4'` (comma-separated) some measurements only; a
+//! run narrowed by either prints its table and leaves `BENCHMARKS.md` and
+//! the chart as they are. B4' runs this
 //! binary again as child processes, with `IDEM_BENCH_CHILD` naming the
 //! backend (see [`child`]).
 
@@ -1734,6 +1737,20 @@ async fn calls_on_one_key<B: Calls>(
     returns
 }
 
+/// Whether `IDEM_BENCH_CASES` (comma-separated, e.g. `B4,B4'`) asks for
+/// the measurement `id`; all of them when it is unset.
+fn case(id: &str) -> bool {
+    let cases = std::env::var("IDEM_BENCH_CASES").unwrap_or_default();
+    cases.trim().is_empty() || cases.split(',').any(|c| c.trim().eq_ignore_ascii_case(id))
+}
+
+/// Whether this run measures less than the whole table.
+fn narrowed() -> bool {
+    ["IDEM_BENCH_ONLY", "IDEM_BENCH_CASES"]
+        .iter()
+        .any(|v| std::env::var(v).is_ok_and(|v| !v.trim().is_empty()))
+}
+
 /// B4: 64 calls on one key released at once.
 async fn b4<B: Calls>(b: &Arc<B>, report: &mut Report) {
     const CALLS: usize = 64;
@@ -2217,16 +2234,34 @@ fn main() {
 
 async fn each<B: Bench>(b: &Arc<B>, report: &mut Report) {
     let t = Instant::now();
-    b1(b, report).await;
-    b2(b, report).await;
-    b3(b, report).await;
-    b4(b, report).await;
-    b4_processes(b, report).await;
-    b5(b, report).await;
-    b8(b, report).await;
-    b9(b, report).await;
-    b6_on(b, report).await;
-    if b.dialect().curve {
+    if case("B1") {
+        b1(b, report).await;
+    }
+    if case("B2") {
+        b2(b, report).await;
+    }
+    if case("B3") {
+        b3(b, report).await;
+    }
+    if case("B4") {
+        b4(b, report).await;
+    }
+    if case("B4'") {
+        b4_processes(b, report).await;
+    }
+    if case("B5") {
+        b5(b, report).await;
+    }
+    if case("B8") {
+        b8(b, report).await;
+    }
+    if case("B9") {
+        b9(b, report).await;
+    }
+    if case("B6") {
+        b6_on(b, report).await;
+    }
+    if b.dialect().curve && case("B7") {
         b7(b, report).await;
     }
     b.drop_tables().await;
@@ -2238,10 +2273,18 @@ async fn each<B: Bench>(b: &Arc<B>, report: &mut Report) {
 async fn each_redis(redis: Redis, report: &mut Report) {
     let t = Instant::now();
     let b = &Arc::new(RedisPayments::new(redis).await);
-    b1(b, report).await;
-    b2(b, report).await;
-    b4(b, report).await;
-    b6_on(b, report).await;
+    if case("B1") {
+        b1(b, report).await;
+    }
+    if case("B2") {
+        b2(b, report).await;
+    }
+    if case("B4") {
+        b4(b, report).await;
+    }
+    if case("B6") {
+        b6_on(b, report).await;
+    }
     eprintln!("{} done in {:.0} s", b.label(), t.elapsed().as_secs_f64());
 }
 
@@ -2269,7 +2312,9 @@ async fn main_async() {
     if wanted("redis_cluster") {
         each_redis(Redis::Cluster, &mut report).await;
     }
-    b6(&mut report).await;
+    if case("B6") {
+        b6(&mut report).await;
+    }
     let load_after = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
 
     let mut table = String::new();
@@ -2288,6 +2333,12 @@ async fn main_async() {
         );
     }
     println!("{table}");
+    if narrowed() {
+        eprintln!(
+            "IDEM_BENCH_ONLY or IDEM_BENCH_CASES narrowed this run: BENCHMARKS.md is left as it is"
+        );
+        return;
+    }
 
     let cpu = std::fs::read_to_string("/proc/cpuinfo")
         .unwrap_or_default()
