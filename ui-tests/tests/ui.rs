@@ -2,7 +2,8 @@
 //! fails with the committed message, and every shape in `tests/ui/pass/`
 //! compiles and runs.
 //!
-//! Regenerate the `.stderr` files with `TRYBUILD=overwrite cargo test --test ui`
+//! Regenerate the `.stderr` files with
+//! `TRYBUILD=overwrite cargo test -p idem-ui-tests --test ui`
 //! and read every one before committing it.
 
 #[test]
