@@ -47,7 +47,7 @@ use tokio::sync::Barrier;
 /// `IDEM_REDIS_CLUSTER_URL`, the local ones by default, the local cluster
 /// started if down), stores and connections, and the deletion of the keys
 /// under a prefix.
-#[path = "../tests/common/redis.rs"]
+#[path = "../tests/suite/common/redis.rs"]
 #[allow(dead_code)]
 mod redis_env;
 

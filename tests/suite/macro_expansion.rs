@@ -40,7 +40,7 @@ async fn default_scope_is_the_module_path_and_the_function_name() {
     let store = MemoryStore::new();
     greet(&store, "scope-1", "ada".into(), false).await.unwrap();
     let scope = Scope::new(concat!(module_path!(), "::greet"));
-    assert_eq!(scope.operation(), "macro_expansion::greet");
+    assert_eq!(scope.operation(), "suite::macro_expansion::greet");
     let record = store.get(&scope, &key("scope-1")).await.unwrap();
     assert!(record.is_some(), "no record under {scope}");
 }

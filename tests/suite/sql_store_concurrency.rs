@@ -9,7 +9,7 @@
 //!   some on those very keys, run.
 #![cfg(any(feature = "postgres", feature = "mysql"))]
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 use std::sync::Arc;

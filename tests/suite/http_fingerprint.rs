@@ -4,8 +4,7 @@
 //! which only an ignored field differs; a real change is still a 422; a
 //! body that is not JSON, or not valid JSON, is compared byte for byte.
 
-mod common;
-mod http_support;
+use crate::http_support;
 
 use std::sync::Arc;
 

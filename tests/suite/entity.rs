@@ -19,7 +19,7 @@
 //! - a scope with a principal is refused, since rows are found by token
 //!   alone.
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};

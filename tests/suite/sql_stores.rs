@@ -3,7 +3,7 @@
 //! process, and with keys and scopes that differ only in case or spaces.
 #![cfg(any(feature = "postgres", feature = "mysql"))]
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};

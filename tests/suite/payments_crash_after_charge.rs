@@ -38,12 +38,8 @@
 //! about 30 s. The cases of a backend run at once, and the two backends'
 //! tests in parallel. Run with `-- --nocapture` for the figures.
 
-#[path = "../examples/payments/main.rs"]
-#[allow(dead_code)]
-mod payments;
-
-mod common;
-mod payments_app;
+use crate::common;
+use crate::payments_app;
 
 use std::time::{Duration, Instant};
 

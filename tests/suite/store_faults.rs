@@ -16,7 +16,7 @@
 //! than the time left on the lease), which is what "exactly once" can
 //! promise: an outage longer than the lease lets the claim lapse.
 
-mod common;
+use crate::common;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};

@@ -27,6 +27,10 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use super::namespace::Namespace;
+#[cfg_attr(
+    not(any(feature = "postgres", feature = "mysql")),
+    allow(unused_imports)
+)]
 use super::servers::{unique_table, Db, DropTables, Server};
 
 /// What a store of a test leaves behind, cleaned up when this is dropped,

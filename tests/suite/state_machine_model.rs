@@ -11,7 +11,7 @@
 //! could reach is first waited out; should a step be slow enough to reach
 //! one anyway, both readings of that deadline are accepted.
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};

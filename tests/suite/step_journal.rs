@@ -10,7 +10,7 @@
 //!   its place, and a retry replays them all (MariaDB's gap locks, which
 //!   make such inserts deadlock, are retried).
 
-mod common;
+use crate::common;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;

@@ -6,7 +6,7 @@
 //! charge the gateway made; the next retry answers 201 with it, and later
 //! ones replay that response. On every store.
 
-mod common;
+use crate::common;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;

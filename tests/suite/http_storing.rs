@@ -5,8 +5,7 @@
 //! handler marks `Final` is stored and replayed whatever its status; and
 //! the default table holds status by status.
 
-mod common;
-mod http_support;
+use crate::http_support;
 
 use std::sync::Arc;
 

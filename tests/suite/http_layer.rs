@@ -3,7 +3,7 @@
 //! SQLite (a file) and PostgreSQL, each in a table of its own; MariaDB runs
 //! the case its store once refused.
 
-mod common;
+use crate::common;
 
 use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -15,9 +15,9 @@ use idem::engine::{run, Call};
 use idem::{Error, Key};
 use idem::{PassThroughStore, Scope, SqliteStore, Store};
 
-mod common;
+use crate::common;
 
-#[path = "../examples/idem_admin.rs"]
+#[path = "../../examples/idem_admin.rs"]
 #[allow(dead_code)] // its `main` is the example's, not this test's
 mod idem_admin;
 

@@ -13,7 +13,7 @@
 //!   every caller gets its own body's value, and each body ran once.
 #![cfg(feature = "redis")]
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 use std::sync::Arc;

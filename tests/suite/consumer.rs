@@ -14,7 +14,7 @@
 //! fails the test, naming its variable. Each test has a queue and tables of
 //! its own, deleted when it ends, and every wait on the broker is bounded.
 
-mod common;
+use crate::common;
 
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};

@@ -33,14 +33,12 @@
 //!
 //! `IDEM_SOAK_SECS` sets the load phase per case (default 8 s); the drain
 //! that follows is bounded too. The figures of each case are printed
-//! (`cargo test --all-features --test payments_killed_connections --
-//! --nocapture`).
+//! (`cargo test --all-features --test suite --
+//! payments_killed_connections:: --nocapture`).
 
-#[path = "../examples/payments/main.rs"]
-#[allow(dead_code)]
-mod payments;
+use crate::payments;
 
-mod common;
+use crate::common;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt;

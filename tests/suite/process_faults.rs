@@ -16,7 +16,7 @@
 //! it claims the key through the engine, starts the body, prints a marker
 //! line and waits inside the body. Every test is bounded in time.
 
-mod common;
+use crate::common;
 
 use std::process::Stdio;
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -16,12 +16,10 @@
 //! The ground truth is the gateway's ledger (`GET /gateway/charges`): one
 //! charge per accepted key, whatever the client did.
 
-#[path = "../examples/payments/main.rs"]
-#[allow(dead_code)]
-mod payments;
+use crate::payments;
 
-mod common;
-mod payments_app;
+use crate::common;
+use crate::payments_app;
 
 use std::collections::HashSet;
 use std::future::Future;

@@ -2,14 +2,16 @@
 //! what the store would replay, and never an expired record, another
 //! payload's outcome, or an outcome that a later claim replaced.
 
-mod common;
+use crate::common;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use common::{backend, Runs};
+#[cfg(feature = "testing")]
+use common::backend;
+use common::Runs;
 use idem::{
     run, Begin, BeginRequest, CachedStore, Call, Claim, Error, Key, MemoryStore, Outcome, Policy,
     Record, Scope, Store,
@@ -220,12 +222,13 @@ fn a_cache_of_nothing_is_refused() {
 }
 
 // The whole store contract holds with the cache in front.
+#[cfg(feature = "testing")]
 idem::store_conformance!(cached_memory, async {
     let (store, guard) = backend::memory::store(10).await;
     (CachedStore::new(store, 1000).unwrap(), guard)
 });
 
-#[cfg(feature = "postgres")]
+#[cfg(all(feature = "testing", feature = "postgres"))]
 idem::store_conformance!(cached_postgres, async {
     let (store, guard) = backend::postgres::store(10).await;
     (CachedStore::new(store, 1000).unwrap(), guard)

@@ -29,7 +29,7 @@
 //! - the outcome equals an uninterrupted run's, and a further call replays
 //!   it without calling anything.
 
-mod common;
+use crate::common;
 
 use std::fs;
 use std::io::Write;

@@ -4,8 +4,7 @@
 //! found; a handler passes both to an `#[idempotent]` function of its own,
 //! which then guards the very key the layer guards.
 
-mod common;
-mod http_support;
+use crate::http_support;
 
 use std::sync::Arc;
 

@@ -15,7 +15,7 @@
 //! In transactional mode the cut rolls the claim and the business row back
 //! together, so each key ends with exactly one committed row.
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;

@@ -3,7 +3,7 @@
 //! commit or roll back together. Each case runs on SQLite, PostgreSQL and
 //! MariaDB, each in tables of its own.
 
-mod common;
+use crate::common;
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;

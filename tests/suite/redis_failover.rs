@@ -24,8 +24,6 @@
 //!   body again: reported, not asserted (it depends on the timing).
 #![cfg(feature = "redis")]
 
-mod common;
-
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};

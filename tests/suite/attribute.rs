@@ -1,6 +1,6 @@
 //! `#[idempotent]` end to end: the expanded functions against real stores.
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -4,7 +4,7 @@
 //! when it ends, so cases run in parallel and repeated runs never see each
 //! other's rows.
 
-mod common;
+use crate::common;
 
 use common::backend;
 

@@ -1,0 +1,96 @@
+//! The integration tests, one module per subject (each module's
+//! documentation says what it proves), built as one test binary: the
+//! subjects share most of what they compile (the stores, the servers'
+//! clients, the engine's code for each store), and one build and one link
+//! cost a fraction of thirty. `tests/allocations.rs` stays a binary of its
+//! own, as it counts every allocation of its process.
+//!
+//! Run one subject with `cargo test --all-features --test suite -- <module>::`.
+//! A module's features are the ones it needs; without them it is not
+//! built.
+
+mod common;
+#[cfg(all(feature = "axum", feature = "sqlite", feature = "postgres"))]
+mod http_support;
+#[cfg(all(
+    feature = "axum",
+    feature = "sqlite",
+    feature = "postgres",
+    feature = "mysql"
+))]
+#[path = "../../examples/payments/main.rs"]
+#[allow(dead_code)]
+mod payments;
+#[cfg(all(
+    feature = "axum",
+    feature = "sqlite",
+    feature = "postgres",
+    feature = "mysql"
+))]
+mod payments_app;
+
+mod attribute;
+#[cfg(all(feature = "sqlite", feature = "postgres"))]
+mod consumer;
+mod default_fingerprint;
+mod entity;
+#[cfg(all(feature = "axum", feature = "sqlite", feature = "postgres"))]
+mod http_fingerprint;
+#[cfg(all(feature = "axum", feature = "sqlite", feature = "postgres"))]
+mod http_key_extension;
+#[cfg(all(feature = "axum", feature = "sqlite"))]
+mod http_layer;
+mod http_steps;
+#[cfg(all(feature = "axum", feature = "sqlite", feature = "postgres"))]
+mod http_storing;
+#[cfg(feature = "http")]
+mod key_parsers;
+#[cfg(feature = "uuid")]
+mod keys;
+mod local_cache;
+mod macro_expansion;
+#[cfg(feature = "sqlite")]
+mod missing_key;
+#[cfg(feature = "postgres")]
+mod network_cuts;
+mod observability;
+#[cfg(all(feature = "sqlite", feature = "postgres", feature = "mysql"))]
+mod operator;
+#[cfg(all(
+    feature = "axum",
+    feature = "sqlite",
+    feature = "postgres",
+    feature = "mysql"
+))]
+mod payments_crash_after_charge;
+#[cfg(all(
+    feature = "axum",
+    feature = "sqlite",
+    feature = "postgres",
+    feature = "mysql"
+))]
+mod payments_example;
+#[cfg(all(
+    feature = "axum",
+    feature = "sqlite",
+    feature = "postgres",
+    feature = "mysql"
+))]
+mod payments_killed_connections;
+#[cfg(all(feature = "sqlite", feature = "postgres", feature = "mysql"))]
+mod process_faults;
+mod redis_failover;
+mod redis_store;
+mod replayable_errors;
+mod sql_store_concurrency;
+mod sql_stores;
+mod state_machine_model;
+mod step_crash_points;
+mod step_journal;
+#[cfg(feature = "testing")]
+mod store_conformance;
+#[cfg(all(feature = "sqlite", feature = "postgres", feature = "mysql"))]
+mod store_faults;
+mod tracked;
+#[cfg(all(feature = "sqlite", feature = "postgres", feature = "mysql"))]
+mod transactional;
