@@ -909,16 +909,25 @@ macro_rules! backend {
                             Client::Pgbench => {
                                 pgbench(&server_url(&DIALECT), sql, script, tasks, window).await
                             }
-                            Client::Loop => {
-                                throughput_of(tasks, Span::For(window), move || {
-                                    let this = this.clone();
-                                    async move { this.reference_call(script).await }
-                                })
-                                .await
-                            }
+                            Client::Loop => this.loop_reference(script, tasks, window).await,
                             Client::None => unreachable!("{} has no reference", DIALECT.label),
                         }
                     }
+                }
+                fn same_client_reference(&self) -> bool {
+                    DIALECT.reference == Client::Pgbench
+                }
+                fn loop_reference(
+                    self: &Arc<Self>,
+                    script: Script,
+                    tasks: usize,
+                    window: Duration,
+                ) -> impl Future<Output = f64> + Send {
+                    let this = self.clone();
+                    throughput_of(tasks, Span::For(window), move || {
+                        let this = this.clone();
+                        async move { this.reference_call(script).await }
+                    })
                 }
                 fn call(
                     self: &Arc<Self>,
@@ -1352,6 +1361,23 @@ trait Calls: Send + Sync + Sized + 'static {
         let label = self.label();
         async move { unreachable!("{label} has no reference") }
     }
+    /// Whether B1 also measures the reference's statements sent by a sqlx
+    /// loop, the plain call's and idem's own client, beside a reference
+    /// sent by another client (pgbench).
+    fn same_client_reference(&self) -> bool {
+        false
+    }
+    /// The reference's calls per second sent by a sqlx loop on the pool;
+    /// asked only where `same_client_reference` answers true.
+    fn loop_reference(
+        self: &Arc<Self>,
+        _script: Script,
+        _tasks: usize,
+        _window: Duration,
+    ) -> impl Future<Output = f64> + Send {
+        let label = self.label();
+        async move { unreachable!("{label} has no sqlx loop reference") }
+    }
     /// A call of `mode` (with a body taking `body` after its write) on a
     /// key of its own.
     fn call(self: &Arc<Self>, mode: Mode, body: Duration) -> impl Future<Output = ()> + Send;
@@ -1401,6 +1427,9 @@ struct Compared {
     /// The reference's ratio to plain and its calls per second, or why it
     /// was not measured; `None` where the backend has no reference.
     reference: Option<Result<(f64, f64), &'static str>>,
+    /// The same statements sent by a sqlx loop (ratio, calls per second),
+    /// where the reference is another client's.
+    same_client: Option<(f64, f64)>,
 }
 
 impl Compared {
@@ -1421,12 +1450,20 @@ impl Compared {
         if let (Some(script), Some(Ok(()))) = (script, status) {
             measures.push(measure(move || b.reference(script, tasks, window())));
         }
+        let same_client = match script {
+            Some(script) if b.same_client_reference() => {
+                measures.push(measure(move || b.loop_reference(script, tasks, window())));
+                Some(measures.len() - 1)
+            }
+            _ => None,
+        };
         let found = interleave_all(&measures).await;
         Compared {
             ratio: found[1].0,
             plain: found[0].1,
             idem: found[1].1,
             reference: status.map(|s| s.map(|()| found[2])),
+            same_client: same_client.map(|i| found[i]),
         }
     }
 
@@ -1440,8 +1477,12 @@ impl Compared {
             Some(Ok((_, calls))) => format!(", reference {calls:.0}"),
             _ => String::new(),
         };
+        let same_client = match self.same_client {
+            Some((_, calls)) => format!(", reference by a sqlx loop {calls:.0}"),
+            None => String::new(),
+        };
         format!(
-            "idem {:.0}, plain {:.0}{reference} calls/s",
+            "idem {:.0}, plain {:.0}{reference}{same_client} calls/s",
             self.idem, self.plain
         )
     }
@@ -1449,7 +1490,15 @@ impl Compared {
     /// idem's ratio, and the reference's.
     fn measured(&self) -> String {
         let reference = self.reference.map(|r| r.map(|(ratio, _)| ratio));
-        format!("{:.2}{}", self.ratio, reference_note(reference))
+        let note = reference_note(reference);
+        match self.same_client {
+            Some((ratio, _)) if note.ends_with(')') => format!(
+                "{:.2}{}, by a sqlx loop {ratio:.2})",
+                self.ratio,
+                &note[..note.len() - 1]
+            ),
+            _ => format!("{:.2}{note}", self.ratio),
+        }
     }
 }
 
@@ -2411,7 +2460,7 @@ async fn main_async() {
     let pgbench = cmd("pgbench", &["--version"]);
     let _ = writeln!(
         md,
-        "- reference: the statements the store sends for the same call, without idem's engine, in the same rounds, as a ratio to the same plain call: on PostgreSQL {pgbench} (`-M prepared -c <tasks> -j 2 -T 1`), on MariaDB a sqlx loop on the pool (as long as idem's measurement); a replay's reference is the one read by key (B2: its latency against the reference's first execution, one client)"
+        "- reference: the statements the store sends for the same call, without idem's engine, in the same rounds, as a ratio to the same plain call: on PostgreSQL {pgbench} (`-M prepared -c <tasks> -j 2 -T 1`), and in B1 and B7 also the same statements sent by a sqlx loop on the pool, the client of the plain call and of idem (\"by a sqlx loop\"), on MariaDB a sqlx loop on the pool (as long as idem's measurement); a replay's reference is the one read by key (B2: its latency against the reference's first execution, one client)"
     );
     let _ = writeln!(
         md,
