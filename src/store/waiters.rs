@@ -209,19 +209,24 @@ impl<'a> Completing<'a> {
 
 impl Drop for Completing<'_> {
     fn drop(&mut self) {
+        // The mark goes first: a message that comes after the wake below
+        // must wake the waiters again, not be left to a completion that
+        // is over.
+        {
+            let mut completing = self
+                .waiters
+                .completing
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            if let Some(count) = completing.get_mut(&self.slot) {
+                *count -= 1;
+                if *count == 0 {
+                    completing.remove(&self.slot);
+                }
+            }
+        }
         if !self.handed {
             self.waiters.wake(&self.claim.scope, &self.claim.key);
-        }
-        let mut completing = self
-            .waiters
-            .completing
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
-        if let Some(count) = completing.get_mut(&self.slot) {
-            *count -= 1;
-            if *count == 0 {
-                completing.remove(&self.slot);
-            }
         }
     }
 }
