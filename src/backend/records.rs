@@ -386,6 +386,11 @@ impl<DB: Backend> SqlStore<DB> {
     /// Whether the record of `(scope, key)` is held by a live claim now,
     /// and by which.
     async fn look(&self, scope: &Scope, key: &Key) -> Result<Look, Error> {
+        // Held here: its completion or release wakes this waiter itself
+        // (with the outcome), and a failed one wakes it to read.
+        if let Some(token) = self.waiters.held_here(scope, key) {
+            return Ok(Look::HeldBy(Some(token)));
+        }
         let mut conn = self.pool.acquire().await?;
         Ok(
             match self
@@ -432,7 +437,13 @@ impl<DB: Backend> Store for SqlStore<DB> {
                     return Ok(answer);
                 }
             }
-            self.begin_on(&mut conn, req).await
+            let answer = self.begin_on(&mut conn, req).await?;
+            // Committed: the duplicates of this process may wait for it
+            // without reading the record.
+            if let Begin::Claimed(claim) = &answer {
+                self.waiters.hold(claim);
+            }
+            Ok::<_, Error>(answer)
         })
     }
 
@@ -442,7 +453,16 @@ impl<DB: Backend> Store for SqlStore<DB> {
     }
 
     async fn renew(&self, claim: &Claim) -> Result<(), Error> {
-        on_pool!(self, |conn| self.renew_on(&mut conn, claim))
+        match on_pool!(self, |conn| self.renew_on(&mut conn, claim)) {
+            Ok(()) => {
+                self.waiters.hold(claim);
+                Ok(())
+            }
+            Err(err) => {
+                self.waiters.unhold(claim);
+                Err(err)
+            }
+        }
     }
 
     async fn complete(&self, claim: &Claim, outcome: &Outcome) -> Result<(), Error> {
@@ -451,6 +471,7 @@ impl<DB: Backend> Store for SqlStore<DB> {
     }
 
     async fn release(&self, claim: &Claim) -> Result<(), Error> {
+        self.waiters.unhold(claim);
         on_pool!(self, |conn| self.release_on(&mut conn, claim))?;
         self.waiters.wake(&claim.scope, &claim.key);
         Ok(())

@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio::sync::Notify;
 
@@ -21,7 +21,15 @@ pub(crate) struct Waiters {
     /// The keys whose completion this process is sending, with how many
     /// completions of each are under way (see [`Waiters::complete`]).
     completing: Mutex<HashMap<Slot, usize>>,
+    /// The claims this process holds on the store's pool, by key: their
+    /// tokens, and until when their lease runs as this process last heard
+    /// of it (see [`Waiters::hold`]).
+    held: Mutex<HashMap<Slot, (ClaimToken, Instant)>>,
 }
+
+/// How many held keys are kept before the expired ones are dropped at the
+/// next hold.
+const HELD_SWEEP: usize = 1024;
 
 /// The waiters of one key.
 #[derive(Debug, Default)]
@@ -78,6 +86,65 @@ impl Waiters {
         waiting.notify.notify_waiters();
     }
 
+    /// Notes that this process holds `claim` until its lease runs out,
+    /// counted from now: when granted, and again when renewed. A duplicate
+    /// of this process that waits for the key then knows its holder
+    /// without reading the record ([`Waiters::held_here`]).
+    #[cfg_attr(not(feature = "_sql"), allow(dead_code))]
+    pub(crate) fn hold(&self, claim: &Claim) {
+        let Some(until) = Instant::now().checked_add(claim.lease) else {
+            return;
+        };
+        let slot: Slot = (
+            claim.scope.as_str().to_owned(),
+            claim.key.as_str().to_owned(),
+        );
+        let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        if held.len() >= HELD_SWEEP {
+            // Claims whose caller vanished without completing or releasing.
+            let now = Instant::now();
+            held.retain(|_, (_, until)| *until > now);
+        }
+        held.insert(slot, (claim.token, until));
+    }
+
+    /// Forgets that this process holds `claim` (completed, released,
+    /// lost): a later claim of the key, by another token, is left alone.
+    #[cfg_attr(not(feature = "_sql"), allow(dead_code))]
+    pub(crate) fn unhold(&self, claim: &Claim) {
+        let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        if held.is_empty() {
+            return;
+        }
+        let slot: Slot = (
+            claim.scope.as_str().to_owned(),
+            claim.key.as_str().to_owned(),
+        );
+        if held
+            .get(&slot)
+            .is_some_and(|(token, _)| *token == claim.token)
+        {
+            held.remove(&slot);
+        }
+    }
+
+    /// The token of the claim this process holds on `(scope, key)`, while
+    /// its lease runs by this process's reckoning: a waiter here can then
+    /// wait for it without reading the record, since its completion or
+    /// release wakes the waiters here itself. A claim it no longer holds
+    /// in fact (taken over elsewhere) fails to complete, and that failure
+    /// wakes the waiters too.
+    #[cfg_attr(not(feature = "_sql"), allow(dead_code))]
+    pub(crate) fn held_here(&self, scope: &Scope, key: &Key) -> Option<ClaimToken> {
+        let held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        if held.is_empty() {
+            return None;
+        }
+        held.get(&(scope.as_str().to_owned(), key.as_str().to_owned()))
+            .filter(|(_, until)| *until > Instant::now())
+            .map(|(token, _)| *token)
+    }
+
     /// Runs `complete`, the completion of `claim` with `outcome`, and then
     /// hands the outcome over to the waiters of its key (or, when it
     /// failed or was dropped, wakes them to look at the record).
@@ -100,6 +167,9 @@ impl Waiters {
     {
         let mut completing = Completing::start(self, claim);
         let completed = complete.await;
+        // Before the hand-over: a waiter that registers after it must not
+        // take the key for held, and read the record instead.
+        self.unhold(claim);
         if completed.is_ok() {
             self.hand_over(claim, outcome);
             completing.handed = true;
@@ -212,6 +282,7 @@ impl Drop for Completing<'_> {
         // The mark goes first: a message that comes after the wake below
         // must wake the waiters again, not be left to a completion that
         // is over.
+        self.waiters.unhold(self.claim);
         {
             let mut completing = self
                 .waiters
@@ -444,6 +515,64 @@ mod tests {
         let woken = tokio::time::timeout(Duration::from_secs(5), waiter).await;
         assert_eq!(woken.expect("woken").unwrap(), None);
         assert!(waiters.completing.lock().unwrap().is_empty());
+    }
+
+    /// A claim held here answers a waiter's look without the store until
+    /// it is completed, released or its lease runs out; the completion
+    /// forgets it before it hands over, so a waiter that starts after the
+    /// hand-over reads the record instead of waiting for nothing.
+    #[tokio::test]
+    async fn a_claim_held_here_is_known_until_it_ends() {
+        let waiters = Arc::new(Waiters::default());
+        let (scope, key) = (Scope::new("op"), Key::new("k").unwrap());
+        let token = ClaimToken::new();
+        let held = claim(token, Duration::from_secs(60));
+        assert_eq!(waiters.held_here(&scope, &key), None);
+        waiters.hold(&held);
+        assert_eq!(waiters.held_here(&scope, &key), Some(token));
+        // Another claim's end leaves it alone.
+        waiters.unhold(&claim(ClaimToken::new(), Duration::from_secs(60)));
+        assert_eq!(waiters.held_here(&scope, &key), Some(token));
+
+        // A waiter that looks here while it is held gets the outcome.
+        let w = waiters.clone();
+        let waiter = tokio::spawn(async move {
+            let (scope, key) = (Scope::new("op"), Key::new("k").unwrap());
+            w.wait(&scope, &key, Duration::from_secs(30), || async {
+                let holder = w.held_here(&scope, &key).expect("held here");
+                Ok::<_, ()>(Look::HeldBy(Some(holder)))
+            })
+            .await
+            .unwrap()
+        });
+        registered(&waiters).await;
+        waiters
+            .complete(&held, &done(), async { Ok::<_, ()>(()) })
+            .await
+            .unwrap();
+        // After the completion nothing is held: a later waiter reads.
+        assert_eq!(waiters.held_here(&scope, &key), None);
+        assert_eq!(waiter.await.unwrap().map(|o| o.body), Some(done().body));
+
+        // A lease that ran out is not held any more.
+        let lapsed = Claim {
+            lease: Duration::ZERO,
+            ..claim(token, Duration::from_secs(60))
+        };
+        waiters.hold(&lapsed);
+        assert_eq!(waiters.held_here(&scope, &key), None);
+        // A dropped completion forgets it too.
+        waiters.hold(&held);
+        let w = waiters.clone();
+        let completion = tokio::spawn(async move {
+            let held = claim_for(token);
+            w.complete(&held, &done(), std::future::pending::<Result<(), ()>>())
+                .await
+        });
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        completion.abort();
+        let _ = completion.await;
+        assert_eq!(waiters.held_here(&scope, &key), None);
     }
 
     fn claim_for(token: ClaimToken) -> Claim {
