@@ -12,6 +12,11 @@ use crate::record::{Claim, ClaimToken, Outcome};
 
 type Slot = (String, String);
 
+/// The map key of `(scope, key)`.
+fn slot_of(scope: &Scope, key: &Key) -> Slot {
+    (scope.as_str().to_owned(), key.as_str().to_owned())
+}
+
 /// The duplicates of this process waiting on each key, so that a completion
 /// or release in this process wakes them at once instead of at their next
 /// poll, and a completion answers them without a read.
@@ -57,9 +62,7 @@ impl Waiters {
         if slots.is_empty() {
             return None;
         }
-        slots
-            .get(&(scope.as_str().to_owned(), key.as_str().to_owned()))
-            .cloned()
+        slots.get(&slot_of(scope, key)).cloned()
     }
 
     /// Wakes every waiter of `(scope, key)`. Cheap when nobody waits.
@@ -95,10 +98,7 @@ impl Waiters {
         let Some(until) = Instant::now().checked_add(claim.lease) else {
             return;
         };
-        let slot: Slot = (
-            claim.scope.as_str().to_owned(),
-            claim.key.as_str().to_owned(),
-        );
+        let slot = slot_of(&claim.scope, &claim.key);
         let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
         if held.len() >= HELD_SWEEP {
             // Claims whose caller vanished without completing or releasing.
@@ -112,19 +112,20 @@ impl Waiters {
     /// lost): a later claim of the key, by another token, is left alone.
     #[cfg_attr(not(feature = "_sql"), allow(dead_code))]
     pub(crate) fn unhold(&self, claim: &Claim) {
-        let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
-        if held.is_empty() {
-            return;
-        }
-        let slot: Slot = (
-            claim.scope.as_str().to_owned(),
-            claim.key.as_str().to_owned(),
-        );
-        if held
-            .get(&slot)
-            .is_some_and(|(token, _)| *token == claim.token)
+        if !self
+            .held
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_empty()
         {
-            held.remove(&slot);
+            self.unhold_at(&slot_of(&claim.scope, &claim.key), claim.token);
+        }
+    }
+
+    fn unhold_at(&self, slot: &Slot, token: ClaimToken) {
+        let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        if held.get(slot).is_some_and(|(held, _)| *held == token) {
+            held.remove(slot);
         }
     }
 
@@ -140,7 +141,7 @@ impl Waiters {
         if held.is_empty() {
             return None;
         }
-        held.get(&(scope.as_str().to_owned(), key.as_str().to_owned()))
+        held.get(&slot_of(scope, key))
             .filter(|(_, until)| *until > Instant::now())
             .map(|(token, _)| *token)
     }
@@ -169,7 +170,7 @@ impl Waiters {
         let completed = complete.await;
         // Before the hand-over: a waiter that registers after it must not
         // take the key for held, and read the record instead.
-        self.unhold(claim);
+        completing.unhold();
         if completed.is_ok() {
             self.hand_over(claim, outcome);
             completing.handed = true;
@@ -185,9 +186,7 @@ impl Waiters {
     pub(crate) fn wake_from_store(&self, scope: &Scope, key: &Key) {
         {
             let completing = self.completing.lock().unwrap_or_else(|e| e.into_inner());
-            if !completing.is_empty()
-                && completing.contains_key(&(scope.as_str().to_owned(), key.as_str().to_owned()))
-            {
+            if !completing.is_empty() && completing.contains_key(&slot_of(scope, key)) {
                 return;
             }
         }
@@ -224,7 +223,7 @@ impl Waiters {
         F: FnOnce() -> Fut,
         Fut: std::future::Future<Output = Result<Look, E>>,
     {
-        let slot: Slot = (scope.as_str().to_owned(), key.as_str().to_owned());
+        let slot = slot_of(scope, key);
         let waiting = {
             let mut slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
             slots.entry(slot.clone()).or_default().clone()
@@ -258,14 +257,13 @@ struct Completing<'a> {
     claim: &'a Claim,
     slot: Slot,
     handed: bool,
+    /// Whether the note that this process holds the claim is dropped.
+    unheld: bool,
 }
 
 impl<'a> Completing<'a> {
     fn start(waiters: &'a Waiters, claim: &'a Claim) -> Self {
-        let slot: Slot = (
-            claim.scope.as_str().to_owned(),
-            claim.key.as_str().to_owned(),
-        );
+        let slot = slot_of(&claim.scope, &claim.key);
         let mut completing = waiters.completing.lock().unwrap_or_else(|e| e.into_inner());
         *completing.entry(slot.clone()).or_default() += 1;
         Completing {
@@ -273,6 +271,15 @@ impl<'a> Completing<'a> {
             claim,
             slot,
             handed: false,
+            unheld: false,
+        }
+    }
+
+    /// Drops the note that this process holds the claim (once).
+    fn unhold(&mut self) {
+        if !self.unheld {
+            self.waiters.unhold_at(&self.slot, self.claim.token);
+            self.unheld = true;
         }
     }
 }
@@ -282,7 +289,7 @@ impl Drop for Completing<'_> {
         // The mark goes first: a message that comes after the wake below
         // must wake the waiters again, not be left to a completion that
         // is over.
-        self.waiters.unhold(self.claim);
+        self.unhold();
         {
             let mut completing = self
                 .waiters
