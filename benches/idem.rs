@@ -2281,35 +2281,24 @@ fn main() {
     }
 }
 
+/// Runs each measurement `id => f` that `IDEM_BENCH_CASES` asks for
+/// ([`case`]), in order, as `f(b, report)`.
+macro_rules! measure_cases {
+    ($b:expr, $report:expr; $($id:literal => $f:ident),+ $(,)?) => {
+        $(
+            if case($id) {
+                $f($b, $report).await;
+            }
+        )+
+    };
+}
+
 async fn each<B: Bench>(b: &Arc<B>, report: &mut Report) {
     let t = Instant::now();
-    if case("B1") {
-        b1(b, report).await;
-    }
-    if case("B2") {
-        b2(b, report).await;
-    }
-    if case("B3") {
-        b3(b, report).await;
-    }
-    if case("B4") {
-        b4(b, report).await;
-    }
-    if case("B4'") {
-        b4_processes(b, report).await;
-    }
-    if case("B5") {
-        b5(b, report).await;
-    }
-    if case("B8") {
-        b8(b, report).await;
-    }
-    if case("B9") {
-        b9(b, report).await;
-    }
-    if case("B6") {
-        b6_on(b, report).await;
-    }
+    measure_cases!(b, report;
+        "B1" => b1, "B2" => b2, "B3" => b3, "B4" => b4, "B4'" => b4_processes,
+        "B5" => b5, "B8" => b8, "B9" => b9, "B6" => b6_on,
+    );
     if b.dialect().curve && case("B7") {
         b7(b, report).await;
     }
@@ -2322,18 +2311,7 @@ async fn each<B: Bench>(b: &Arc<B>, report: &mut Report) {
 async fn each_redis(redis: Redis, report: &mut Report) {
     let t = Instant::now();
     let b = &Arc::new(RedisPayments::new(redis).await);
-    if case("B1") {
-        b1(b, report).await;
-    }
-    if case("B2") {
-        b2(b, report).await;
-    }
-    if case("B4") {
-        b4(b, report).await;
-    }
-    if case("B6") {
-        b6_on(b, report).await;
-    }
+    measure_cases!(b, report; "B1" => b1, "B2" => b2, "B4" => b4, "B6" => b6_on);
     eprintln!("{} done in {:.0} s", b.label(), t.elapsed().as_secs_f64());
 }
 
