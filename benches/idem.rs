@@ -358,20 +358,17 @@ struct Dialect {
 /// Who sends the reference's statements.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Client {
-    /// No reference on this backend.
-    None,
     /// pgbench, `-M prepared`.
     Pgbench,
     /// A sqlx loop on the pool, one call after another in each task.
     Loop,
 }
 
-/// Whether the reference is measured here: `None` where the backend has
-/// none, `Some(Err(why))` where it cannot be.
+/// Whether the reference is measured here: `Some(Err(why))` where it
+/// cannot be (the Redis backends, which have none, never ask).
 fn reference_status(dialect: &Dialect) -> Option<Result<(), &'static str>> {
     static PGBENCH: OnceLock<bool> = OnceLock::new();
     match dialect.reference {
-        Client::None => None,
         Client::Pgbench
             if !*PGBENCH.get_or_init(|| {
                 std::process::Command::new("pgbench")
@@ -398,11 +395,12 @@ fn reference_note(reference: Option<Result<f64, &str>>) -> String {
 /// The calls a reference client makes.
 #[derive(Clone, Copy, Debug)]
 enum Script {
-    /// A first execution in record mode: each statement on its own.
-    Record,
+    /// A first execution in record mode: each statement on its own, the
+    /// body taking the time given after its INSERT, as the plain call's.
+    Record(Duration),
     /// A first execution in transactional mode: the same statements
     /// between BEGIN and COMMIT.
-    Tx,
+    Tx(Duration),
     /// A replay: the one read by key.
     Replay,
 }
@@ -413,6 +411,14 @@ enum Script {
 struct Sql {
     sql: String,
     params: Vec<String>,
+}
+
+impl Sql {
+    /// Whether this is the bench's business INSERT (the body's write),
+    /// after which a body that takes time waits.
+    fn is_business(&self) -> bool {
+        self.params.iter().any(|p| p == "Amount")
+    }
 }
 
 /// The reference's statements: the store's own, from
@@ -455,15 +461,15 @@ impl RefSql {
     fn pgbench(&self, script: Script, run: usize) -> (String, Vec<String>) {
         let mut text = match script {
             Script::Replay => format!("\\set key {REPLAY_KEY}\n"),
-            Script::Record | Script::Tx => format!(
+            Script::Record(_) | Script::Tx(_) => format!(
                 "\\set key {run} * 1000000000000000 + :client_id * 10000000000000 + random(1, 1000000000000)\n"
             ),
         };
-        let statements = match script {
-            Script::Replay => std::slice::from_ref(&self.replay),
-            Script::Record | Script::Tx => &self.first[..],
+        let (statements, body) = match script {
+            Script::Replay => (std::slice::from_ref(&self.replay), Duration::ZERO),
+            Script::Record(body) | Script::Tx(body) => (&self.first[..], body),
         };
-        let tx = matches!(script, Script::Tx);
+        let tx = matches!(script, Script::Tx(_));
         if tx {
             text.push_str("BEGIN;\n");
         }
@@ -479,6 +485,9 @@ impl RefSql {
                 }
             }
             let _ = writeln!(text, "{sql};");
+            if statement.is_business() && !body.is_zero() {
+                let _ = writeln!(text, "\\sleep {} us", body.as_micros());
+            }
         }
         if tx {
             text.push_str("COMMIT;\n");
@@ -722,15 +731,21 @@ macro_rules! backend {
                         Script::Replay => {
                             Self::send(&self.pool, &sql.replay, REPLAY_KEY).await;
                         }
-                        Script::Record => {
+                        Script::Record(body) => {
                             for statement in sql.read_first.iter().chain(&sql.first) {
                                 Self::send(&self.pool, statement, &key).await;
+                                if statement.is_business() && !body.is_zero() {
+                                    tokio::time::sleep(body).await;
+                                }
                             }
                         }
-                        Script::Tx => {
+                        Script::Tx(body) => {
                             let mut tx = self.pool.begin().await.unwrap();
                             for statement in &sql.first {
                                 Self::send(&mut *tx, statement, &key).await;
+                                if statement.is_business() && !body.is_zero() {
+                                    tokio::time::sleep(body).await;
+                                }
                             }
                             tx.commit().await.unwrap();
                         }
@@ -910,7 +925,6 @@ macro_rules! backend {
                                 pgbench(&server_url(&DIALECT), sql, script, tasks, window).await
                             }
                             Client::Loop => this.loop_reference(script, tasks, window).await,
-                            Client::None => unreachable!("{} has no reference", DIALECT.label),
                         }
                     }
                 }
@@ -1204,7 +1218,7 @@ backend!(
                SELECT ?1, 'k' || n, ?2, 'completed', 1, 0, x'353030', 0, ?3 FROM g",
         analyze: None,
         entity_table: "CREATE TABLE IF NOT EXISTS bench_entity_charges (token TEXT PRIMARY KEY, amount INTEGER NOT NULL)",
-        reference: Client::None,
+        reference: Client::Loop,
         goals: Goals {
             record: Goal::AtLeast(0.35),
             tx: Goal::AtLeast(0.75),
@@ -1530,7 +1544,7 @@ async fn b1<B: Calls>(b: &Arc<B>, report: &mut Report) {
             "tx",
             tx,
             bare,
-            Some(Script::Tx),
+            Some(Script::Tx(bare)),
             goals.tx,
         ),
         (
@@ -1538,7 +1552,7 @@ async fn b1<B: Calls>(b: &Arc<B>, report: &mut Report) {
             "record",
             record,
             bare,
-            Some(Script::Record),
+            Some(Script::Record(bare)),
             goals.record,
         ),
         (
@@ -1546,7 +1560,7 @@ async fn b1<B: Calls>(b: &Arc<B>, report: &mut Report) {
             "",
             tx,
             slow,
-            None,
+            Some(Script::Tx(slow)),
             Goal::AtLeast(0.97),
         ),
         (
@@ -1554,7 +1568,7 @@ async fn b1<B: Calls>(b: &Arc<B>, report: &mut Report) {
             "",
             record,
             slow,
-            None,
+            Some(Script::Record(slow)),
             Goal::AtLeast(0.97),
         ),
     ];
@@ -1571,7 +1585,7 @@ async fn b1<B: Calls>(b: &Arc<B>, report: &mut Report) {
             calls_of(b, CONCURRENCY, mode, body, Span::For(window())).boxed_local()
         })
         .await;
-        if script.is_some() {
+        if body.is_zero() {
             // A backend with record mode only: its name alone.
             let label = if b.transactional() {
                 format!("{} {short}", b.label())
@@ -1607,7 +1621,7 @@ async fn b2<B: Calls>(b: &Arc<B>, report: &mut Report) {
         Some(Ok(())) => {
             let found = interleave_all(&[
                 measure(|| b.reference(Script::Replay, 1, window())),
-                measure(|| b.reference(Script::Record, 1, window())),
+                measure(|| b.reference(Script::Record(Duration::ZERO), 1, window())),
             ])
             .await;
             Some(Ok(found[1].0))
@@ -1921,7 +1935,7 @@ async fn b7<B: Bench>(b: &Arc<B>, report: &mut Report) {
         let found = Compared::measure(
             b,
             (Mode::Plain, Mode::Record),
-            Some(Script::Record),
+            Some(Script::Record(Duration::ZERO)),
             tasks,
             |mode| {
                 let b = b.clone();
@@ -2438,7 +2452,7 @@ async fn main_async() {
     let pgbench = cmd("pgbench", &["--version"]);
     let _ = writeln!(
         md,
-        "- reference: the statements the store sends for the same call, without idem's engine, in the same rounds, as a ratio to the same plain call: on PostgreSQL {pgbench} (`-M prepared -c <tasks> -j 2 -T 1`), and in B1 and B7 also the same statements sent by a sqlx loop on the pool, the client of the plain call and of idem (\"by a sqlx loop\"), on MariaDB a sqlx loop on the pool (as long as idem's measurement); a replay's reference is the one read by key (B2: its latency against the reference's first execution, one client)"
+        "- reference: the statements the store sends for the same call, without idem's engine, in the same rounds, as a ratio to the same plain call: on PostgreSQL {pgbench} (`-M prepared -c <tasks> -j 2 -T 1`), and in B1 and B7 also the same statements sent by a sqlx loop on the pool, the client of the plain call and of idem (\"by a sqlx loop\"), on MariaDB and SQLite a sqlx loop on the pool (as long as idem's measurement); a body that takes time (B1's 20 ms) waits after the business INSERT there too (pgbench's `\\sleep`); a replay's reference is the one read by key (B2: its latency against the reference's first execution, one client)"
     );
     let _ = writeln!(
         md,
