@@ -103,7 +103,9 @@
 use std::convert::Infallible;
 use std::fmt;
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use serde::de::DeserializeOwned;
@@ -501,24 +503,49 @@ impl<C: fmt::Debug, P, E> fmt::Debug for Replaying<C, P, E> {
 /// (a retry runs again); the call's outcome policy may store replayable
 /// errors too, or store the value with another codec ([`Call`]). See the
 /// [module documentation](self).
-pub async fn run<S, T, E, Fut, O>(store: &S, call: Call<O>, body: Fut) -> Result<T, E>
+///
+/// The call is checked, and the time it may wait for a duplicate
+/// ([`Policy::wait_bound`]) starts, when `run` is called; nothing else
+/// happens until the future is polled. `run` is a plain function that returns one
+/// future, rather than an `async fn` wrapping the instrumented one: each
+/// layer of future is moved (copied whole) as it is built and awaited,
+/// which was a tenth of a replay's cost from a store in memory.
+pub fn run<'s, S, T, E, Fut, O>(
+    store: &'s S,
+    call: Call<O>,
+    body: Fut,
+) -> impl Future<Output = Result<T, E>> + 's
 where
     S: Store + ?Sized,
-    E: From<Error>,
-    Fut: Future<Output = Result<T, E>>,
-    O: OutcomePolicy<T, E>,
+    E: From<Error> + 's,
+    T: 's,
+    Fut: Future<Output = Result<T, E>> + 's,
+    O: OutcomePolicy<T, E> + 's,
 {
-    if call.unprotected() {
-        return body.await;
-    }
-    let (call, outcomes) = call.check()?;
-    let span = call.span();
+    // Read in place by the future below: moving them out of its captures
+    // would make it larger.
+    let unprotected = call.unprotected();
+    let checked = match unprotected {
+        true => Err(Error::MissingKey),
+        false => call.check(Instant::now()),
+    };
+    let span = match &checked {
+        Ok((call, _)) => call.span(),
+        Err(_) => tracing::Span::none(),
+    };
     async move {
+        if unprotected {
+            return body.await;
+        }
+        let (call, outcomes) = match checked {
+            Ok(ref checked) => (&checked.0, &checked.1),
+            Err(err) => return Err(err.into()),
+        };
         let request = call.request();
         // From here on, a dropped caller hands back whatever it holds.
         let mut guard = Guard::new(store, Claim::granted(&request, 0));
         let mut records = Pooled(store);
-        let claim = match claimed(&mut records, &call, &request, &outcomes, &mut guard).await {
+        let claim = match claimed(&mut records, call, &request, outcomes, &mut guard).await {
             Ok(claim) => claim,
             Err(answer) => return answer,
         };
@@ -529,7 +556,8 @@ where
         guard.running(claim.clone());
         guard.journal_first(pending.clone());
         let operation = Operation::new(store.detach(), claim.clone(), call.steps_as(), pending);
-        let result = renewing(store, &claim, operation.scope(body)).await;
+        let body = std::pin::pin!(operation.scope(body));
+        let result = renewing(store, &claim, body).await;
         let stored = match outcomes.encode(&result) {
             Some(Ok(outcome)) => outcome,
             // Nothing to store: release the key. Should that fail, the
@@ -554,7 +582,6 @@ where
         result
     }
     .instrument(span)
-    .await
 }
 
 /// Transactional mode: like [`run`], but the claim and the completion are
@@ -580,7 +607,7 @@ where
     if call.unprotected() {
         return body(conn).await.0;
     }
-    let (call, outcomes) = call.check()?;
+    let (call, outcomes) = call.check(Instant::now())?;
     let span = call.span();
     async move {
         let request = call.request();
@@ -650,8 +677,7 @@ struct Checked {
 
 impl<O> Call<O> {
     /// The checked call, and its outcome policy.
-    fn check(self) -> Result<(Checked, O), Error> {
-        let started = Instant::now();
+    fn check(self, started: Instant) -> Result<(Checked, O), Error> {
         let Call {
             scope,
             key,
@@ -1028,13 +1054,18 @@ where
 
 /// Runs `body` while renewing the claim's lease every third of it, so a
 /// body slower than its lease is never taken over while it runs.
-async fn renewing<S, F>(store: &S, claim: &Claim, body: F) -> F::Output
+async fn renewing<S, F>(store: &S, claim: &Claim, mut body: Pin<&mut F>) -> F::Output
 where
     S: Store + ?Sized,
     F: Future,
 {
+    // A body that finishes at its first poll needs no renewal: the timer
+    // is set only once the body waits.
+    let first = std::future::poll_fn(|cx| Poll::Ready(body.as_mut().poll(cx))).await;
+    if let Poll::Ready(output) = first {
+        return output;
+    }
     let renew = keep_renewed(store, claim);
-    tokio::pin!(body);
     tokio::pin!(renew);
     tokio::select! {
         biased;
