@@ -214,7 +214,10 @@ pub trait EntityDatabase: Backend {
     #[doc(hidden)]
     fn claims(pool: &Pool<Self>) -> impl Future<Output = Result<Arc<dyn Store>, Error>> {
         async move {
-            let store = SqlStore::<Self>::new(pool.clone()).with_table_name(CLAIMS_TABLE)?;
+            let mut store = SqlStore::<Self>::new(pool.clone()).with_table_name(CLAIMS_TABLE)?;
+            // Made for one call: connections kept for its next statements
+            // would only be held away from the pool.
+            store.warm = Arc::new(super::warm::Warm::off());
             let database = format!("{} {:?}", <Self as Database>::NAME, pool.connect_options());
             migrate_once(database, store.migrate()).await?;
             Ok(Arc::new(Claims(store)) as Arc<dyn Store>)

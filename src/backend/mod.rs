@@ -32,6 +32,7 @@ mod reference;
 #[cfg(feature = "sqlite")]
 pub(crate) mod sqlite;
 mod statements;
+pub(crate) mod warm;
 
 pub use records::SqlStore;
 

@@ -14,6 +14,7 @@ use async_trait::async_trait;
 use super::exec::Value;
 use super::journal::{in_transaction, steps_table};
 use super::statements::{ClaimReturns, Param, Statement, Statements};
+use super::warm::Warm;
 use super::{Backend, DEFAULT_MIGRATIONS_TABLE, DEFAULT_TABLE};
 use crate::error::Error;
 use crate::fingerprint::Fingerprint;
@@ -52,6 +53,8 @@ pub struct SqlStore<DB: Backend> {
     pub(crate) wake: Arc<DB::Wake>,
     /// The table recording applied migrations.
     pub(crate) migrations: Arc<str>,
+    /// Connections kept between the store's own statements.
+    pub(crate) warm: Arc<Warm<DB>>,
 }
 
 impl<DB: Backend> Clone for SqlStore<DB> {
@@ -62,6 +65,7 @@ impl<DB: Backend> Clone for SqlStore<DB> {
             waiters: self.waiters.clone(),
             wake: self.wake.clone(),
             migrations: self.migrations.clone(),
+            warm: self.warm.clone(),
         }
     }
 }
@@ -85,6 +89,7 @@ impl<DB: Backend> SqlStore<DB> {
             waiters: Arc::default(),
             wake: Arc::default(),
             migrations: Arc::from(DEFAULT_MIGRATIONS_TABLE),
+            warm: Arc::default(),
         }
     }
 
@@ -279,7 +284,11 @@ impl<DB: Backend> SqlStore<DB> {
             return self.peek_on(conn, req).await;
         }
         match self.beside().await {
-            Some(mut own) => self.peek_on(&mut own, req).await,
+            Some(mut own) => {
+                let answer = self.peek_on(&mut own, req).await?;
+                self.warm.keep(&self.pool, own);
+                Ok(answer)
+            }
             None => Ok(None),
         }
     }
@@ -363,7 +372,7 @@ impl<DB: Backend> SqlStore<DB> {
         if self.pool.options().get_max_connections() <= 1 {
             return None;
         }
-        tokio::time::timeout(SOON, self.pool.acquire())
+        tokio::time::timeout(SOON, self.warm.take(&self.pool))
             .await
             .ok()?
             .ok()
@@ -391,16 +400,15 @@ impl<DB: Backend> SqlStore<DB> {
         if let Some(token) = self.waiters.held_here(scope, key) {
             return Ok(Look::HeldBy(Some(token)));
         }
-        let mut conn = self.pool.acquire().await?;
-        Ok(
-            match self
-                .read_on(&mut conn, &self.sql.look, &Bound::key(scope, key))
-                .await?
-            {
-                Some((record, now)) if record.holds_lease(now) => Look::HeldBy(record.token),
-                _ => Look::Free,
-            },
-        )
+        let mut conn = self.warm.take(&self.pool).await?;
+        let read = self
+            .read_on(&mut conn, &self.sql.look, &Bound::key(scope, key))
+            .await?;
+        self.warm.keep(&self.pool, conn);
+        Ok(match read {
+            Some((record, now)) if record.holds_lease(now) => Look::HeldBy(record.token),
+            _ => Look::Free,
+        })
     }
 }
 
@@ -411,13 +419,25 @@ macro_rules! on_pool {
     ($store:expr, |$conn:ident| $op:expr) => {{
         let mut attempt = 1;
         loop {
-            let mut $conn = $store.pool.acquire().await?;
+            let (mut $conn, kept) = $store.warm.lend(&$store.pool).await?;
             match $op.await {
+                // A kept connection the server closed since: the next one
+                // (kept, or tested by the pool) runs the statement again.
+                Err(Error::Store(err)) if kept => {
+                    tracing::debug!(error = %err, "a kept connection failed; running again");
+                    drop($conn);
+                }
                 Err(err) if attempt < DEADLOCK_ATTEMPTS && DB::is_deadlock(&err) => {
                     tracing::debug!(attempt, "deadlock on the idempotency table; running again");
                     drop($conn);
                     tokio::time::sleep(Duration::from_millis(u64::from(attempt) * 2)).await;
                     attempt += 1;
+                }
+                // Kept for the next statement only when this one ran to
+                // its end: a failed one goes back to sqlx, which tests it.
+                Ok(done) => {
+                    $store.warm.keep(&$store.pool, $conn);
+                    break Ok(done);
                 }
                 result => break result,
             }
@@ -448,8 +468,10 @@ impl<DB: Backend> Store for SqlStore<DB> {
     }
 
     async fn peek(&self, req: &BeginRequest<'_>) -> Result<Option<Begin>, Error> {
-        let mut conn = self.pool.acquire().await?;
-        self.peek_on(&mut conn, req).await
+        let mut conn = self.warm.take(&self.pool).await?;
+        let answer = self.peek_on(&mut conn, req).await?;
+        self.warm.keep(&self.pool, conn);
+        Ok(answer)
     }
 
     async fn renew(&self, claim: &Claim) -> Result<(), Error> {
