@@ -43,6 +43,7 @@ mod http_layer;
 mod http_steps;
 #[cfg(all(feature = "axum", feature = "sqlite", feature = "postgres"))]
 mod http_storing;
+mod kept_connections;
 #[cfg(feature = "http")]
 mod key_parsers;
 #[cfg(feature = "uuid")]

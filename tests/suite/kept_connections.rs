@@ -1,0 +1,86 @@
+//! The connections a SQL store keeps between its own statements (so that
+//! each statement is one round trip, without sqlx's test of a connection
+//! going back to the pool), killed by the server.
+//!
+//! - Killed while the body runs: the completion's first attempt lands on
+//!   a dead kept connection and runs again on the next; the outcome is
+//!   stored once and the body ran once.
+//! - Killed between calls: the replay, and a first execution, are answered,
+//!   and nothing ran twice.
+//! - Killed before the store's own `begin` (without the engine, which
+//!   tries a failed claim again): the claim statement runs again on the
+//!   next connection, as sqlx's test would have replaced the connection
+//!   before lending it, and answers.
+#![cfg(any(feature = "postgres", feature = "mysql"))]
+
+use crate::common;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use idem::{run, Begin, BeginRequest, Call, ClaimToken, Error, Fingerprint, Key, Scope, Store};
+
+const SCOPE: &str = "kept_connections.charge";
+
+/// Kills every connection of the namespace, and waits until the server
+/// has closed them (a kill only signals the session).
+async fn kill_all(ns: &common::namespace::Namespace) {
+    assert!(ns.kill_connections().await > 0, "no connection to kill");
+    for _ in 0..500 {
+        if ns.connections().await.unwrap().is_empty() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("the killed connections stayed open");
+}
+
+common::backends!(postgres, mysql => {
+    /// A pool of 8: the store keeps up to 2 connections.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn killed_kept_connections_neither_fail_a_call_nor_run_a_body_twice() {
+        let ns = Arc::new(backend::namespace("kept").await);
+        let store = backend::Store::new(backend::pool(&ns, 8).await);
+        store.migrate().await.unwrap();
+        let runs = Arc::new(AtomicUsize::new(0));
+        let call = |key: &'static str, kill: bool| {
+            let (ns, runs) = (ns.clone(), runs.clone());
+            run(&store, Call::new(SCOPE, key, &1), async move {
+                runs.fetch_add(1, Ordering::SeqCst);
+                if kill {
+                    kill_all(&ns).await;
+                }
+                Ok::<_, Error>(format!("charged {key}"))
+            })
+        };
+        // Warm: the store keeps connections.
+        for key in ["warm-1", "warm-2", "warm-3"] {
+            call(key, false).await.unwrap();
+        }
+        assert_eq!(call("k", true).await.unwrap(), "charged k");
+        assert_eq!(runs.load(Ordering::SeqCst), 4);
+        kill_all(&ns).await;
+        assert_eq!(call("k", false).await.unwrap(), "charged k", "the replay");
+        kill_all(&ns).await;
+        assert_eq!(call("k2", false).await.unwrap(), "charged k2");
+        assert_eq!(runs.load(Ordering::SeqCst), 5, "a body ran twice");
+        // The store itself, without the engine's retry of a failed claim:
+        // its statement on the dead kept connection runs again on the
+        // next, and answers.
+        kill_all(&ns).await;
+        let (scope, key) = (Scope::new(SCOPE), Key::try_from("k").unwrap());
+        let begun = store
+            .begin(&BeginRequest {
+                scope: &scope,
+                key: &key,
+                fingerprint: &Fingerprint::of(&1).unwrap(),
+                token: ClaimToken::new(),
+                lease: Duration::from_secs(30),
+                ttl: Duration::from_secs(3600),
+            })
+            .await
+            .unwrap();
+        assert!(matches!(begun, Begin::Replay(_)), "{begun:?}");
+    }
+});
