@@ -326,11 +326,18 @@ impl<DB: Backend> SqlStore<DB> {
     ) -> Result<StepBegin, Error> {
         let mut values = inserted(claim, step);
         values.extend(owned(claim));
-        let mut conn = self.pool.acquire().await?;
+        let (mut conn, kept) = self.warm.lend(&self.pool).await?;
         match DB::execute(&mut conn, &self.step_sql().insert_fenced, values).await {
-            Ok(done) if DB::rows_affected(&done) > 0 => return Ok(StepBegin::Run(StepRun::Fresh)),
+            Ok(done) if DB::rows_affected(&done) > 0 => {
+                self.warm.keep(&self.pool, conn);
+                return Ok(StepBegin::Run(StepRun::Fresh));
+            }
             Ok(_) => {}
             Err(err) if is_unique_violation(&err) => {}
+            // A kept connection the server closed since: the transaction
+            // below, on a connection the pool tests, reads and decides
+            // whatever the failed statement did.
+            Err(_) if kept => {}
             Err(err) => return Err(err.into()),
         }
         drop(conn);
@@ -348,10 +355,17 @@ impl<DB: Backend> SqlStore<DB> {
     ) -> Result<(), Error> {
         let mut values = completed(claim, step, output);
         values.extend(owned(claim));
-        let mut conn = self.pool.acquire().await?;
-        let done = DB::execute(&mut conn, &self.step_sql().complete_fenced, values).await?;
-        if DB::rows_affected(&done) > 0 {
-            return Ok(());
+        let (mut conn, kept) = self.warm.lend(&self.pool).await?;
+        match DB::execute(&mut conn, &self.step_sql().complete_fenced, values).await {
+            Ok(done) if DB::rows_affected(&done) > 0 => {
+                self.warm.keep(&self.pool, conn);
+                return Ok(());
+            }
+            Ok(_) => {}
+            // A kept connection the server closed since: the transaction
+            // below says what the failed statement did.
+            Err(_) if kept => {}
+            Err(err) => return Err(err.into()),
         }
         drop(conn);
         in_transaction!(self, |conn| self

@@ -7,6 +7,8 @@
 //!   stored once and the body ran once.
 //! - Killed between calls: the replay, and a first execution, are answered,
 //!   and nothing ran twice.
+//! - Killed between two durable steps: the second step's journal write
+//!   is decided again on a tested connection, and each step runs once.
 //! - Killed before the store's own `begin` (without the engine, which
 //!   tries a failed claim again): the claim statement runs again on the
 //!   next connection, as sqlx's test would have replaced the connection
@@ -19,6 +21,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use idem::journal::{StepBegin, StepRequest};
+use idem::steps::Step;
 use idem::{run, Begin, BeginRequest, Call, ClaimToken, Error, Fingerprint, Key, Scope, Store};
 
 const SCOPE: &str = "kept_connections.charge";
@@ -82,5 +86,74 @@ common::backends!(postgres, mysql => {
             .await
             .unwrap();
         assert!(matches!(begun, Begin::Replay(_)), "{begun:?}");
+    }
+
+    /// Steps that refuse when in doubt journal in line, through kept
+    /// connections: killed between two steps, the second step's journal
+    /// write lands on a dead kept connection, and is decided again on a
+    /// tested one. Each step runs once.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn killed_kept_connections_between_steps_run_each_step_once() {
+        let ns = backend::namespace("kept_steps").await;
+        let store = backend::Store::new(backend::pool(&ns, 8).await);
+        store.migrate().await.unwrap();
+        let (first, second) = (AtomicUsize::new(0), AtomicUsize::new(0));
+        let out = run(&store, Call::new(SCOPE, "steps", &1), async {
+            Step::new("first")
+                .refuse()
+                .run(|_| async {
+                    first.fetch_add(1, Ordering::SeqCst);
+                    Ok::<_, Error>(1)
+                })
+                .await?;
+            kill_all(&ns).await;
+            Step::new("second")
+                .refuse()
+                .run(|_| async {
+                    second.fetch_add(1, Ordering::SeqCst);
+                    Ok::<_, Error>(2)
+                })
+                .await?;
+            Ok::<_, Error>("done".to_owned())
+        })
+        .await
+        .unwrap();
+        assert_eq!(out, "done");
+        assert_eq!(first.load(Ordering::SeqCst), 1);
+        assert_eq!(second.load(Ordering::SeqCst), 1);
+        let (scope, key) = (Scope::new(SCOPE), Key::try_from("steps").unwrap());
+        assert_eq!(store.steps(&scope, &key).await.unwrap().len(), 2);
+        // The store itself, without the engine's retries: a step's begin
+        // and completion on a dead kept connection are decided again on a
+        // tested one.
+        let key = Key::try_from("bare-steps").unwrap();
+        let fingerprint = Fingerprint::of(&1).unwrap();
+        let Begin::Claimed(claim) = store
+            .begin(&BeginRequest {
+                scope: &scope,
+                key: &key,
+                fingerprint: &fingerprint,
+                token: ClaimToken::new(),
+                lease: Duration::from_secs(30),
+                ttl: Duration::from_secs(3600),
+            })
+            .await
+            .unwrap()
+        else {
+            panic!("not claimed");
+        };
+        let step = StepRequest {
+            seq: 0,
+            name: "bare",
+            fingerprint: &fingerprint,
+            ttl: Duration::from_secs(3600),
+            adopt: false,
+        };
+        kill_all(&ns).await;
+        let begun = store.begin_step(&claim, &step).await.unwrap();
+        assert!(matches!(begun, StepBegin::Run(_)), "{begun:?}");
+        kill_all(&ns).await;
+        store.complete_step(&claim, &step, b"2").await.unwrap();
+        assert_eq!(store.steps(&scope, &key).await.unwrap().len(), 1);
     }
 });
