@@ -52,6 +52,9 @@ pub(crate) struct Warm<DB: Database> {
     reaping: AtomicBool,
     /// Whether this store keeps any (not a store made for one call).
     on: bool,
+    /// Whether the pool keeps no minimum of connections, so that a kept
+    /// one may be detached from it without a task to replace it.
+    detachable: AtomicBool,
 }
 
 impl<DB: Database> Default for Warm<DB> {
@@ -60,6 +63,7 @@ impl<DB: Database> Default for Warm<DB> {
             kept: Mutex::new(Vec::new()),
             reaping: AtomicBool::new(false),
             on: true,
+            detachable: AtomicBool::new(false),
         }
     }
 }
@@ -74,8 +78,10 @@ impl<DB: Database> Warm<DB> {
     /// connections nobody would reuse.
     pub(crate) fn off() -> Self {
         Warm {
+            kept: Mutex::new(Vec::new()),
+            reaping: AtomicBool::new(false),
             on: false,
-            ..Warm::default()
+            detachable: AtomicBool::new(false),
         }
     }
 
@@ -122,6 +128,8 @@ impl<DB: Database> Warm<DB> {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };
+        self.detachable
+            .store(pool.options().get_min_connections() == 0, Ordering::Relaxed);
         let surplus = {
             let mut kept = self.kept();
             if kept.len() >= cap {
@@ -135,6 +143,30 @@ impl<DB: Database> Warm<DB> {
         drop(surplus);
         if !self.reaping.swap(true, Ordering::AcqRel) {
             runtime.spawn(reap(Arc::downgrade(self)));
+        }
+    }
+}
+
+impl<DB: Database> Drop for Warm<DB> {
+    /// Gives the kept connections back. sqlx gives a connection back to
+    /// its pool through a task, which needs a runtime: a store dropped
+    /// outside one (after its runtime ended) closes them instead, rather
+    /// than panic in sqlx.
+    fn drop(&mut self) {
+        let kept = std::mem::take(&mut *self.kept());
+        if kept.is_empty() || tokio::runtime::Handle::try_current().is_ok() {
+            return;
+        }
+        let detachable = self.detachable.load(Ordering::Relaxed);
+        for (conn, _) in kept {
+            // `detach` frees the connection's place in the pool, and
+            // spawns a replacement only for a pool with a minimum size;
+            // `leak` spawns nothing, and keeps the place taken.
+            drop(if detachable {
+                conn.detach()
+            } else {
+                conn.leak()
+            });
         }
     }
 }
@@ -259,6 +291,26 @@ mod tests {
         assert!(warm.kept().is_empty());
         // A closed pool lends nothing, kept or not.
         assert!(warm.take(&pool).await.is_err());
+    }
+
+    /// A store dropped after its runtime ended closes its kept
+    /// connections rather than panic (sqlx gives a connection back
+    /// through a task, which needs a runtime).
+    #[cfg(feature = "sqlite")]
+    #[test]
+    fn a_store_dropped_without_a_runtime_closes_what_it_kept() {
+        let runtime = tokio::runtime::Runtime::new().unwrap();
+        let (pool, warm) = runtime.block_on(async {
+            let pool = pool(8).await;
+            let warm = Arc::new(Warm::default());
+            let conn = warm.take(&pool).await.unwrap();
+            warm.keep(&pool, conn);
+            (pool, warm)
+        });
+        drop(runtime);
+        assert_eq!(warm.kept().len(), 1);
+        drop(warm);
+        assert_eq!(pool.size(), 0, "the closed connection still counts");
     }
 
     /// A store made for one call keeps nothing.
