@@ -243,7 +243,7 @@ impl<DB: Backend> SqlStore<DB> {
         req: &BeginRequest<'_>,
     ) -> Result<Begin, Error> {
         if DB::changed_since_read(&err) {
-            if let Some(mut own) = self.beside().await {
+            if let Some((mut own, _)) = self.beside().await {
                 if let Some(answer) = self.peek_on(&mut own, req).await? {
                     return Ok(answer);
                 }
@@ -283,14 +283,19 @@ impl<DB: Backend> SqlStore<DB> {
         if DB::PEEK_IN_CALLER {
             return self.peek_on(conn, req).await;
         }
-        match self.beside().await {
-            Some(mut own) => {
-                let answer = self.peek_on(&mut own, req).await?;
-                self.warm.keep(&self.pool, own);
-                Ok(answer)
+        // A kept connection the server closed since fails the read: the
+        // next one (kept, or tested by the pool) reads again.
+        while let Some((mut own, kept)) = self.beside().await {
+            match self.peek_on(&mut own, req).await {
+                Ok(answer) => {
+                    self.warm.keep(&self.pool, own);
+                    return Ok(answer);
+                }
+                Err(Error::Store(_)) if kept => {}
+                Err(err) => return Err(err),
             }
-            None => Ok(None),
         }
+        Ok(None)
     }
 
     /// [`Store::renew`] on a given connection.
@@ -367,12 +372,13 @@ impl<DB: Backend> SqlStore<DB> {
     /// A connection of the store's own pool for a plain read beside a
     /// caller's transaction, or `None` when none comes soon (the pool is
     /// exhausted, or holds a single connection the caller has).
-    async fn beside(&self) -> Option<sqlx::pool::PoolConnection<DB>> {
+    /// With it, whether it is a kept one ([`Warm::lend`]).
+    async fn beside(&self) -> Option<(sqlx::pool::PoolConnection<DB>, bool)> {
         const SOON: Duration = Duration::from_millis(100);
         if self.pool.options().get_max_connections() <= 1 {
             return None;
         }
-        tokio::time::timeout(SOON, self.warm.take(&self.pool))
+        tokio::time::timeout(SOON, self.warm.lend(&self.pool))
             .await
             .ok()?
             .ok()
@@ -400,11 +406,21 @@ impl<DB: Backend> SqlStore<DB> {
         if let Some(token) = self.waiters.held_here(scope, key) {
             return Ok(Look::HeldBy(Some(token)));
         }
-        let mut conn = self.warm.take(&self.pool).await?;
-        let read = self
-            .read_on(&mut conn, &self.sql.look, &Bound::key(scope, key))
-            .await?;
-        self.warm.keep(&self.pool, conn);
+        let read = loop {
+            let (mut conn, kept) = self.warm.lend(&self.pool).await?;
+            match self
+                .read_on(&mut conn, &self.sql.look, &Bound::key(scope, key))
+                .await
+            {
+                Ok(read) => {
+                    self.warm.keep(&self.pool, conn);
+                    break read;
+                }
+                // A kept connection the server closed since: read again.
+                Err(Error::Store(_)) if kept => {}
+                Err(err) => return Err(err),
+            }
+        };
         Ok(match read {
             Some((record, now)) if record.holds_lease(now) => Look::HeldBy(record.token),
             _ => Look::Free,
@@ -468,10 +484,18 @@ impl<DB: Backend> Store for SqlStore<DB> {
     }
 
     async fn peek(&self, req: &BeginRequest<'_>) -> Result<Option<Begin>, Error> {
-        let mut conn = self.warm.take(&self.pool).await?;
-        let answer = self.peek_on(&mut conn, req).await?;
-        self.warm.keep(&self.pool, conn);
-        Ok(answer)
+        loop {
+            let (mut conn, kept) = self.warm.lend(&self.pool).await?;
+            match self.peek_on(&mut conn, req).await {
+                Ok(answer) => {
+                    self.warm.keep(&self.pool, conn);
+                    return Ok(answer);
+                }
+                // A kept connection the server closed since: read again.
+                Err(Error::Store(_)) if kept => {}
+                Err(err) => return Err(err),
+            }
+        }
     }
 
     async fn renew(&self, claim: &Claim) -> Result<(), Error> {

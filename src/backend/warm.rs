@@ -93,6 +93,7 @@ impl<DB: Database> Warm<DB> {
 
     /// A connection for one of the store's statements: the one kept last,
     /// else one from the pool.
+    #[cfg(test)]
     pub(crate) async fn take(&self, pool: &Pool<DB>) -> Result<PoolConnection<DB>, sqlx::Error> {
         Ok(self.lend(pool).await?.0)
     }

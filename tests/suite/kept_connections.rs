@@ -86,6 +86,20 @@ common::backends!(postgres, mysql => {
             .await
             .unwrap();
         assert!(matches!(begun, Begin::Replay(_)), "{begun:?}");
+        // A bare read (a waiter's poll) likewise.
+        kill_all(&ns).await;
+        let peeked = store
+            .peek(&BeginRequest {
+                scope: &scope,
+                key: &key,
+                fingerprint: &Fingerprint::of(&1).unwrap(),
+                token: ClaimToken::new(),
+                lease: Duration::from_secs(30),
+                ttl: Duration::from_secs(3600),
+            })
+            .await
+            .unwrap();
+        assert!(matches!(peeked, Some(Begin::Replay(_))), "{peeked:?}");
     }
 
     /// Steps that refuse when in doubt journal in line, through kept
