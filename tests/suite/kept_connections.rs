@@ -40,6 +40,18 @@ async fn kill_all(ns: &common::namespace::Namespace) {
     panic!("the killed connections stayed open");
 }
 
+/// A bare claim's request, as the engine makes it.
+fn request<'a>(scope: &'a Scope, key: &'a Key, fingerprint: &'a Fingerprint) -> BeginRequest<'a> {
+    BeginRequest {
+        scope,
+        key,
+        fingerprint,
+        token: ClaimToken::new(),
+        lease: Duration::from_secs(30),
+        ttl: Duration::from_secs(3600),
+    }
+}
+
 common::backends!(postgres, mysql => {
     /// A pool of 8: the store keeps up to 2 connections.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -74,29 +86,16 @@ common::backends!(postgres, mysql => {
         // next, and answers.
         kill_all(&ns).await;
         let (scope, key) = (Scope::new(SCOPE), Key::try_from("k").unwrap());
+        let fingerprint = Fingerprint::of(&1).unwrap();
         let begun = store
-            .begin(&BeginRequest {
-                scope: &scope,
-                key: &key,
-                fingerprint: &Fingerprint::of(&1).unwrap(),
-                token: ClaimToken::new(),
-                lease: Duration::from_secs(30),
-                ttl: Duration::from_secs(3600),
-            })
+            .begin(&request(&scope, &key, &fingerprint))
             .await
             .unwrap();
         assert!(matches!(begun, Begin::Replay(_)), "{begun:?}");
         // A bare read (a waiter's poll) likewise.
         kill_all(&ns).await;
         let peeked = store
-            .peek(&BeginRequest {
-                scope: &scope,
-                key: &key,
-                fingerprint: &Fingerprint::of(&1).unwrap(),
-                token: ClaimToken::new(),
-                lease: Duration::from_secs(30),
-                ttl: Duration::from_secs(3600),
-            })
+            .peek(&request(&scope, &key, &fingerprint))
             .await
             .unwrap();
         assert!(matches!(peeked, Some(Begin::Replay(_))), "{peeked:?}");
@@ -143,14 +142,7 @@ common::backends!(postgres, mysql => {
         let key = Key::try_from("bare-steps").unwrap();
         let fingerprint = Fingerprint::of(&1).unwrap();
         let Begin::Claimed(claim) = store
-            .begin(&BeginRequest {
-                scope: &scope,
-                key: &key,
-                fingerprint: &fingerprint,
-                token: ClaimToken::new(),
-                lease: Duration::from_secs(30),
-                ttl: Duration::from_secs(3600),
-            })
+            .begin(&request(&scope, &key, &fingerprint))
             .await
             .unwrap()
         else {
