@@ -217,7 +217,7 @@ pub trait EntityDatabase: Backend {
             let mut store = SqlStore::<Self>::new(pool.clone()).with_table_name(CLAIMS_TABLE)?;
             // Made for one call: connections kept for its next statements
             // would only be held away from the pool.
-            store.warm = Arc::new(super::warm::Warm::off());
+            store.warm = Arc::new(super::warm::Warm::off(pool.clone()));
             let database = format!("{} {:?}", <Self as Database>::NAME, pool.connect_options());
             migrate_once(database, store.migrate()).await?;
             Ok(Arc::new(Claims(store)) as Arc<dyn Store>)

@@ -326,10 +326,10 @@ impl<DB: Backend> SqlStore<DB> {
     ) -> Result<StepBegin, Error> {
         let mut values = inserted(claim, step);
         values.extend(owned(claim));
-        let (mut conn, kept) = self.warm.lend(&self.pool).await?;
+        let (mut conn, kept) = self.warm.lend().await?;
         match DB::execute(&mut conn, &self.step_sql().insert_fenced, values).await {
             Ok(done) if DB::rows_affected(&done) > 0 => {
-                self.warm.keep(&self.pool, conn);
+                self.warm.keep(conn);
                 return Ok(StepBegin::Run(StepRun::Fresh));
             }
             Ok(_) => {}
@@ -355,10 +355,10 @@ impl<DB: Backend> SqlStore<DB> {
     ) -> Result<(), Error> {
         let mut values = completed(claim, step, output);
         values.extend(owned(claim));
-        let (mut conn, kept) = self.warm.lend(&self.pool).await?;
+        let (mut conn, kept) = self.warm.lend().await?;
         match DB::execute(&mut conn, &self.step_sql().complete_fenced, values).await {
             Ok(done) if DB::rows_affected(&done) > 0 => {
-                self.warm.keep(&self.pool, conn);
+                self.warm.keep(conn);
                 return Ok(());
             }
             Ok(_) => {}

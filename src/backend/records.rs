@@ -79,17 +79,52 @@ impl<DB: Backend> fmt::Debug for SqlStore<DB> {
     }
 }
 
+/// Runs `$op` on a connection of the store's pool (a kept one where there
+/// is one, see [`Warm`]), again when it lost a deadlock or failed on a kept
+/// connection the server closed since: on the pool every statement is a
+/// transaction of its own, so nothing of the failed attempt remains, and
+/// each of the store's statements may run twice.
+macro_rules! on_pool {
+    ($store:expr, |$conn:ident| $op:expr) => {{
+        let mut attempt = 1;
+        loop {
+            let (mut $conn, kept) = $store.warm.lend().await?;
+            match $op.await {
+                // A kept connection the server closed since: the next one
+                // (kept, or tested by the pool) runs the statement again.
+                Err(Error::Store(err)) if kept => {
+                    tracing::debug!(error = %err, "a kept connection failed; running again");
+                    drop($conn);
+                }
+                Err(err) if attempt < DEADLOCK_ATTEMPTS && DB::is_deadlock(&err) => {
+                    tracing::debug!(attempt, "deadlock on the idempotency table; running again");
+                    drop($conn);
+                    tokio::time::sleep(Duration::from_millis(u64::from(attempt) * 2)).await;
+                    attempt += 1;
+                }
+                // Kept for the next statement only when this one ran to
+                // its end: a failed one goes back to sqlx, which tests it.
+                Ok(done) => {
+                    $store.warm.keep($conn);
+                    break Ok(done);
+                }
+                result => break result,
+            }
+        }
+    }};
+}
+
 impl<DB: Backend> SqlStore<DB> {
     /// A store on an existing pool, using the table `idem_records`. Call
     /// [`migrate`](Self::migrate) once before use.
     pub fn new(pool: sqlx::Pool<DB>) -> Self {
         SqlStore {
+            warm: Arc::new(Warm::new(pool.clone())),
             pool,
             sql: Arc::new(DB::statements(DEFAULT_TABLE.to_owned())),
             waiters: Arc::default(),
             wake: Arc::default(),
             migrations: Arc::from(DEFAULT_MIGRATIONS_TABLE),
-            warm: Arc::default(),
         }
     }
 
@@ -288,7 +323,7 @@ impl<DB: Backend> SqlStore<DB> {
         while let Some((mut own, kept)) = self.beside().await {
             match self.peek_on(&mut own, req).await {
                 Ok(answer) => {
-                    self.warm.keep(&self.pool, own);
+                    self.warm.keep(own);
                     return Ok(answer);
                 }
                 Err(Error::Store(_)) if kept => {}
@@ -378,7 +413,7 @@ impl<DB: Backend> SqlStore<DB> {
         if self.pool.options().get_max_connections() <= 1 {
             return None;
         }
-        tokio::time::timeout(SOON, self.warm.lend(&self.pool))
+        tokio::time::timeout(SOON, self.warm.lend())
             .await
             .ok()?
             .ok()
@@ -406,59 +441,13 @@ impl<DB: Backend> SqlStore<DB> {
         if let Some(token) = self.waiters.held_here(scope, key) {
             return Ok(Look::HeldBy(Some(token)));
         }
-        let read = loop {
-            let (mut conn, kept) = self.warm.lend(&self.pool).await?;
-            match self
-                .read_on(&mut conn, &self.sql.look, &Bound::key(scope, key))
-                .await
-            {
-                Ok(read) => {
-                    self.warm.keep(&self.pool, conn);
-                    break read;
-                }
-                // A kept connection the server closed since: read again.
-                Err(Error::Store(_)) if kept => {}
-                Err(err) => return Err(err),
-            }
-        };
+        let bound = Bound::key(scope, key);
+        let read = on_pool!(self, |conn| self.read_on(&mut conn, &self.sql.look, &bound))?;
         Ok(match read {
             Some((record, now)) if record.holds_lease(now) => Look::HeldBy(record.token),
             _ => Look::Free,
         })
     }
-}
-
-/// Runs `$op` on a connection of the store's pool, again when it lost a
-/// deadlock: on the pool every statement is a transaction of its own, so
-/// nothing of the failed attempt remains.
-macro_rules! on_pool {
-    ($store:expr, |$conn:ident| $op:expr) => {{
-        let mut attempt = 1;
-        loop {
-            let (mut $conn, kept) = $store.warm.lend(&$store.pool).await?;
-            match $op.await {
-                // A kept connection the server closed since: the next one
-                // (kept, or tested by the pool) runs the statement again.
-                Err(Error::Store(err)) if kept => {
-                    tracing::debug!(error = %err, "a kept connection failed; running again");
-                    drop($conn);
-                }
-                Err(err) if attempt < DEADLOCK_ATTEMPTS && DB::is_deadlock(&err) => {
-                    tracing::debug!(attempt, "deadlock on the idempotency table; running again");
-                    drop($conn);
-                    tokio::time::sleep(Duration::from_millis(u64::from(attempt) * 2)).await;
-                    attempt += 1;
-                }
-                // Kept for the next statement only when this one ran to
-                // its end: a failed one goes back to sqlx, which tests it.
-                Ok(done) => {
-                    $store.warm.keep(&$store.pool, $conn);
-                    break Ok(done);
-                }
-                result => break result,
-            }
-        }
-    }};
 }
 
 #[async_trait]
@@ -484,18 +473,7 @@ impl<DB: Backend> Store for SqlStore<DB> {
     }
 
     async fn peek(&self, req: &BeginRequest<'_>) -> Result<Option<Begin>, Error> {
-        loop {
-            let (mut conn, kept) = self.warm.lend(&self.pool).await?;
-            match self.peek_on(&mut conn, req).await {
-                Ok(answer) => {
-                    self.warm.keep(&self.pool, conn);
-                    return Ok(answer);
-                }
-                // A kept connection the server closed since: read again.
-                Err(Error::Store(_)) if kept => {}
-                Err(err) => return Err(err),
-            }
-        }
+        on_pool!(self, |conn| self.peek_on(&mut conn, req))
     }
 
     async fn renew(&self, claim: &Claim) -> Result<(), Error> {

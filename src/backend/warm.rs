@@ -44,28 +44,15 @@ use sqlx::{Database, Pool};
 /// it goes back to the pool.
 pub(crate) const IDLE: Duration = Duration::from_millis(100);
 
-/// The connections a store keeps (shared by its clones).
+/// The connections a store keeps out of its pool (shared by its clones).
 pub(crate) struct Warm<DB: Database> {
+    pool: Pool<DB>,
     /// The kept connections, each with when it was kept, newest last.
     kept: Mutex<Vec<(PoolConnection<DB>, Instant)>>,
     /// Whether a task gives idle connections back.
     reaping: AtomicBool,
     /// Whether this store keeps any (not a store made for one call).
     on: bool,
-    /// Whether the pool keeps no minimum of connections, so that a kept
-    /// one may be detached from it without a task to replace it.
-    detachable: AtomicBool,
-}
-
-impl<DB: Database> Default for Warm<DB> {
-    fn default() -> Self {
-        Warm {
-            kept: Mutex::new(Vec::new()),
-            reaping: AtomicBool::new(false),
-            on: true,
-            detachable: AtomicBool::new(false),
-        }
-    }
 }
 
 /// How many connections a store may keep out of a pool of `max`.
@@ -74,15 +61,22 @@ fn cap(max: u32) -> usize {
 }
 
 impl<DB: Database> Warm<DB> {
-    /// Keeps none: for a store that lives for one call, whose kept
-    /// connections nobody would reuse.
-    pub(crate) fn off() -> Self {
+    /// Keeps connections of `pool`.
+    pub(crate) fn new(pool: Pool<DB>) -> Self {
         Warm {
+            pool,
             kept: Mutex::new(Vec::new()),
             reaping: AtomicBool::new(false),
-            on: false,
-            detachable: AtomicBool::new(false),
+            on: true,
         }
+    }
+
+    /// Lends connections of `pool` and keeps none: for a store that lives
+    /// for one call, whose kept connections nobody would reuse.
+    pub(crate) fn off(pool: Pool<DB>) -> Self {
+        let mut warm = Warm::new(pool);
+        warm.on = false;
+        warm
     }
 
     fn kept(&self) -> std::sync::MutexGuard<'_, Vec<(PoolConnection<DB>, Instant)>> {
@@ -94,16 +88,14 @@ impl<DB: Database> Warm<DB> {
     /// A connection for one of the store's statements: the one kept last,
     /// else one from the pool.
     #[cfg(test)]
-    pub(crate) async fn take(&self, pool: &Pool<DB>) -> Result<PoolConnection<DB>, sqlx::Error> {
-        Ok(self.lend(pool).await?.0)
+    pub(crate) async fn take(&self) -> Result<PoolConnection<DB>, sqlx::Error> {
+        Ok(self.lend().await?.0)
     }
 
     /// [`take`](Self::take), and whether the connection was a kept one
     /// (which sqlx did not test: the server may have closed it since).
-    pub(crate) async fn lend(
-        &self,
-        pool: &Pool<DB>,
-    ) -> Result<(PoolConnection<DB>, bool), sqlx::Error> {
+    pub(crate) async fn lend(&self) -> Result<(PoolConnection<DB>, bool), sqlx::Error> {
+        let pool = &self.pool;
         if !pool.is_closed() {
             let kept = self.kept().pop();
             if let Some((conn, _)) = kept {
@@ -115,7 +107,8 @@ impl<DB: Database> Warm<DB> {
 
     /// Keeps `conn`, whose statement succeeded, for the next statement, or
     /// gives it back to the pool when enough are kept.
-    pub(crate) fn keep(self: &Arc<Self>, pool: &Pool<DB>, conn: PoolConnection<DB>) {
+    pub(crate) fn keep(self: &Arc<Self>, conn: PoolConnection<DB>) {
+        let pool = &self.pool;
         let max = pool.options().get_max_connections();
         let cap = cap(max);
         // Kept only while the pool has connections to spare (idle ones, or
@@ -129,8 +122,6 @@ impl<DB: Database> Warm<DB> {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };
-        self.detachable
-            .store(pool.options().get_min_connections() == 0, Ordering::Relaxed);
         let surplus = {
             let mut kept = self.kept();
             if kept.len() >= cap {
@@ -158,7 +149,7 @@ impl<DB: Database> Drop for Warm<DB> {
         if kept.is_empty() || tokio::runtime::Handle::try_current().is_ok() {
             return;
         }
-        let detachable = self.detachable.load(Ordering::Relaxed);
+        let detachable = self.pool.options().get_min_connections() == 0;
         for (conn, _) in kept {
             // `detach` frees the connection's place in the pool, and
             // spawns a replacement only for a pool with a minimum size;
@@ -230,22 +221,22 @@ mod tests {
     #[tokio::test]
     async fn connections_are_kept_up_to_a_quarter_of_the_pool() {
         let pool = pool(8).await;
-        let warm = Arc::new(Warm::default());
+        let warm = Arc::new(Warm::new(pool.clone()));
         let taken = [
-            warm.take(&pool).await.unwrap(),
-            warm.take(&pool).await.unwrap(),
-            warm.take(&pool).await.unwrap(),
+            warm.take().await.unwrap(),
+            warm.take().await.unwrap(),
+            warm.take().await.unwrap(),
         ];
         for conn in taken {
-            warm.keep(&pool, conn);
+            warm.keep(conn);
         }
         assert_eq!(warm.kept().len(), 2, "at most a quarter of 8");
         // The next statement gets a kept one, not one from the pool.
         let size = pool.size();
-        let conn = warm.take(&pool).await.unwrap();
+        let conn = warm.take().await.unwrap();
         assert_eq!(warm.kept().len(), 1);
         assert_eq!(pool.size(), size);
-        warm.keep(&pool, conn);
+        warm.keep(conn);
         assert_eq!(warm.kept().len(), 2);
     }
 
@@ -255,15 +246,15 @@ mod tests {
     #[tokio::test]
     async fn nothing_is_kept_from_a_pool_with_none_to_spare() {
         let pool = pool(4).await;
-        let warm = Arc::new(Warm::default());
+        let warm = Arc::new(Warm::new(pool.clone()));
         let held = [
             pool.acquire().await.unwrap(),
             pool.acquire().await.unwrap(),
             pool.acquire().await.unwrap(),
         ];
-        let last = warm.take(&pool).await.unwrap();
+        let last = warm.take().await.unwrap();
         assert_eq!(pool.size(), 4);
-        warm.keep(&pool, last);
+        warm.keep(last);
         assert!(warm.kept().is_empty());
         // And the application, waiting for it, gets it.
         let fourth = tokio::time::timeout(Duration::from_secs(10), pool.acquire()).await;
@@ -280,9 +271,9 @@ mod tests {
     #[tokio::test]
     async fn idle_connections_go_back_and_the_pool_closes() {
         let pool = pool(8).await;
-        let warm = Arc::new(Warm::default());
-        let conn = warm.take(&pool).await.unwrap();
-        warm.keep(&pool, conn);
+        let warm = Arc::new(Warm::new(pool.clone()));
+        let conn = warm.take().await.unwrap();
+        warm.keep(conn);
         assert_eq!(warm.kept().len(), 1);
         let closed = tokio::time::timeout(Duration::from_secs(10), pool.close()).await;
         assert!(
@@ -291,7 +282,7 @@ mod tests {
         );
         assert!(warm.kept().is_empty());
         // A closed pool lends nothing, kept or not.
-        assert!(warm.take(&pool).await.is_err());
+        assert!(warm.take().await.is_err());
     }
 
     /// A store dropped after its runtime ended closes its kept
@@ -303,9 +294,9 @@ mod tests {
         let runtime = tokio::runtime::Runtime::new().unwrap();
         let (pool, warm) = runtime.block_on(async {
             let pool = pool(8).await;
-            let warm = Arc::new(Warm::default());
-            let conn = warm.take(&pool).await.unwrap();
-            warm.keep(&pool, conn);
+            let warm = Arc::new(Warm::new(pool.clone()));
+            let conn = warm.take().await.unwrap();
+            warm.keep(conn);
             (pool, warm)
         });
         drop(runtime);
@@ -319,9 +310,9 @@ mod tests {
     #[tokio::test]
     async fn a_store_for_one_call_keeps_nothing() {
         let pool = pool(8).await;
-        let warm = Arc::new(Warm::off());
-        let conn = warm.take(&pool).await.unwrap();
-        warm.keep(&pool, conn);
+        let warm = Arc::new(Warm::off(pool.clone()));
+        let conn = warm.take().await.unwrap();
+        warm.keep(conn);
         assert!(warm.kept().is_empty());
     }
 }
