@@ -686,6 +686,20 @@ async fn flushed<F: Future>(body: F) -> F::Output {
     output
 }
 
+/// The claim of the operation this task's body runs under, if any.
+pub(crate) fn running_claim() -> Option<Claim> {
+    OPERATION.try_with(|operation| operation.claim.clone()).ok()
+}
+
+/// Waits for the journal writes of the operation this task's body runs
+/// under: what [`flushed`] does after the body, for a body that completes
+/// its own claim.
+pub(crate) async fn flush_journal() {
+    if let Ok(pending) = OPERATION.try_with(|operation| operation.pending.clone()) {
+        pending.flush().await;
+    }
+}
+
 /// An operation's journal writes on their way, shared with the engine.
 /// `Pending::default()` keeps none: an operation that cannot journal
 /// (transactional mode) has no list to allocate.

@@ -19,7 +19,7 @@ use crate::error::Error;
 use crate::fingerprint::Fingerprint;
 use crate::journal::{StepBegin, StepRecord, StepRequest, StepResolution};
 use crate::key::{Key, KeyError, Scope};
-use crate::record::{Begin, BeginRequest, Claim, Outcome, Record};
+use crate::record::{Begin, BeginRequest, Claim, ClaimToken, Outcome, Record};
 use crate::store::Store;
 
 /// `name` quoted as an identifier.
@@ -212,7 +212,7 @@ pub trait EntityDatabase: Backend {
     /// The records store holding entity mode's claims, in the pool's
     /// database (table `idem_entity_claims`, created on first use).
     #[doc(hidden)]
-    fn claims(pool: &Pool<Self>) -> impl Future<Output = Result<Arc<dyn Store>, Error>> {
+    fn claims(pool: &Pool<Self>) -> impl Future<Output = Result<Claims<SqlStore<Self>>, Error>> {
         async move {
             let mut store = SqlStore::<Self>::new(pool.clone()).with_table_name(CLAIMS_TABLE)?;
             // Made for one call: connections kept for its next statements
@@ -220,7 +220,7 @@ pub trait EntityDatabase: Backend {
             store.warm = Arc::new(super::warm::Warm::off(pool.clone()));
             let database = format!("{} {:?}", <Self as Database>::NAME, pool.connect_options());
             migrate_once(database, store.migrate()).await?;
-            Ok(Arc::new(Claims(store)) as Arc<dyn Store>)
+            Ok(Claims::new(store))
         }
     }
 
@@ -234,22 +234,36 @@ pub trait EntityDatabase: Backend {
         T: TokenEntity + for<'r> FromRow<'r, Self::Row> + Send + Unpin,
     {
         async move {
+            let mut conn = pool.acquire().await?;
+            Self::find_entity_on(&mut conn, token).await
+        }
+    }
+
+    /// [`find_entity`](Self::find_entity) on a given connection.
+    #[doc(hidden)]
+    fn find_entity_on<'c, T>(
+        conn: &'c mut Self::Connection,
+        token: &'c Key,
+    ) -> impl Future<Output = Result<Option<T>, Error>> + 'c
+    where
+        T: TokenEntity + for<'r> FromRow<'r, Self::Row> + Send + Unpin,
+    {
+        async move {
             check_token_names::<T>()?;
             let find = select_where::<Self>(T::TABLE, &[T::TOKEN_COLUMN]);
-            let mut conn = pool.acquire().await?;
-            let row = Self::fetch_row(&mut conn, &find, vec![Value::Text(token.as_str())]).await?;
+            let row = Self::fetch_row(conn, &find, vec![Value::Text(token.as_str())]).await?;
             Ok(row.map(|row| T::from_row(&row)).transpose()?)
         }
     }
 
-    /// Inserts the entity and answers the row as stored, or `None` when a
-    /// row holds its token already: `INSERT ... ON CONFLICT (<token>) DO
-    /// NOTHING RETURNING *` (SQLite, PostgreSQL).
+    /// Inserts the entity on `conn` and answers the row as stored, or
+    /// `None` when a row holds its token already: `INSERT ... ON CONFLICT
+    /// (<token>) DO NOTHING RETURNING *` (SQLite, PostgreSQL).
     #[doc(hidden)]
-    fn insert_entity<T>(
-        pool: &Pool<Self>,
-        entity: &T,
-    ) -> impl Future<Output = Result<Option<T>, Error>>
+    fn insert_entity<'c, T>(
+        conn: &'c mut Self::Connection,
+        entity: &'c T,
+    ) -> impl Future<Output = Result<Option<T>, Error>> + 'c
     where
         T: TokenEntity + EntityBind<Self> + for<'r> FromRow<'r, Self::Row> + Send + Unpin,
     {
@@ -259,9 +273,8 @@ pub trait EntityDatabase: Backend {
                 insert::<Self>(T::TABLE, T::COLUMNS),
                 quote::<Self>(T::TOKEN_COLUMN)
             );
-            let mut conn = pool.acquire().await?;
             let args = arguments::<Self, T>(entity, T::COLUMNS)?;
-            let row = Self::fetch_row_with(&mut conn, &insert, args).await?;
+            let row = Self::fetch_row_with(conn, &insert, args).await?;
             Ok(row.map(|row| T::from_row(&row)).transpose()?)
         }
     }
@@ -294,37 +307,83 @@ pub(crate) const CLAIMS_TABLE: &str = "idem_entity_claims";
 
 /// A records store that polls instead of listening: entity mode makes one
 /// per call, and a listening connection per call would be too many.
+///
+/// The call's claim may be completed in the transaction that inserts its
+/// row ([`Claims::completed`]): the engine's own completion, and any
+/// renewal or release after it, then send nothing, as the completion is
+/// durable already.
+#[doc(hidden)]
 #[derive(Clone)]
-pub(crate) struct Claims<S>(pub(crate) S);
+pub struct Claims<S> {
+    pub(crate) store: S,
+    /// The claim whose completion committed with its row.
+    completed: Arc<OnceLock<ClaimToken>>,
+}
+
+impl<S> Claims<S> {
+    pub(crate) fn new(store: S) -> Self {
+        Claims {
+            store,
+            completed: Arc::default(),
+        }
+    }
+
+    /// Notes that `claim`'s completion was committed (with its row).
+    pub(crate) fn completed(&self, claim: &Claim) {
+        let _ = self.completed.set(claim.token);
+    }
+
+    /// Whether `claim`'s completion was committed with its row.
+    fn is_completed(&self, claim: &Claim) -> bool {
+        self.completed.get() == Some(&claim.token)
+    }
+}
 
 #[async_trait::async_trait]
 impl<S: Store + Clone + 'static> Store for Claims<S> {
     async fn begin(&self, request: &BeginRequest<'_>) -> Result<Begin, Error> {
-        self.0.begin(request).await
+        self.store.begin(request).await
     }
     async fn peek(&self, request: &BeginRequest<'_>) -> Result<Option<Begin>, Error> {
-        self.0.peek(request).await
+        self.store.peek(request).await
     }
     async fn renew(&self, claim: &Claim) -> Result<(), Error> {
-        self.0.renew(claim).await
+        if self.is_completed(claim) {
+            return Ok(());
+        }
+        match self.store.renew(claim).await {
+            // Completed with its row while the renewal waited for the
+            // row's lock: not lost.
+            Err(Error::LeaseLost) if self.is_completed(claim) => Ok(()),
+            renewed => renewed,
+        }
     }
     async fn complete(&self, claim: &Claim, outcome: &Outcome) -> Result<(), Error> {
-        self.0.complete(claim, outcome).await
+        // Entity mode's outcome is always the same marker: the one
+        // committed with the row.
+        if self.is_completed(claim) {
+            return Ok(());
+        }
+        self.store.complete(claim, outcome).await
     }
     async fn release(&self, claim: &Claim) -> Result<(), Error> {
-        self.0.release(claim).await
+        // Completed: there is nothing to hand back.
+        if self.is_completed(claim) {
+            return Ok(());
+        }
+        self.store.release(claim).await
     }
     async fn get(&self, scope: &Scope, key: &Key) -> Result<Option<Record>, Error> {
-        self.0.get(scope, key).await
+        self.store.get(scope, key).await
     }
     async fn forget(&self, scope: &Scope, key: &Key) -> Result<bool, Error> {
-        self.0.forget(scope, key).await
+        self.store.forget(scope, key).await
     }
     async fn purge_expired(&self, batch: usize) -> Result<u64, Error> {
-        self.0.purge_expired(batch).await
+        self.store.purge_expired(batch).await
     }
     async fn begin_step(&self, claim: &Claim, step: &StepRequest<'_>) -> Result<StepBegin, Error> {
-        self.0.begin_step(claim, step).await
+        self.store.begin_step(claim, step).await
     }
     async fn complete_step(
         &self,
@@ -332,10 +391,10 @@ impl<S: Store + Clone + 'static> Store for Claims<S> {
         step: &StepRequest<'_>,
         output: &[u8],
     ) -> Result<(), Error> {
-        self.0.complete_step(claim, step, output).await
+        self.store.complete_step(claim, step, output).await
     }
     async fn steps(&self, scope: &Scope, key: &Key) -> Result<Vec<StepRecord>, Error> {
-        self.0.steps(scope, key).await
+        self.store.steps(scope, key).await
     }
     async fn resolve_step(
         &self,
@@ -345,10 +404,12 @@ impl<S: Store + Clone + 'static> Store for Claims<S> {
         name: &str,
         resolution: &StepResolution,
     ) -> Result<bool, Error> {
-        self.0.resolve_step(scope, key, seq, name, resolution).await
+        self.store
+            .resolve_step(scope, key, seq, name, resolution)
+            .await
     }
     fn journal_beside(&self) -> bool {
-        self.0.journal_beside()
+        self.store.journal_beside()
     }
     fn detach(&self) -> Option<Arc<dyn Store>> {
         Some(Arc::new(self.clone()))

@@ -29,16 +29,18 @@
 //! 3. under the claim, the call looks for the row again (an owner before it
 //!    may have inserted it, then stopped), then runs the body;
 //! 4. the body's entity must carry the key as its token (otherwise
-//!    [`Error::Config`]); it is **inserted**, and the row as stored (with
-//!    the columns the database filled in) is returned. The body has run,
-//!    so the insert is tried again while the database cannot be reached
+//!    [`Error::Config`]); it is **inserted, and the claim completed, in
+//!    one transaction**: one commit, and no moment where the row is
+//!    stored and its claim still in progress. The row as stored (with the
+//!    columns the database filled in) is returned. The body has run, so
+//!    the transaction is tried again while the database cannot be reached
 //!    (a lost or killed connection, a deadlock), and the claim stays held
 //!    and renewed meanwhile: nothing is handed back before the row lands.
 //!    Should the insert find the token taken by a row written by code that
 //!    did not claim it, that row is read and returned (or refused, as a
 //!    replay would be): the UNIQUE constraint stays the last line of
 //!    defense;
-//! 5. the claim is completed, and waiting duplicates read the row;
+//! 5. waiting duplicates see the claim completed, and read the row;
 //! 6. a body error is returned as it is and the claim handed back, so a
 //!    retry runs the body again.
 //!
@@ -114,16 +116,19 @@ use sqlx::{FromRow, Pool};
 use tracing::Instrument;
 
 use crate::backend::entity::check_token_names;
+use crate::backend::entity::Claims;
 pub use crate::backend::entity::{
     is_unique_violation, Entity, EntityBind, EntityDatabase, RequestHash, TokenEntity,
 };
+use crate::backend::SqlStore;
 use crate::engine::{self, Call, Codec};
 use crate::error::Error;
 use crate::fingerprint::Fingerprint;
 use crate::key::{Key, Scope};
 use crate::metrics;
 use crate::policy::Policy;
-use crate::steps::StepsAs;
+use crate::record::{Claim, Outcome, OutcomeKind};
+use crate::steps::{self, StepsAs};
 
 /// Entity mode: returns the row whose token is the call's key, or runs
 /// `body` once per token and saves the entity it produces. See the
@@ -144,9 +149,9 @@ where
         }
         let claims = DB::claims(pool).await?;
         let entry = engine::run(
-            &*claims,
+            &claims,
             prepared.claim::<T>(call.policy()).with_codec(Marker),
-            claimed::<DB, T, E, Fut>(pool, &prepared, body),
+            claimed::<DB, T, E, Fut>(pool, &claims, &prepared, body),
         )
         .await?;
         match entry {
@@ -169,9 +174,11 @@ where
     .await
 }
 
-/// What runs under the claim: look again, run the body, insert its row.
+/// What runs under the claim: look again, run the body, insert its row
+/// (completing the claim in the same transaction).
 async fn claimed<DB, T, E, Fut>(
     pool: &Pool<DB>,
+    claims: &Claims<SqlStore<DB>>,
     prepared: &Prepared,
     body: Fut,
 ) -> Result<Entry<T>, E>
@@ -188,7 +195,9 @@ where
     }
     let mut entity = body.await?;
     prepared.produced(&mut entity)?;
-    Ok(Entry::Saved(save::<DB, T>(pool, &entity, prepared).await?))
+    Ok(Entry::Saved(
+        save::<DB, T>(pool, claims, &entity, prepared).await?,
+    ))
 }
 
 /// What the claimed flow ends with.
@@ -205,9 +214,19 @@ enum Entry<T> {
 /// row is the result).
 struct Marker;
 
+impl Marker {
+    /// The outcome the engine stores with a completed claim.
+    fn outcome() -> Outcome {
+        Outcome {
+            kind: OutcomeKind::Ok,
+            body: Vec::new(),
+        }
+    }
+}
+
 impl<T> Codec<Entry<T>> for Marker {
     fn encode(&self, _: &Entry<T>) -> Result<Vec<u8>, Error> {
-        Ok(Vec::new())
+        Ok(Marker::outcome().body)
     }
 
     fn decode(&self, _: &[u8]) -> Result<Entry<T>, Error> {
@@ -218,14 +237,29 @@ impl<T> Codec<Entry<T>> for Marker {
 /// Inserts the body's entity, trying again while the database cannot be
 /// reached (the claim stays renewed meanwhile): the body has run, so its
 /// row must land before anything is handed back.
-async fn save<DB, T>(pool: &Pool<DB>, entity: &T, prepared: &Prepared) -> Result<T, Error>
+///
+/// The claim is completed in the transaction that inserts the row: one
+/// commit for both, and no moment where the row is stored and the claim
+/// still in progress. The body's journal writes land first, as they do
+/// before the engine completes a claim. A claim found taken over meanwhile
+/// is not completed, and the row is committed all the same: the token's
+/// UNIQUE constraint decides which row stands, and the engine's own
+/// completion then finds the lease lost, as it would have.
+async fn save<DB, T>(
+    pool: &Pool<DB>,
+    claims: &Claims<SqlStore<DB>>,
+    entity: &T,
+    prepared: &Prepared,
+) -> Result<T, Error>
 where
     DB: EntityDatabase,
     T: TokenEntity + EntityBind<DB> + for<'r> FromRow<'r, DB::Row> + Send + Unpin,
 {
+    steps::flush_journal().await;
+    let claim = steps::running_claim();
     let mut pause = Duration::from_millis(20);
     loop {
-        match DB::insert_entity(pool, entity).await {
+        match insert_completing(pool, claims, claim.as_ref(), entity).await {
             Ok(Some(row)) => return Ok(row),
             // A row holds the token: written by code that did not claim, or
             // by this very insert whose answer was lost.
@@ -249,6 +283,50 @@ where
     }
 }
 
+/// Inserts the entity and, when it stored a row, completes `claim` in the
+/// same transaction; notes the completion in `claims` once committed.
+///
+/// The insert comes first: while it waits (for a lock on the table, say),
+/// the claim's record is not locked, so the lease goes on being renewed.
+async fn insert_completing<DB, T>(
+    pool: &Pool<DB>,
+    claims: &Claims<SqlStore<DB>>,
+    claim: Option<&Claim>,
+    entity: &T,
+) -> Result<Option<T>, Error>
+where
+    DB: EntityDatabase,
+    T: TokenEntity + EntityBind<DB> + for<'r> FromRow<'r, DB::Row> + Send + Unpin,
+{
+    use sqlx::Connection as _;
+    let mut conn = pool.acquire().await?;
+    let mut tx = conn.begin_with(DB::BEGIN_WRITE).await?;
+    let Some(row) = DB::insert_entity(&mut *tx, entity).await? else {
+        // The engine completes the claim once the row holding the token
+        // is read.
+        let _ = tx.rollback().await;
+        return Ok(None);
+    };
+    let completed = match claim {
+        Some(claim) => match claims
+            .store
+            .complete_on(&mut *tx, claim, &Marker::outcome())
+            .await
+        {
+            Ok(()) => Some(claim),
+            // Taken over: the row is committed all the same.
+            Err(Error::LeaseLost) => None,
+            Err(err) => return Err(err),
+        },
+        None => None,
+    };
+    tx.commit().await?;
+    if let Some(claim) = completed {
+        claims.completed(claim);
+    }
+    Ok(Some(row))
+}
+
 /// Whether a store error may pass by itself: the connection, not the
 /// statement, failed (lost, killed, refused, timed out), or the database
 /// asked for the statement to be tried again (deadlock, serialization).
@@ -269,8 +347,11 @@ fn is_transient(err: &Error) -> bool {
         sqlx::Error::Database(db) => {
             #[cfg(feature = "mysql")]
             if let Some(mysql) = db.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>() {
-                // Deadlock, lock wait timeout, connection killed, server gone.
-                return matches!(mysql.number(), 1213 | 1205 | 1927 | 2006 | 2013);
+                // Deadlock, lock wait timeout, connection killed, server
+                // gone; and, under MariaDB's snapshot isolation, a record
+                // changed since the transaction's read (the claim renewed
+                // between the row read back and the claim's completion).
+                return matches!(mysql.number(), 1213 | 1205 | 1927 | 2006 | 2013 | 1020);
             }
             // PostgreSQL: connection exceptions, operator intervention
             // (a terminated backend), serialization failure, deadlock.

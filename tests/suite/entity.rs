@@ -712,6 +712,66 @@ common::backends!(sqlite_file, postgres, mysql => {
         }
     }
 
+    backend::if_server! {
+        /// The row and its claim's completion commit together: while
+        /// the completion waits (the claims' table is locked), the row
+        /// is not visible and the claim is in progress; connections
+        /// killed then roll both back, and the insert is tried again
+        /// until both land. The body runs once.
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn the_row_and_the_claims_completion_commit_together() {
+            let ns = namespace().await;
+            let service = Arc::new(Payments::new(backend::pool(&ns, 4).await));
+            *service.gateway.delay.lock().unwrap() = Duration::from_millis(300);
+            let running = {
+                let service = service.clone();
+                tokio::spawn(async move { service.pay(&charge("t-c", 500)).await })
+            };
+            while service.gateway.runs("t-c") == 0 {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            let lock = ns.block_writes("idem_entity_claims").await;
+            // The body ends; its row is inserted, and the completion
+            // waits for the lock.
+            tokio::time::sleep(Duration::from_millis(1_000)).await;
+            let claim = || async {
+                let look = backend::pool(&ns, 1).await;
+                use idem::Store as _;
+                let claims = idem::SqlStore::new(look.clone())
+                    .with_table_name("idem_entity_claims")
+                    .unwrap();
+                let record = claims
+                    .get(
+                        &idem::Scope::new("idem.entity.payments"),
+                        &Key::try_from("t-c").unwrap(),
+                    )
+                    .await
+                    .unwrap()
+                    .expect("the claim's record");
+                let rows = count(&look, "payments").await;
+                look.close().await;
+                (record.state, rows)
+            };
+            assert_eq!(
+                claim().await,
+                (idem::State::InProgress, 0),
+                "the row was committed before its claim's completion"
+            );
+            assert!(!running.is_finished());
+            // The service's connections, and the lock's.
+            assert!(ns.kill_connections().await > 0);
+            drop(lock);
+            let paid = tokio::time::timeout(Duration::from_secs(30), running)
+                .await
+                .expect("the row never landed")
+                .unwrap()
+                .unwrap();
+            assert_eq!(claim().await, (idem::State::Completed, 1));
+            assert_eq!(service.pay(&charge("t-c", 500)).await.unwrap(), paid);
+            assert_eq!(service.gateway.runs("t-c"), 1);
+        }
+    }
+
     /// A writer that skips the claim stores the token while the
     /// body runs: the insert loses on the UNIQUE constraint and the
     /// writer's row is returned.

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use sqlx::mysql::{MySql, MySqlPool};
+use sqlx::mysql::{MySql, MySqlConnection, MySqlPool};
 use sqlx::FromRow;
 
 use crate::backend::entity::{
@@ -21,30 +21,30 @@ const UPSERT_ATTEMPTS: u32 = 5;
 impl EntityDatabase for MySql {
     /// `INSERT`, then the row read back by its token; a duplicate of the
     /// token (error 1062) answers `None`.
-    async fn insert_entity<T>(pool: &MySqlPool, entity: &T) -> Result<Option<T>, Error>
+    async fn insert_entity<'c, T>(
+        conn: &'c mut MySqlConnection,
+        entity: &'c T,
+    ) -> Result<Option<T>, Error>
     where
         T: TokenEntity + EntityBind<MySql> + for<'r> FromRow<'r, Self::Row> + Send + Unpin,
     {
         let insert = statements::insert::<MySql>(T::TABLE, T::COLUMNS);
         let args = arguments::<MySql, T>(entity, T::COLUMNS)?;
-        match sqlx::query_with(&insert, args).execute(pool).await {
+        let token = entity
+            .token()
+            .map_err(|err| Error::Config(err.to_string()))?;
+        match sqlx::query_with(&insert, args).execute(&mut *conn).await {
             Ok(_) => {}
             Err(err) if is_unique_violation(&err) => {
                 // The token's row, or another unique key's collision.
-                let token = entity
-                    .token()
-                    .map_err(|err| Error::Config(err.to_string()))?;
-                return match Self::find_entity::<T>(pool, &token).await? {
+                return match Self::find_entity_on::<T>(conn, &token).await? {
                     Some(_) => Ok(None),
                     None => Err(err.into()),
                 };
             }
             Err(err) => return Err(err.into()),
         }
-        let token = entity
-            .token()
-            .map_err(|err| Error::Config(err.to_string()))?;
-        Self::find_entity(pool, &token)
+        Self::find_entity_on(conn, &token)
             .await?
             .map(Some)
             .ok_or_else(|| {
