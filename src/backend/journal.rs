@@ -326,6 +326,7 @@ impl<DB: Backend> SqlStore<DB> {
     ) -> Result<StepBegin, Error> {
         let mut values = inserted(claim, step);
         values.extend(owned(claim));
+        let _turn = self.gate.enter().await;
         let (mut conn, kept) = self.warm.lend().await?;
         match DB::execute(&mut conn, &self.step_sql().insert_fenced, values).await {
             Ok(done) if DB::rows_affected(&done) > 0 => {
@@ -355,6 +356,7 @@ impl<DB: Backend> SqlStore<DB> {
     ) -> Result<(), Error> {
         let mut values = completed(claim, step, output);
         values.extend(owned(claim));
+        let _turn = self.gate.enter().await;
         let (mut conn, kept) = self.warm.lend().await?;
         match DB::execute(&mut conn, &self.step_sql().complete_fenced, values).await {
             Ok(done) if DB::rows_affected(&done) > 0 => {
@@ -408,6 +410,7 @@ impl<DB: Backend> SqlStore<DB> {
             Value::Int(i64::from(seq)),
             Value::Text(name),
         ]);
+        let _turn = self.gate.enter().await;
         let mut conn = self.pool.acquire().await?;
         let done = DB::execute(&mut conn, statement, values).await?;
         Ok(DB::rows_affected(&done) > 0)

@@ -21,6 +21,7 @@ use crate::record::BeginRequest;
 
 pub(crate) mod entity;
 pub(crate) mod exec;
+pub(crate) mod gate;
 pub(crate) mod journal;
 pub(crate) mod migrate;
 #[cfg(feature = "mysql")]
@@ -136,6 +137,14 @@ pub(crate) mod dialect {
         fn is_deadlock(err: &Error) -> bool {
             let _ = err;
             false
+        }
+
+        /// The database file whose writes this process queues for
+        /// ([`gate`](super::gate)): where the database takes one write at
+        /// a time, and the pool has more than one connection.
+        fn write_gate(pool: &sqlx::Pool<Self>) -> Option<std::path::PathBuf> {
+            let _ = pool;
+            None
         }
 
         /// Starts listening for changes made by other processes, if the

@@ -12,6 +12,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use super::exec::Value;
+use super::gate::Gate;
 use super::journal::{in_transaction, steps_table};
 use super::statements::{ClaimReturns, Param, Statement, Statements};
 use super::warm::Warm;
@@ -55,6 +56,9 @@ pub struct SqlStore<DB: Backend> {
     pub(crate) migrations: Arc<str>,
     /// Connections kept between the store's own statements.
     pub(crate) warm: Arc<Warm<DB>>,
+    /// Where the database takes one write at a time: the queue of this
+    /// process's writes to it.
+    pub(crate) gate: Gate,
 }
 
 impl<DB: Backend> Clone for SqlStore<DB> {
@@ -66,6 +70,7 @@ impl<DB: Backend> Clone for SqlStore<DB> {
             wake: self.wake.clone(),
             migrations: self.migrations.clone(),
             warm: self.warm.clone(),
+            gate: self.gate.clone(),
         }
     }
 }
@@ -120,6 +125,7 @@ impl<DB: Backend> SqlStore<DB> {
     pub fn new(pool: sqlx::Pool<DB>) -> Self {
         SqlStore {
             warm: Arc::new(Warm::new(pool.clone())),
+            gate: Gate::of(DB::write_gate(&pool)),
             pool,
             sql: Arc::new(DB::statements(DEFAULT_TABLE.to_owned())),
             waiters: Arc::default(),
@@ -453,11 +459,24 @@ impl<DB: Backend> SqlStore<DB> {
 #[async_trait]
 impl<DB: Backend> Store for SqlStore<DB> {
     async fn begin(&self, req: &BeginRequest<'_>) -> Result<Begin, Error> {
-        on_pool!(self, |conn| async {
-            // A plain read first where it is cheaper than a claim attempt
-            // that finds the key taken: a replay is then one read. The
-            // claim stays the one write that hands the key out.
+        // A plain read first where it is cheaper than a claim attempt that
+        // finds the key taken: a replay is then one read. The claim stays
+        // the one write that hands the key out. Where writes queue at the
+        // gate (SQLite), the read runs on its own, and the claim waits its
+        // turn holding no connection.
+        let gated = self.gate.is_on();
+        let _turn = if gated {
             if DB::READ_FIRST {
+                if let Some(answer) = on_pool!(self, |conn| self.peek_on(&mut conn, req))? {
+                    return Ok(answer);
+                }
+            }
+            self.gate.enter().await
+        } else {
+            None
+        };
+        on_pool!(self, |conn| async {
+            if DB::READ_FIRST && !gated {
                 if let Some(answer) = self.peek_on(&mut conn, req).await? {
                     return Ok(answer);
                 }
@@ -477,6 +496,7 @@ impl<DB: Backend> Store for SqlStore<DB> {
     }
 
     async fn renew(&self, claim: &Claim) -> Result<(), Error> {
+        let _turn = self.gate.enter().await;
         match on_pool!(self, |conn| self.renew_on(&mut conn, claim)) {
             Ok(()) => {
                 self.waiters.hold(claim);
@@ -490,13 +510,18 @@ impl<DB: Backend> Store for SqlStore<DB> {
     }
 
     async fn complete(&self, claim: &Claim, outcome: &Outcome) -> Result<(), Error> {
-        let complete = async { on_pool!(self, |conn| self.complete_on(&mut conn, claim, outcome)) };
+        let complete = async {
+            let _turn = self.gate.enter().await;
+            on_pool!(self, |conn| self.complete_on(&mut conn, claim, outcome))
+        };
         self.waiters.complete(claim, outcome, complete).await
     }
 
     async fn release(&self, claim: &Claim) -> Result<(), Error> {
         self.waiters.unhold(claim);
+        let turn = self.gate.enter().await;
         on_pool!(self, |conn| self.release_on(&mut conn, claim))?;
+        drop(turn);
         self.waiters.wake(&claim.scope, &claim.key);
         Ok(())
     }
@@ -509,6 +534,7 @@ impl<DB: Backend> Store for SqlStore<DB> {
     async fn forget(&self, scope: &Scope, key: &Key) -> Result<bool, Error> {
         let bound = Bound::key(scope, key);
         let forget = &self.sql.forget;
+        let turn = self.gate.enter().await;
         // The record first, then its journal, in one transaction: a
         // journal write of the record's owner holds the record until it
         // commits, so none lands after the journal is deleted.
@@ -518,6 +544,7 @@ impl<DB: Backend> Store for SqlStore<DB> {
             DB::execute(conn, &self.sql.steps.forget, steps).await?;
             Ok::<_, Error>(done)
         })?;
+        drop(turn);
         self.waiters.wake(scope, key);
         Ok(DB::rows_affected(&done) > 0)
     }
@@ -527,6 +554,7 @@ impl<DB: Backend> Store for SqlStore<DB> {
         let purge = &self.sql.purge;
         let mut total = 0;
         loop {
+            let _turn = self.gate.enter().await;
             let done = on_pool!(self, |conn| async {
                 let values = Bound::batch(batch).values(purge)?;
                 Ok::<_, Error>(DB::execute(&mut conn, &purge.sql, values).await?)
@@ -538,6 +566,7 @@ impl<DB: Backend> Store for SqlStore<DB> {
             }
         }
         loop {
+            let _turn = self.gate.enter().await;
             let done = on_pool!(self, |conn| async {
                 let values = vec![Value::Int(batch)];
                 Ok::<_, Error>(DB::execute(&mut conn, &self.sql.steps.purge, values).await?)

@@ -299,6 +299,8 @@ where
     T: TokenEntity + EntityBind<DB> + for<'r> FromRow<'r, DB::Row> + Send + Unpin,
 {
     use sqlx::Connection as _;
+    // This process's writes to the database queue here first (SQLite).
+    let _turn = claims.store.gate.enter().await;
     let mut conn = pool.acquire().await?;
     let mut tx = conn.begin_with(DB::BEGIN_WRITE).await?;
     let Some(row) = DB::insert_entity(&mut *tx, entity).await? else {

@@ -190,6 +190,21 @@ impl Dialect for Sqlite {
         result.rows_affected()
     }
 
+    fn write_gate(pool: &sqlx::Pool<Sqlite>) -> Option<std::path::PathBuf> {
+        let options = pool.connect_options();
+        let file = options.get_filename();
+        // One connection queues its writes by itself; an in-memory
+        // database has no file to name it by.
+        let one = pool.options().get_max_connections() <= 1;
+        let in_memory = file.as_os_str().is_empty() || file.to_string_lossy().contains(":memory:");
+        if one || in_memory {
+            return None;
+        }
+        // As the pool names it: every store on one pool shares a gate (a
+        // file opened under two names gets two, and queues less).
+        Some(file.to_owned())
+    }
+
     async fn migrate(store: &SqlStore<Self>) -> Result<(), Error> {
         let mut conn = store.pool.acquire().await?;
         // IMMEDIATE: the write lock from the start. A deferred transaction
