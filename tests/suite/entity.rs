@@ -366,6 +366,21 @@ common::backends!(sqlite_file, postgres, mysql => {
         }
     }
 
+    /// Pays `token` on a task of its own, once its body runs.
+    async fn paying(
+        service: &Arc<Payments>,
+        token: &str,
+    ) -> tokio::task::JoinHandle<Result<Payment, PayError>> {
+        let running = {
+            let (service, token) = (service.clone(), token.to_owned());
+            tokio::spawn(async move { service.pay(&charge(&token, 500)).await })
+        };
+        while service.gateway.runs(token) == 0 {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        running
+    }
+
     async fn count(pool: &Pool, table: &str) -> i64 {
         sqlx::query_scalar(&format!("SELECT COUNT(*) FROM {table}"))
             .fetch_one(pool)
@@ -607,13 +622,7 @@ common::backends!(sqlite_file, postgres, mysql => {
         let ns = namespace().await;
         let first = Arc::new(Payments::new(backend::pool(&ns, 2).await));
         first.gateway.stall.store(true, Ordering::SeqCst);
-        let running = {
-            let first = first.clone();
-            tokio::spawn(async move { first.pay(&charge("t-6", 500)).await })
-        };
-        while first.gateway.runs("t-6") == 0 {
-            tokio::time::sleep(Duration::from_millis(1)).await;
-        }
+        let running = paying(&first, "t-6").await;
         let other = Payments::new(backend::pool(&ns, 2).await);
         let err = other
             .pay_or_fail_fast(&charge("t-6", 500))
@@ -650,13 +659,7 @@ common::backends!(sqlite_file, postgres, mysql => {
             let ns = namespace().await;
             let service = Arc::new(Payments::new(backend::pool(&ns, 4).await));
             *service.gateway.delay.lock().unwrap() = Duration::from_millis(1_500);
-            let running = {
-                let service = service.clone();
-                tokio::spawn(async move { service.pay(&charge("t-k", 500)).await })
-            };
-            while service.gateway.runs("t-k") == 0 {
-                tokio::time::sleep(Duration::from_millis(1)).await;
-            }
+            let running = paying(&service, "t-k").await;
             let mut killed = 0;
             for _ in 0..5 {
                 killed += ns.kill_connections().await;
@@ -687,13 +690,7 @@ common::backends!(sqlite_file, postgres, mysql => {
             let ns = namespace().await;
             let service = Arc::new(Payments::new(backend::pool(&ns, 4).await));
             let lock = ns.block_writes("payments").await;
-            let running = {
-                let service = service.clone();
-                tokio::spawn(async move { service.pay(&charge("t-i", 500)).await })
-            };
-            while service.gateway.runs("t-i") == 0 {
-                tokio::time::sleep(Duration::from_millis(1)).await;
-            }
+            let running = paying(&service, "t-i").await;
             let mut killed = 0;
             for _ in 0..5 {
                 tokio::time::sleep(Duration::from_millis(100)).await;
@@ -710,9 +707,7 @@ common::backends!(sqlite_file, postgres, mysql => {
             assert_eq!(service.gateway.runs("t-i"), 1);
             assert_eq!(count(&service.pool, "payments").await, 1);
         }
-    }
 
-    backend::if_server! {
         /// The row and its claim's completion commit together: while
         /// the completion waits (the claims' table is locked), the row
         /// is not visible and the claim is in progress; connections
@@ -723,13 +718,7 @@ common::backends!(sqlite_file, postgres, mysql => {
             let ns = namespace().await;
             let service = Arc::new(Payments::new(backend::pool(&ns, 4).await));
             *service.gateway.delay.lock().unwrap() = Duration::from_millis(300);
-            let running = {
-                let service = service.clone();
-                tokio::spawn(async move { service.pay(&charge("t-c", 500)).await })
-            };
-            while service.gateway.runs("t-c") == 0 {
-                tokio::time::sleep(Duration::from_millis(1)).await;
-            }
+            let running = paying(&service, "t-c").await;
             let lock = ns.block_writes("idem_entity_claims").await;
             // The body ends; its row is inserted, and the completion
             // waits for the lock.
