@@ -687,6 +687,7 @@ async fn flushed<F: Future>(body: F) -> F::Output {
 }
 
 /// The claim of the operation this task's body runs under, if any.
+#[cfg(feature = "_sql")]
 pub(crate) fn running_claim() -> Option<Claim> {
     OPERATION.try_with(|operation| operation.claim.clone()).ok()
 }
@@ -694,6 +695,7 @@ pub(crate) fn running_claim() -> Option<Claim> {
 /// Waits for the journal writes of the operation this task's body runs
 /// under: what [`flushed`] does after the body, for a body that completes
 /// its own claim.
+#[cfg(feature = "_sql")]
 pub(crate) async fn flush_journal() {
     if let Ok(pending) = OPERATION.try_with(|operation| operation.pending.clone()) {
         pending.flush().await;
