@@ -318,6 +318,9 @@ pub struct Claims<S> {
     pub(crate) store: S,
     /// The claim whose completion committed with its row.
     completed: Arc<OnceLock<ClaimToken>>,
+    /// The claim whose completion is written in a transaction that holds
+    /// its record's lock and is about to commit.
+    completing: Arc<std::sync::Mutex<Option<ClaimToken>>>,
 }
 
 impl<S> Claims<S> {
@@ -325,7 +328,26 @@ impl<S> Claims<S> {
         Claims {
             store,
             completed: Arc::default(),
+            completing: Arc::default(),
         }
+    }
+
+    /// Notes that `claim`'s completion is written, uncommitted, in a
+    /// transaction that holds the claim's record: until it ends no one
+    /// else can take the claim over, so a renewal that waited for it and
+    /// then finds the claim no longer in progress finds it completed.
+    pub(crate) fn completing(&self, claim: &Claim) {
+        *self.in_completion() = Some(claim.token);
+    }
+
+    /// Notes that the transaction of [`completing`](Self::completing) did
+    /// not commit.
+    pub(crate) fn not_completing(&self) {
+        *self.in_completion() = None;
+    }
+
+    fn in_completion(&self) -> std::sync::MutexGuard<'_, Option<ClaimToken>> {
+        self.completing.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Notes that `claim`'s completion was committed (with its row).
@@ -353,8 +375,9 @@ impl<S: Store + Clone + 'static> Store for Claims<S> {
         }
         match self.store.renew(claim).await {
             // Completed with its row while the renewal waited for the
-            // row's lock: not lost.
-            Err(Error::LeaseLost) if self.is_completed(claim) => Ok(()),
+            // record's lock: not lost. (Had that transaction rolled back,
+            // the renewal would have found the claim in progress, ours.)
+            Err(Error::LeaseLost) if *self.in_completion() == Some(claim.token) => Ok(()),
             renewed => renewed,
         }
     }

@@ -315,14 +315,20 @@ where
             .complete_on(&mut *tx, claim, &Marker::outcome())
             .await
         {
-            Ok(()) => Some(claim),
+            Ok(()) => {
+                claims.completing(claim);
+                Some(claim)
+            }
             // Taken over: the row is committed all the same.
             Err(Error::LeaseLost) => None,
             Err(err) => return Err(err),
         },
         None => None,
     };
-    tx.commit().await?;
+    if let Err(err) = tx.commit().await {
+        claims.not_completing();
+        return Err(err.into());
+    }
     if let Some(claim) = completed {
         claims.completed(claim);
     }
