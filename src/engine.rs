@@ -543,45 +543,69 @@ where
         };
         let request = call.request();
         // From here on, a dropped caller hands back whatever it holds.
-        let mut guard = Guard::new(store, Claim::granted(&request, 0));
+        let mut guard = Guard::new(store, &request);
         let mut records = Pooled(store);
         let claim = match claimed(&mut records, call, &request, outcomes, &mut guard).await {
             Ok(claim) => claim,
             Err(answer) => return answer,
         };
-        // The body's durable steps journal through an owned handle on the
-        // store, fenced by this claim; a dropped caller's claim is handed
-        // back once their writes on the way have landed.
-        let pending = Pending::new();
-        guard.running(claim.clone());
-        guard.journal_first(pending.clone());
-        let operation = Operation::new(store.detach(), claim.clone(), call.steps_as(), pending);
-        let body = std::pin::pin!(operation.scope(body));
-        let result = renewing(store, &claim, body).await;
-        let stored = match outcomes.encode(&result) {
-            Some(Ok(outcome)) => outcome,
-            // Nothing to store: release the key. Should that fail, the
-            // guard hands it back in the background as it drops.
-            encoded => {
-                if release(&mut records, &claim).await {
-                    guard.disarm();
-                }
-                return match encoded {
-                    Some(Err(err)) => Err(err.into()),
-                    _ => result,
-                };
-            }
-        };
-        let stored = guard.saving(stored);
-        match save(store, &claim, stored, SaveFor::Caller).await {
-            // Still not stored: the guard keeps trying in the background
-            // (when it can) as it drops. The caller gets its value now.
-            Saved::NotYet => {}
-            Saved::Stored | Saved::Lost => guard.disarm(),
-        }
-        result
+        // The execution is a future of its own, on the heap: the state it
+        // keeps while the body runs and its outcome is stored is most of a
+        // call's, and a replay, which never gets here, would otherwise
+        // carry (and copy, as the call's future is moved) all of it.
+        Box::pin(execute(store, call, outcomes, guard, records, claim, body)).await
     }
     .instrument(span)
+}
+
+/// [`run`] once the claim is won: runs the body (renewing the lease),
+/// then stores its outcome or releases the key.
+async fn execute<'s, S, T, E, Fut, O>(
+    store: &'s S,
+    call: &Checked,
+    outcomes: &O,
+    mut guard: Guard<'s, '_, S>,
+    mut records: Pooled<'s, S>,
+    claim: Claim,
+    body: Fut,
+) -> Result<T, E>
+where
+    S: Store + ?Sized,
+    E: From<Error>,
+    Fut: Future<Output = Result<T, E>>,
+    O: OutcomePolicy<T, E>,
+{
+    // The body's durable steps journal through an owned handle on the
+    // store, fenced by this claim; a dropped caller's claim is handed
+    // back once their writes on the way have landed.
+    let pending = Pending::new();
+    guard.running(claim.clone());
+    guard.journal_first(pending.clone());
+    let operation = Operation::new(store.detach(), claim.clone(), call.steps_as(), pending);
+    let body = std::pin::pin!(operation.scope(body));
+    let result = renewing(store, &claim, body).await;
+    let stored = match outcomes.encode(&result) {
+        Some(Ok(outcome)) => outcome,
+        // Nothing to store: release the key. Should that fail, the
+        // guard hands it back in the background as it drops.
+        encoded => {
+            if release(&mut records, &claim).await {
+                guard.disarm();
+            }
+            return match encoded {
+                Some(Err(err)) => Err(err.into()),
+                _ => result,
+            };
+        }
+    };
+    let stored = guard.saving(stored);
+    match save(store, &claim, stored, SaveFor::Caller).await {
+        // Still not stored: the guard keeps trying in the background
+        // (when it can) as it drops. The caller gets its value now.
+        Saved::NotYet => {}
+        Saved::Stored | Saved::Lost => guard.disarm(),
+    }
+    result
 }
 
 /// Transactional mode: like [`run`], but the claim and the completion are
@@ -611,7 +635,7 @@ where
     let span = call.span();
     async move {
         let request = call.request();
-        let mut guard = Guard::new(store, Claim::granted(&request, 0));
+        let mut guard = Guard::new(store, &request);
         let mut records = OnConnection {
             store,
             conn,
@@ -804,22 +828,35 @@ where
 
 /// Where the record statements run: the store's own pool, or the caller's
 /// connection in transactional mode.
-#[async_trait::async_trait]
+///
+/// Its methods return their futures unboxed (the trait is private and only
+/// used generically): a boxed future was an allocation per statement, a
+/// tenth of a replay's allocations from a store in memory.
 trait Records: Send {
     /// The claim, or the answer to a duplicate.
-    async fn begin(&mut self, request: &BeginRequest<'_>) -> Result<Begin, Error>;
+    fn begin(
+        &mut self,
+        request: &BeginRequest<'_>,
+    ) -> impl Future<Output = Result<Begin, Error>> + Send;
     /// A plain read: the answer to a duplicate, or `None` to claim.
-    async fn peek(&mut self, request: &BeginRequest<'_>) -> Result<Option<Begin>, Error>;
-    async fn complete(&mut self, claim: &Claim, outcome: &Outcome) -> Result<(), Error>;
-    async fn release(&mut self, claim: &Claim) -> Result<(), Error>;
+    fn peek(
+        &mut self,
+        request: &BeginRequest<'_>,
+    ) -> impl Future<Output = Result<Option<Begin>, Error>> + Send;
+    fn complete(
+        &mut self,
+        claim: &Claim,
+        outcome: &Outcome,
+    ) -> impl Future<Output = Result<(), Error>> + Send;
+    fn release(&mut self, claim: &Claim) -> impl Future<Output = Result<(), Error>> + Send;
     /// Waits for the key to change, or `timeout`: the answer when the
     /// change hands it over (the outcome the holder completed with), or
     /// `None` to look at the record.
-    async fn wait_for_change(
+    fn wait_for_change(
         &mut self,
         request: &BeginRequest<'_>,
         timeout: Duration,
-    ) -> Result<Option<Begin>, Error>;
+    ) -> impl Future<Output = Result<Option<Begin>, Error>> + Send;
     /// The longest pause between two looks at an in-progress key.
     fn max_poll(&self) -> Duration;
     /// Whether waiting is allowed: not while a claim attempt may have left
@@ -829,23 +866,18 @@ trait Records: Send {
 
 struct Pooled<'a, S: ?Sized>(&'a S);
 
-#[async_trait::async_trait]
 impl<S: Store + ?Sized> Records for Pooled<'_, S> {
     async fn begin(&mut self, request: &BeginRequest<'_>) -> Result<Begin, Error> {
-        // A lost answer is asked for again with the same token: a claim
-        // that landed is recognized as ours.
-        let mut pause = Duration::from_millis(10);
-        let mut attempt = 1;
-        loop {
-            match self.0.begin(request).await {
-                Err(err @ Error::Store(_)) if attempt < BEGIN_ATTEMPTS => {
-                    tracing::warn!(error = %err, attempt, "claiming failed; trying again");
-                    tokio::time::sleep(pause).await;
-                    pause *= 4;
-                    attempt += 1;
-                }
-                answer => return answer,
-            }
+        let answer = match self.0.begin_now(request) {
+            Some(answer) => answer,
+            None => self.0.begin(request).await,
+        };
+        match answer {
+            // A lost answer is asked for again with the same token: a
+            // claim that landed is recognized as ours. Rare, and its timer
+            // large: on the heap.
+            Err(err @ Error::Store(_)) => Box::pin(begin_again(self.0, request, err)).await,
+            answer => answer,
         }
     }
     async fn peek(&mut self, request: &BeginRequest<'_>) -> Result<Option<Begin>, Error> {
@@ -876,6 +908,26 @@ impl<S: Store + ?Sized> Records for Pooled<'_, S> {
     }
 }
 
+/// Sends a claim whose first attempt failed with `err` again, pausing
+/// longer each time, up to [`BEGIN_ATTEMPTS`] attempts in all.
+async fn begin_again<S: Store + ?Sized>(
+    store: &S,
+    request: &BeginRequest<'_>,
+    mut err: Error,
+) -> Result<Begin, Error> {
+    let mut pause = Duration::from_millis(10);
+    for attempt in 1..BEGIN_ATTEMPTS {
+        tracing::warn!(error = %err, attempt, "claiming failed; trying again");
+        tokio::time::sleep(pause).await;
+        pause *= 4;
+        match store.begin(request).await {
+            Err(again @ Error::Store(_)) => err = again,
+            answer => return answer,
+        }
+    }
+    Err(err)
+}
+
 struct OnConnection<'s, 'c, S: ?Sized, C: ?Sized> {
     store: &'s S,
     conn: &'c mut C,
@@ -884,7 +936,6 @@ struct OnConnection<'s, 'c, S: ?Sized, C: ?Sized> {
     locked: bool,
 }
 
-#[async_trait::async_trait]
 impl<S, C> Records for OnConnection<'_, '_, S, C>
 where
     S: TransactionalStore<C> + ?Sized,
@@ -940,7 +991,7 @@ async fn claimed<S, R, T, E, O>(
     call: &Checked,
     request: &BeginRequest<'_>,
     outcomes: &O,
-    guard: &mut Guard<'_, S>,
+    guard: &mut Guard<'_, '_, S>,
 ) -> Result<Claim, Result<T, E>>
 where
     S: Store + ?Sized,
@@ -964,9 +1015,6 @@ where
 
 /// Claims the key (waiting for an in-progress call as the policy says), or
 /// returns the replayed result as `Err`.
-///
-/// A waiting duplicate only reads ([`Records::peek`]) between wake-ups,
-/// and tries the claim again only when the record says the key is free.
 async fn claim_or_replay<R, T, E, O>(
     records: &mut R,
     call: &Checked,
@@ -977,62 +1025,31 @@ where
     R: Records,
     O: OutcomePolicy<T, E>,
 {
-    // From the call's start, read once for the whole call. `None`: a
-    // bound too far to be represented, so no bound.
-    let deadline = call.started.checked_add(call.policy.wait_bound());
-    let mut step = FIRST_POLL;
-    let mut waited = false;
     let mut answer = records.begin(request).await?;
-    let claim = loop {
-        match answer {
-            Begin::Claimed(claim) => break claim,
-            Begin::Replay(outcome) => {
-                tracing::debug!(decision = "replayed", "replaying the stored outcome");
-                let replayed = outcomes.decode(&outcome)?;
-                metrics::replayed(&call.scope, call.started.elapsed());
-                return Ok(Err(replayed));
-            }
-            Begin::KeyReused => {
-                tracing::info!(
-                    decision = "key reused",
-                    "the key was used with another payload"
-                );
-                metrics::key_reused(&call.scope);
-                return Err(Error::KeyReused);
-            }
-            Begin::InProgress { .. } => {
-                let now = Instant::now();
-                let left = deadline.map(|d| d.saturating_duration_since(now));
-                if left.is_some_and(|left| left.is_zero()) || !records.may_wait() {
-                    tracing::info!(
-                        decision = "in progress",
-                        waited,
-                        "another call holds the key"
-                    );
-                    metrics::in_progress(&call.scope);
-                    return Err(Error::InProgress {
-                        retry_after: RETRY_AFTER,
-                    });
-                }
-                if !waited {
-                    tracing::debug!(
-                        decision = "waiting",
-                        "another call holds the key; waiting for its outcome"
-                    );
-                    waited = true;
-                }
-                let pause = left.map_or(step, |left| step.min(left));
-                let handed = records.wait_for_change(request, pause).await?;
-                step = (step * 2).min(records.max_poll());
-                answer = match handed {
-                    Some(answer) => answer,
-                    None => match records.peek(request).await? {
-                        Some(answer) => answer,
-                        None => records.begin(request).await?,
-                    },
-                };
-            }
+    if let Begin::InProgress { .. } = answer {
+        // Waiting is the rare path, and its state (timers, reads) large:
+        // it is a future of its own, on the heap, so that a call that
+        // claims or replays at once neither carries nor copies it.
+        answer = Box::pin(wait_out(records, call, request)).await?;
+    }
+    let claim = match answer {
+        Begin::Claimed(claim) => claim,
+        Begin::Replay(outcome) => {
+            tracing::debug!(decision = "replayed", "replaying the stored outcome");
+            let replayed = outcomes.decode(&outcome)?;
+            metrics::replayed(&call.scope, call.started);
+            return Ok(Err(replayed));
         }
+        Begin::KeyReused => {
+            tracing::info!(
+                decision = "key reused",
+                "the key was used with another payload"
+            );
+            metrics::key_reused(&call.scope);
+            return Err(Error::KeyReused);
+        }
+        // `wait_out` answers an error rather than this.
+        Begin::InProgress { .. } => return Err(in_progress(call, true)),
     };
     if claim.is_takeover() {
         tracing::info!(
@@ -1052,6 +1069,65 @@ where
     Ok(Ok(claim))
 }
 
+/// Waits while another call holds the key, up to the call's wait bound:
+/// the first answer that is not [`Begin::InProgress`], or
+/// [`Error::InProgress`].
+///
+/// A waiting duplicate only reads ([`Records::peek`]) between wake-ups,
+/// and tries the claim again only when the record says the key is free.
+async fn wait_out<R: Records>(
+    records: &mut R,
+    call: &Checked,
+    request: &BeginRequest<'_>,
+) -> Result<Begin, Error> {
+    // From the call's start, read once for the whole call. `None`: a
+    // bound too far to be represented, so no bound.
+    let deadline = call.started.checked_add(call.policy.wait_bound());
+    let mut step = FIRST_POLL;
+    let mut waited = false;
+    loop {
+        let now = Instant::now();
+        let left = deadline.map(|d| d.saturating_duration_since(now));
+        if left.is_some_and(|left| left.is_zero()) || !records.may_wait() {
+            return Err(in_progress(call, waited));
+        }
+        if !waited {
+            tracing::debug!(
+                decision = "waiting",
+                "another call holds the key; waiting for its outcome"
+            );
+            waited = true;
+        }
+        let pause = left.map_or(step, |left| step.min(left));
+        let handed = records.wait_for_change(request, pause).await?;
+        step = (step * 2).min(records.max_poll());
+        let answer = match handed {
+            Some(answer) => answer,
+            None => match records.peek(request).await? {
+                Some(answer) => answer,
+                None => records.begin(request).await?,
+            },
+        };
+        if !matches!(answer, Begin::InProgress { .. }) {
+            return Ok(answer);
+        }
+    }
+}
+
+/// The error of a call that finds the key held by another and may not
+/// wait (any longer), traced and counted.
+fn in_progress(call: &Checked, waited: bool) -> Error {
+    tracing::info!(
+        decision = "in progress",
+        waited,
+        "another call holds the key"
+    );
+    metrics::in_progress(&call.scope);
+    Error::InProgress {
+        retry_after: RETRY_AFTER,
+    }
+}
+
 /// Runs `body` while renewing the claim's lease every third of it, so a
 /// body slower than its lease is never taken over while it runs.
 async fn renewing<S, F>(store: &S, claim: &Claim, mut body: Pin<&mut F>) -> F::Output
@@ -1065,8 +1141,10 @@ where
     if let Poll::Ready(output) = first {
         return output;
     }
-    let renew = keep_renewed(store, claim);
-    tokio::pin!(renew);
+    // On the heap: a call whose body finishes at once (a store in
+    // memory, a cached answer) neither carries nor copies the renewals'
+    // timer.
+    let mut renew = Box::pin(keep_renewed(store, claim));
     tokio::select! {
         biased;
         output = &mut body => output,
@@ -1130,47 +1208,66 @@ async fn save<S: Store + ?Sized>(
     outcome: &Outcome,
     patience: SaveFor,
 ) -> Saved {
-    let started = Instant::now();
+    match store.complete_now(claim, outcome) {
+        // Stored at once: a store in memory.
+        Some(Ok(())) => Saved::Stored,
+        Some(Err(Error::LeaseLost)) => lease_lost(claim),
+        // The rest (waiting on the store, timers, retries) on the heap,
+        // so that a call stored at once neither carries nor copies it.
+        _ => Box::pin(save_patiently(store, claim, outcome, patience)).await,
+    }
+}
+
+/// [`save`] for a store that does not complete at once, or failed to.
+async fn save_patiently<S: Store + ?Sized>(
+    store: &S,
+    claim: &Claim,
+    outcome: &Outcome,
+    patience: SaveFor,
+) -> Saved {
+    // Read at the first completion sent.
+    let mut started = None;
     let mut pause = Duration::from_millis(20);
     loop {
-        // A completion can block (a lock held on the record, a stalled
-        // connection): a waiting caller gives it only what is left of its
-        // time in line, then hands the work to the background. Sending the
-        // same outcome again later is accepted, so a completion cut short
-        // while it was landing does no harm.
-        let attempt = store.complete(claim, outcome);
-        let left = SAVE_IN_LINE.saturating_sub(started.elapsed());
-        let completed = match patience {
-            SaveFor::Caller if !left.is_zero() => {
-                within(left, attempt).await.unwrap_or_else(|| {
-                    Err(Error::store(
-                        "storing the outcome took longer than the caller waits",
-                    ))
-                })
+        let completed = match store.complete_now(claim, outcome) {
+            // Done (or failed) at once: a store in memory.
+            Some(done) => done,
+            None => {
+                // A completion can block (a lock held on the record, a
+                // stalled connection): a waiting caller gives it only what
+                // is left of its time in line, then hands the work to the
+                // background. Sending the same outcome again later is
+                // accepted, so a completion cut short while it was landing
+                // does no harm.
+                let attempt = store.complete(claim, outcome);
+                let left = SAVE_IN_LINE.saturating_sub(since(&mut started));
+                match patience {
+                    SaveFor::Caller if !left.is_zero() => {
+                        within(left, attempt).await.unwrap_or_else(|| {
+                            Err(Error::store(
+                                "storing the outcome took longer than the caller waits",
+                            ))
+                        })
+                    }
+                    SaveFor::Caller if store.detach().is_some() => {
+                        tracing::warn!(
+                            "returning the value and storing the outcome in the background"
+                        );
+                        return Saved::NotYet;
+                    }
+                    // A store that cannot work in the background keeps its
+                    // caller until the outcome lands.
+                    _ => attempt.await,
+                }
             }
-            SaveFor::Caller if store.detach().is_some() => {
-                tracing::warn!("returning the value and storing the outcome in the background");
-                return Saved::NotYet;
-            }
-            // A store that cannot work in the background keeps its caller
-            // until the outcome lands.
-            _ => attempt.await,
         };
         match completed {
             Ok(()) => return Saved::Stored,
-            Err(Error::LeaseLost) => {
-                tracing::warn!(
-                    decision = "lease lost",
-                    fence = claim.fence,
-                    "the outcome was not stored: another caller took the key over"
-                );
-                metrics::lease_lost(&claim.scope);
-                return Saved::Lost;
-            }
+            Err(Error::LeaseLost) => return lease_lost(claim),
             Err(err) => {
                 metrics::store_retried(&claim.scope);
                 if matches!(patience, SaveFor::Caller)
-                    && started.elapsed() >= SAVE_IN_LINE
+                    && since(&mut started) >= SAVE_IN_LINE
                     && store.detach().is_some()
                 {
                     tracing::warn!(
@@ -1189,7 +1286,7 @@ async fn save<S: Store + ?Sized>(
                 let renewal = store.renew(claim);
                 match patience {
                     SaveFor::Caller => {
-                        let left = SAVE_IN_LINE.saturating_sub(started.elapsed());
+                        let left = SAVE_IN_LINE.saturating_sub(since(&mut started));
                         let _ = within(left.max(pause), renewal).await;
                     }
                     SaveFor::Background => {
@@ -1199,6 +1296,23 @@ async fn save<S: Store + ?Sized>(
             }
         }
     }
+}
+
+/// The time since `started`, which is now if it was not set.
+fn since(started: &mut Option<Instant>) -> Duration {
+    started.get_or_insert_with(Instant::now).elapsed()
+}
+
+/// A completion refused because another caller took the key over,
+/// traced and counted.
+fn lease_lost(claim: &Claim) -> Saved {
+    tracing::warn!(
+        decision = "lease lost",
+        fence = claim.fence,
+        "the outcome was not stored: another caller took the key over"
+    );
+    metrics::lease_lost(&claim.scope);
+    Saved::Lost
 }
 
 /// `op`'s output, or `None` once `limit` has passed. The timer is armed
@@ -1255,20 +1369,24 @@ enum Holding {
 ///
 /// It borrows the store and detaches it ([`Store::detach`]) only when it
 /// has something to hand on, so a call that ends normally pays nothing.
-struct Guard<'s, S: Store + ?Sized> {
+struct Guard<'s, 'r, S: Store + ?Sized> {
     store: &'s S,
-    claim: Claim,
+    /// The claim sent, handed back by its token if its answer is lost.
+    request: &'r BeginRequest<'r>,
+    /// The claim won, once it is.
+    claim: Option<Claim>,
     holding: Holding,
     /// The body's journal writes on their way, to land before the claim
     /// is handed back.
     journal: Option<Pending>,
 }
 
-impl<'s, S: Store + ?Sized> Guard<'s, S> {
-    fn new(store: &'s S, claim: Claim) -> Self {
+impl<'s, 'r, S: Store + ?Sized> Guard<'s, 'r, S> {
+    fn new(store: &'s S, request: &'r BeginRequest<'r>) -> Self {
         Guard {
             store,
-            claim,
+            request,
+            claim: None,
             holding: Holding::Claim,
             journal: None,
         }
@@ -1280,7 +1398,7 @@ impl<'s, S: Store + ?Sized> Guard<'s, S> {
     }
 
     fn running(&mut self, claim: Claim) {
-        self.claim = claim;
+        self.claim = Some(claim);
         self.holding = Holding::Claim;
     }
 
@@ -1299,13 +1417,17 @@ impl<'s, S: Store + ?Sized> Guard<'s, S> {
     }
 }
 
-impl<S: Store + ?Sized> Drop for Guard<'_, S> {
+impl<S: Store + ?Sized> Drop for Guard<'_, '_, S> {
     fn drop(&mut self) {
         let holding = std::mem::replace(&mut self.holding, Holding::Nothing);
         if matches!(holding, Holding::Nothing) {
             return;
         }
-        let claim = self.claim.clone();
+        // Built only now: a call that ends normally never needs it.
+        let claim = match self.claim.take() {
+            Some(claim) => claim,
+            None => Claim::granted(self.request, 0),
+        };
         let runtime = tokio::runtime::Handle::try_current().ok();
         let (Some(runtime), Some(store)) = (runtime, self.store.detach()) else {
             tracing::warn!(

@@ -19,7 +19,7 @@
 //! principal or the key, so that label sets stay small.
 
 use std::cell::RefCell;
-use std::time::Duration;
+use std::time::Instant;
 
 use indexmap::IndexMap;
 
@@ -199,7 +199,18 @@ pub(crate) fn executed(scope: &Scope) {
     count(scope, Metric::Executions);
 }
 
-pub(crate) fn replayed(scope: &Scope, latency: Duration) {
+/// The time since a call started, read only by a histogram that records
+/// it: without a recorder, a replay reads no clock for its latency.
+struct Since(Instant);
+
+impl metrics::IntoF64 for Since {
+    fn into_f64(self) -> f64 {
+        self.0.elapsed().as_secs_f64()
+    }
+}
+
+/// A replay of a call that started at `started`.
+pub(crate) fn replayed(scope: &Scope, started: Instant) {
     with_keys(
         scope,
         [Metric::Replays, Metric::ReplayLatency],
@@ -208,7 +219,7 @@ pub(crate) fn replayed(scope: &Scope, latency: Duration) {
                 recorder.register_counter(replays, &METADATA).increment(1);
                 recorder
                     .register_histogram(latency_key, &METADATA)
-                    .record(latency.as_secs_f64());
+                    .record(Since(started));
             });
         },
     );

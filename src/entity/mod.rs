@@ -457,7 +457,7 @@ impl Prepared {
     pub(crate) fn replay<T: TokenEntity>(&self, found: T) -> Result<T, Error> {
         self.check_found(&found)?;
         tracing::debug!(decision = "replayed", "returning the stored entity");
-        metrics::replayed(&self.scope, self.started.elapsed());
+        metrics::replayed(&self.scope, self.started);
         Ok(found)
     }
 

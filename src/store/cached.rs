@@ -172,17 +172,69 @@ fn slot(scope: &Scope, key: &Key) -> Slot {
     (scope.as_str().to_owned(), key.as_str().to_owned())
 }
 
-#[async_trait]
-impl<S: Store> Store for CachedStore<S> {
-    async fn begin(&self, request: &BeginRequest<'_>) -> Result<Begin, Error> {
-        if let Some(answer) = self.cache.answer(request) {
-            return Ok(answer);
-        }
-        let answer = self.inner.begin(request).await?;
+impl<S: Store> CachedStore<S> {
+    /// Notes a claim the inner store granted, for its completion to cache.
+    fn noted(
+        &self,
+        request: &BeginRequest<'_>,
+        answer: Result<Begin, Error>,
+    ) -> Result<Begin, Error> {
+        let answer = answer?;
         if let Begin::Claimed(claim) = &answer {
             self.cache.claimed(claim.token, *request.fingerprint);
         }
         Ok(answer)
+    }
+
+    /// Caches the outcome of a completion the inner store answered with
+    /// `done`, sent at `sent` when `forgets` keys had been forgotten.
+    fn completed(
+        &self,
+        claim: &Claim,
+        outcome: &Outcome,
+        (sent, forgets): (Instant, u64),
+        done: Result<(), Error>,
+    ) -> Result<(), Error> {
+        if let Err(err) = done {
+            // A completion that may be sent again keeps what it caches.
+            if matches!(err, Error::LeaseLost) {
+                self.cache.ended(&claim.token);
+            }
+            return Err(err);
+        }
+        let fingerprint = self.cache.ended(&claim.token);
+        let (Some(fingerprint), Some(until)) = (fingerprint, sent.checked_add(claim.ttl)) else {
+            return Ok(());
+        };
+        let mut state = self.cache.lock();
+        if state.forgets == forgets && claim.ttl > Duration::ZERO {
+            let entry = Entry {
+                fingerprint,
+                outcome: outcome.clone(),
+                until,
+            };
+            state.entries.put(slot(&claim.scope, &claim.key), entry);
+        }
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl<S: Store> Store for CachedStore<S> {
+    fn begin_now(&self, request: &BeginRequest<'_>) -> Option<Result<Begin, Error>> {
+        if let Some(answer) = self.cache.answer(request) {
+            return Some(Ok(answer));
+        }
+        let answer = self.inner.begin_now(request)?;
+        Some(self.noted(request, answer))
+    }
+
+    async fn begin(&self, request: &BeginRequest<'_>) -> Result<Begin, Error> {
+        if let Some(answer) = self.cache.answer(request) {
+            return Ok(answer);
+        }
+        let answer = self.inner.begin(request).await;
+        self.noted(request, answer)
     }
 
     async fn peek(&self, request: &BeginRequest<'_>) -> Result<Option<Begin>, Error> {
@@ -222,30 +274,16 @@ impl<S: Store> Store for CachedStore<S> {
             .await
     }
 
+    fn complete_now(&self, claim: &Claim, outcome: &Outcome) -> Option<Result<(), Error>> {
+        let (sent, forgets) = (Instant::now(), self.cache.lock().forgets);
+        let done = self.inner.complete_now(claim, outcome)?;
+        Some(self.completed(claim, outcome, (sent, forgets), done))
+    }
+
     async fn complete(&self, claim: &Claim, outcome: &Outcome) -> Result<(), Error> {
-        let sent = Instant::now();
-        let forgets = self.cache.lock().forgets;
-        if let Err(err) = self.inner.complete(claim, outcome).await {
-            // A completion that may be sent again keeps what it caches.
-            if matches!(err, Error::LeaseLost) {
-                self.cache.ended(&claim.token);
-            }
-            return Err(err);
-        }
-        let fingerprint = self.cache.ended(&claim.token);
-        let (Some(fingerprint), Some(until)) = (fingerprint, sent.checked_add(claim.ttl)) else {
-            return Ok(());
-        };
-        let mut state = self.cache.lock();
-        if state.forgets == forgets && claim.ttl > Duration::ZERO {
-            let entry = Entry {
-                fingerprint,
-                outcome: outcome.clone(),
-                until,
-            };
-            state.entries.put(slot(&claim.scope, &claim.key), entry);
-        }
-        Ok(())
+        let (sent, forgets) = (Instant::now(), self.cache.lock().forgets);
+        let done = self.inner.complete(claim, outcome).await;
+        self.completed(claim, outcome, (sent, forgets), done)
     }
 
     async fn release(&self, claim: &Claim) -> Result<(), Error> {

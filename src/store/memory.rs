@@ -1,11 +1,11 @@
 //! A store in process memory, for tests and single-process tools.
 
-use std::collections::hash_map::RandomState;
 use std::hash::{BuildHasher, Hash, Hasher};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use foldhash::fast::RandomState;
 use indexmap::map::raw_entry_v1::{RawEntryMut, RawOccupiedEntryMut};
 use indexmap::map::RawEntryApiV1;
 use indexmap::{Equivalent, IndexMap};
@@ -72,6 +72,12 @@ fn journal_entry(
 /// index entry, then the record, and growing the map hashes nothing again.
 /// Records written together, which are read together again when their
 /// calls are retried, are found side by side.
+///
+/// Hashed with foldhash, seeded at random per map: SipHash, the standard
+/// map's, was a tenth of a replay's instructions. Foldhash resists only
+/// the simplest flooding of one bucket, which is enough for a store that
+/// lives in one process (for tests and tools), not for a server's map of
+/// untrusted keys.
 type Records = IndexMap<Slot, Record, RandomState>;
 
 /// Where a record is kept: its scope and key, shared with the record (a
@@ -167,6 +173,67 @@ impl MemoryStore {
         Ok(write(steps, now_millis()))
     }
 
+    /// The claim: [`Store::begin`], which never waits here.
+    fn claim(&self, req: &BeginRequest<'_>) -> Result<Begin, Error> {
+        let now = now_millis();
+        let lease_until = now.saturating_add(duration_millis(req.lease));
+        let claimed = |fence| Record {
+            scope: req.scope.clone(),
+            key: req.key.clone(),
+            fingerprint: *req.fingerprint,
+            state: State::InProgress,
+            fence,
+            token: Some(req.token),
+            lease_until: Some(lease_until),
+            outcome: None,
+            created_at: now,
+            expires_at: now
+                .saturating_add(duration_millis(req.ttl))
+                .max(lease_until),
+        };
+        let at = At::of(req.scope, req.key);
+        let mut records = self.records();
+        // Hashed once, for the look-up and the insert.
+        let hash = records.hasher().hash_one(at);
+        let fence = match records
+            .raw_entry_mut_v1()
+            .from_key_hashed_nocheck(hash, &at)
+        {
+            RawEntryMut::Vacant(slot) => {
+                slot.insert_hashed_nocheck(hash, at.slot(), claimed(1))
+                    .1
+                    .fence
+            }
+            RawEntryMut::Occupied(mut slot) => match decide(req, slot.get(), now).answer()? {
+                Some(answer) => return Ok(answer),
+                // Free under the lock: this is the atomic takeover.
+                None => {
+                    let fence = slot.get().fence + 1;
+                    slot.insert(claimed(fence));
+                    fence
+                }
+            },
+        };
+        Ok(Begin::Claimed(Claim::granted(req, fence)))
+    }
+
+    /// The completion: [`Store::complete`], which never waits here.
+    fn completed(&self, claim: &Claim, outcome: &Outcome) -> Result<(), Error> {
+        self.fenced(
+            claim,
+            |r| r.outcome.as_ref() == Some(outcome),
+            |mut slot, now| {
+                let r = slot.get_mut();
+                r.state = State::Completed;
+                r.outcome = Some(outcome.clone());
+                r.lease_until = None;
+                r.expires_at = now.saturating_add(duration_millis(claim.ttl));
+            },
+        )?;
+        self.inner.waiters.hand_over(claim, outcome);
+        Ok(())
+    }
+
     /// Waits on `(scope, key)` as [`Waiters::wait`] does.
     async fn wait_on(
         &self,
@@ -213,47 +280,12 @@ impl MemoryStore {
 
 #[async_trait]
 impl Store for MemoryStore {
+    fn begin_now(&self, req: &BeginRequest<'_>) -> Option<Result<Begin, Error>> {
+        Some(self.claim(req))
+    }
+
     async fn begin(&self, req: &BeginRequest<'_>) -> Result<Begin, Error> {
-        let now = now_millis();
-        let lease_until = now.saturating_add(duration_millis(req.lease));
-        let claimed = |fence| Record {
-            scope: req.scope.clone(),
-            key: req.key.clone(),
-            fingerprint: *req.fingerprint,
-            state: State::InProgress,
-            fence,
-            token: Some(req.token),
-            lease_until: Some(lease_until),
-            outcome: None,
-            created_at: now,
-            expires_at: now
-                .saturating_add(duration_millis(req.ttl))
-                .max(lease_until),
-        };
-        let at = At::of(req.scope, req.key);
-        let mut records = self.records();
-        // Hashed once, for the look-up and the insert.
-        let hash = records.hasher().hash_one(at);
-        let fence = match records
-            .raw_entry_mut_v1()
-            .from_key_hashed_nocheck(hash, &at)
-        {
-            RawEntryMut::Vacant(slot) => {
-                slot.insert_hashed_nocheck(hash, at.slot(), claimed(1))
-                    .1
-                    .fence
-            }
-            RawEntryMut::Occupied(mut slot) => match decide(req, slot.get(), now).answer()? {
-                Some(answer) => return Ok(answer),
-                // Free under the lock: this is the atomic takeover.
-                None => {
-                    let fence = slot.get().fence + 1;
-                    slot.insert(claimed(fence));
-                    fence
-                }
-            },
-        };
-        Ok(Begin::Claimed(Claim::granted(req, fence)))
+        self.claim(req)
     }
 
     async fn peek(&self, req: &BeginRequest<'_>) -> Result<Option<Begin>, Error> {
@@ -277,20 +309,12 @@ impl Store for MemoryStore {
         )
     }
 
+    fn complete_now(&self, claim: &Claim, outcome: &Outcome) -> Option<Result<(), Error>> {
+        Some(self.completed(claim, outcome))
+    }
+
     async fn complete(&self, claim: &Claim, outcome: &Outcome) -> Result<(), Error> {
-        self.fenced(
-            claim,
-            |r| r.outcome.as_ref() == Some(outcome),
-            |mut slot, now| {
-                let r = slot.get_mut();
-                r.state = State::Completed;
-                r.outcome = Some(outcome.clone());
-                r.lease_until = None;
-                r.expires_at = now.saturating_add(duration_millis(claim.ttl));
-            },
-        )?;
-        self.inner.waiters.hand_over(claim, outcome);
-        Ok(())
+        self.completed(claim, outcome)
     }
 
     async fn release(&self, claim: &Claim) -> Result<(), Error> {
