@@ -2196,18 +2196,18 @@ fn keys_per_round(tag: &str, n: usize) -> Vec<Vec<String>> {
 }
 
 /// B6's measurement, one caller: the time per call in ns of `plain` calls,
-/// of first executions (`idem`) and of their replays (`idem` again on the
-/// same keys), each the mean over a round's keys, in the same rounds;
-/// their medians over the rounds.
+/// of first executions (`idem`, given the round's index and the key) and
+/// of their replays (`idem` again on the same keys), each the mean over a
+/// round's keys, in the same rounds; their medians over the rounds.
 async fn cost_per_call<'a, P, PF, I, IF>(keys: &'a [Vec<String>], plain: P, idem: I) -> [f64; 3]
 where
     P: Fn(&'a str) -> PF,
     PF: Future<Output = ()>,
-    I: Fn(&'a str) -> IF,
+    I: Fn(usize, &'a str) -> IF,
     IF: Future<Output = ()>,
 {
     let mut times = [Vec::new(), Vec::new(), Vec::new()];
-    for keys in keys {
+    for (round, keys) in keys.iter().enumerate() {
         let per_call = |t: Instant| t.elapsed().as_secs_f64() * 1e9 / keys.len() as f64;
         let t = Instant::now();
         for k in keys {
@@ -2217,7 +2217,7 @@ where
         for times in &mut times[1..] {
             let t = Instant::now();
             for k in keys {
-                idem(k).await;
+                idem(round, k).await;
             }
             times.push(per_call(t));
         }
@@ -2264,14 +2264,19 @@ async fn b6(report: &mut Report) {
     async fn plain(amount: i64) -> Result<i64, idem::Error> {
         Ok(std::hint::black_box(amount))
     }
-    let store = &idem::MemoryStore::new();
     let keys = keys_per_round("b6", if quick() { 20_000 } else { 200_000 });
+    // A store of its own for each round, so that every round measures the
+    // same thing: calls on a store of one round's records (how a replay's
+    // time grows with the records held is B5's to show).
+    let stores: Vec<_> = keys.iter().map(|_| idem::MemoryStore::new()).collect();
+    let stores = &stores;
     let times = cost_per_call(
         &keys,
         |_| async {
             std::hint::black_box(plain(500).await.unwrap());
         },
-        |k| async move {
+        |round, k| async move {
+            let store = &stores[round];
             let r: Result<i64, idem::Error> =
                 idem::run(store, idem::Call::new("bench.mem", k, &500i64), plain(500)).await;
             std::hint::black_box(r.unwrap());
@@ -2289,7 +2294,7 @@ async fn b6_on<B: Calls>(b: &Arc<B>, report: &mut Report) {
     let times = cost_per_call(
         &keys,
         |k| b.call_key(Mode::Plain, k),
-        |k| b.call_key(Mode::Record, k),
+        |_, k| b.call_key(Mode::Record, k),
     )
     .await;
     let baseline = format!(

@@ -553,7 +553,18 @@ where
         // keeps while the body runs and its outcome is stored is most of a
         // call's, and a replay, which never gets here, would otherwise
         // carry (and copy, as the call's future is moved) all of it.
-        Box::pin(execute(store, call, outcomes, guard, records, claim, body)).await
+        // The guard and the claim stay here, lent to it: an `async fn`'s
+        // future holds what it owns twice (as argument and as local).
+        Box::pin(execute(
+            store,
+            call,
+            outcomes,
+            &mut guard,
+            &mut records,
+            &claim,
+            body,
+        ))
+        .await
     }
     .instrument(span)
 }
@@ -564,9 +575,9 @@ async fn execute<'s, S, T, E, Fut, O>(
     store: &'s S,
     call: &Checked,
     outcomes: &O,
-    mut guard: Guard<'s, '_, S>,
-    mut records: Pooled<'s, S>,
-    claim: Claim,
+    guard: &mut Guard<'s, '_, S>,
+    records: &mut Pooled<'s, S>,
+    claim: &Claim,
     body: Fut,
 ) -> Result<T, E>
 where
@@ -583,13 +594,13 @@ where
     guard.journal_first(pending.clone());
     let operation = Operation::new(store.detach(), claim.clone(), call.steps_as(), pending);
     let body = std::pin::pin!(operation.scope(body));
-    let result = renewing(store, &claim, body).await;
+    let result = renewing(store, claim, body).await;
     let stored = match outcomes.encode(&result) {
         Some(Ok(outcome)) => outcome,
         // Nothing to store: release the key. Should that fail, the
         // guard hands it back in the background as it drops.
         encoded => {
-            if release(&mut records, &claim).await {
+            if release(records, claim).await {
                 guard.disarm();
             }
             return match encoded {
@@ -599,7 +610,7 @@ where
         }
     };
     let stored = guard.saving(stored);
-    match save(store, &claim, stored, SaveFor::Caller).await {
+    match save(store, claim, stored, SaveFor::Caller).await {
         // Still not stored: the guard keeps trying in the background
         // (when it can) as it drops. The caller gets its value now.
         Saved::NotYet => {}
