@@ -74,9 +74,9 @@ pub(crate) mod dialect {
         const CLAIM_LOCKS_ONLY_ITS_OWN: bool = false;
         /// A claim on the store's pool reads the record first, and claims
         /// only when the read has no answer: where a claim that finds the
-        /// key taken costs a lock (SQLite's write lock on the database,
-        /// InnoDB's row lock of the upsert), a replay is then one plain
-        /// read.
+        /// key taken costs a lock beyond its own row and statement
+        /// (SQLite's write lock on the whole database, taken in turn at
+        /// the gate), a replay is then one plain read.
         const READ_FIRST: bool = false;
 
         /// The statement that opens a transaction that writes (SQLite:

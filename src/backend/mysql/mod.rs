@@ -201,9 +201,12 @@ impl Dialect for MySql {
     const LOCK_SHARE: &'static str = " LOCK IN SHARE MODE";
     const LOCK_UPDATE: &'static str = " FOR UPDATE";
     const TEXT_AS_BYTES: bool = true;
-    // A claim that finds the key taken locks the row (the upsert), so a
-    // replay reads first: one plain read, no lock, no write.
-    const READ_FIRST: bool = true;
+    // No read before the claim: the claim's upsert answers the record
+    // holding the key (RETURNING), and the lock it takes on that row ends
+    // with its own statement (autocommit). A first execution, by far the
+    // commoner call, saves a round trip; a replay costs one upsert that
+    // changes nothing, instead of one read. Inside a caller's transaction,
+    // where that lock would last, the read beside stays (`peek_in`).
     type Wake = ();
 
     const QUOTE: char = '`';
