@@ -28,6 +28,7 @@ pub(crate) mod migrate;
 pub(crate) mod mysql;
 #[cfg(feature = "postgres")]
 pub(crate) mod postgres;
+pub(crate) mod read_first;
 pub(crate) mod records;
 mod reference;
 #[cfg(feature = "sqlite")]
@@ -72,12 +73,11 @@ pub(crate) mod dialect {
         /// The claim locks no record it does not claim, even inside a
         /// caller's transaction.
         const CLAIM_LOCKS_ONLY_ITS_OWN: bool = false;
-        /// A claim on the store's pool reads the record first, and claims
-        /// only when the read has no answer: where a claim that finds the
-        /// key taken costs a lock beyond its own row and statement
-        /// (SQLite's write lock on the whole database, taken in turn at
-        /// the gate), a replay is then one plain read.
-        const READ_FIRST: bool = false;
+        /// Whether a claim on the store's pool reads the record first, and
+        /// claims only when the read has no answer (see
+        /// [`read_first`](crate::backend::read_first)).
+        const READ_FIRST: crate::backend::read_first::ReadFirst =
+            crate::backend::read_first::ReadFirst::Never;
 
         /// The statement that opens a transaction that writes (SQLite:
         /// `BEGIN IMMEDIATE`, the write lock from the start, since a

@@ -14,6 +14,7 @@ use async_trait::async_trait;
 use super::exec::Value;
 use super::gate::Gate;
 use super::journal::{in_transaction, steps_table};
+use super::read_first::Duplicates;
 use super::statements::{ClaimReturns, Param, Statement, Statements};
 use super::warm::Warm;
 use super::{Backend, DEFAULT_MIGRATIONS_TABLE, DEFAULT_TABLE};
@@ -59,6 +60,9 @@ pub struct SqlStore<DB: Backend> {
     /// Where the database takes one write at a time: the queue of this
     /// process's writes to it.
     pub(crate) gate: Gate,
+    /// How often the claims on the pool found their key taken lately,
+    /// for a backend that reads first only while that is common.
+    pub(crate) duplicates: Arc<Duplicates>,
 }
 
 impl<DB: Backend> Clone for SqlStore<DB> {
@@ -71,6 +75,7 @@ impl<DB: Backend> Clone for SqlStore<DB> {
             migrations: self.migrations.clone(),
             warm: self.warm.clone(),
             gate: self.gate.clone(),
+            duplicates: self.duplicates.clone(),
         }
     }
 }
@@ -131,6 +136,7 @@ impl<DB: Backend> SqlStore<DB> {
             waiters: Arc::default(),
             wake: Arc::default(),
             migrations: Arc::from(DEFAULT_MIGRATIONS_TABLE),
+            duplicates: Arc::default(),
         }
     }
 
@@ -465,9 +471,11 @@ impl<DB: Backend> Store for SqlStore<DB> {
         // gate (SQLite), the read runs on its own, and the claim waits its
         // turn holding no connection.
         let gated = self.gate.is_on();
+        let read_first = self.duplicates.read_first(DB::READ_FIRST);
         let _turn = if gated {
-            if DB::READ_FIRST {
+            if read_first {
                 if let Some(answer) = on_pool!(self, |conn| self.peek_on(&mut conn, req))? {
+                    self.duplicates.note(true);
                     return Ok(answer);
                 }
             }
@@ -476,12 +484,14 @@ impl<DB: Backend> Store for SqlStore<DB> {
             None
         };
         on_pool!(self, |conn| async {
-            if DB::READ_FIRST && !gated {
+            if read_first && !gated {
                 if let Some(answer) = self.peek_on(&mut conn, req).await? {
+                    self.duplicates.note(true);
                     return Ok(answer);
                 }
             }
             let answer = self.begin_on(&mut conn, req).await?;
+            self.duplicates.note(!matches!(answer, Begin::Claimed(_)));
             // Committed: the duplicates of this process may wait for it
             // without reading the record.
             if let Begin::Claimed(claim) = &answer {

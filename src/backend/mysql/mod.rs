@@ -8,6 +8,7 @@ use sqlx::mysql::{MySql, MySqlConnection, MySqlPoolOptions, MySqlQueryResult};
 use super::dialect::Dialect;
 use super::journal::StepStatements;
 use super::migrate::{self, Bookkeeping};
+use super::read_first::ReadFirst;
 use super::statements::{ClaimReturns, Param, Statement, Statements};
 use super::SqlStore;
 use crate::error::Error;
@@ -201,12 +202,14 @@ impl Dialect for MySql {
     const LOCK_SHARE: &'static str = " LOCK IN SHARE MODE";
     const LOCK_UPDATE: &'static str = " FOR UPDATE";
     const TEXT_AS_BYTES: bool = true;
-    // No read before the claim: the claim's upsert answers the record
-    // holding the key (RETURNING), and the lock it takes on that row ends
-    // with its own statement (autocommit). A first execution, by far the
-    // commoner call, saves a round trip; a replay costs one upsert that
-    // changes nothing, instead of one read. Inside a caller's transaction,
-    // where that lock would last, the read beside stays (`peek_in`).
+    // A read before the claim only while duplicates are common: the
+    // claim's upsert answers the record holding the key (RETURNING), and
+    // the row lock it takes ends with its own statement (autocommit), so
+    // a first execution, the commoner call, saves a round trip, and a
+    // retry storm is still answered by plain reads. Inside a caller's
+    // transaction, where that lock would last, the read beside stays
+    // (`peek_in`).
+    const READ_FIRST: ReadFirst = ReadFirst::WhileDuplicates;
     type Wake = ();
 
     const QUOTE: char = '`';

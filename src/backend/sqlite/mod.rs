@@ -14,6 +14,7 @@ use super::dialect::Dialect;
 use super::entity::EntityDatabase;
 use super::journal::StepStatements;
 use super::migrate::{self, Bookkeeping};
+use super::read_first::ReadFirst;
 use super::statements::{ClaimReturns, Numbered, Statements};
 use super::SqlStore;
 use crate::error::Error;
@@ -156,7 +157,7 @@ impl Dialect for Sqlite {
     const BEGIN_WRITE: &'static str = "BEGIN IMMEDIATE";
     const WRITES_IN_PARALLEL: bool = false;
     const SMALL_OUTCOME_KIND: bool = false;
-    const READ_FIRST: bool = true;
+    const READ_FIRST: ReadFirst = ReadFirst::Always;
     type Wake = ();
 
     fn param(n: usize) -> String {

@@ -1,0 +1,121 @@
+//! Whether a claim on the pool reads the record first.
+//!
+//! A read before the claim answers a duplicate (a replay, a key in
+//! progress, a key reused) with one plain read, which takes no lock and
+//! writes nothing; it costs a first execution one round trip more. Which
+//! is cheaper depends on the calls: a claim that finds the key taken costs
+//! SQLite its write lock on the whole database, so SQLite always reads
+//! first; on MariaDB it costs one upsert that changes nothing, on a row
+//! lock that ends with its statement, so MariaDB reads first only while
+//! duplicates are common among the calls ([`ReadFirst::WhileDuplicates`]);
+//! PostgreSQL's claim answers a duplicate without writing, and never
+//! reads first.
+//!
+//! The read only ever answers a duplicate: the key is handed out by the
+//! claim alone, whichever way this goes.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+
+/// A backend's rule for reading before the claim.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReadFirst {
+    Never,
+    Always,
+    /// While more than a quarter or so of the recent claims found the key
+    /// taken (a retry storm, a redelivered batch): see [`Duplicates`].
+    WhileDuplicates,
+}
+
+/// The share of the recent claims of one store that found the key taken,
+/// as a moving average (each claim weighs an eighth), in 1/1024ths.
+/// Updates race without harm: a lost one only shifts when the rule turns.
+#[derive(Debug, Default)]
+pub(crate) struct Duplicates(AtomicU32);
+
+/// The whole scale: every recent claim found its key taken.
+const ALL: u32 = 1024;
+/// Above this share the store reads first.
+const READ_FIRST_ABOVE: u32 = ALL / 4;
+
+impl Duplicates {
+    /// Whether the next claim reads first, under `rule`.
+    pub(crate) fn read_first(&self, rule: ReadFirst) -> bool {
+        match rule {
+            ReadFirst::Never => false,
+            ReadFirst::Always => true,
+            ReadFirst::WhileDuplicates => self.0.load(Ordering::Relaxed) > READ_FIRST_ABOVE,
+        }
+    }
+
+    /// Counts a call's answer: its key was found taken (`true`: a replay,
+    /// a key in progress or reused, by the read or by the claim), or the
+    /// call claimed it.
+    pub(crate) fn note(&self, taken: bool) {
+        let share = self.0.load(Ordering::Relaxed);
+        let share = if taken {
+            share + (ALL - share).div_ceil(8)
+        } else {
+            share - share.div_ceil(8)
+        };
+        self.0.store(share, Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_fixed_rules_ignore_the_calls() {
+        let d = Duplicates::default();
+        for _ in 0..100 {
+            d.note(true);
+        }
+        assert!(d.read_first(ReadFirst::Always));
+        assert!(!d.read_first(ReadFirst::Never));
+    }
+
+    #[test]
+    fn reads_first_while_duplicates_are_common_and_stops_after() {
+        let d = Duplicates::default();
+        let rule = ReadFirst::WhileDuplicates;
+        assert!(!d.read_first(rule), "first executions only: claim at once");
+        // One duplicate among first executions does not turn it.
+        d.note(true);
+        for _ in 0..3 {
+            d.note(false);
+        }
+        assert!(!d.read_first(rule));
+        // A run of duplicates turns it within a few calls...
+        let turned = (1..=10).find(|_| {
+            d.note(true);
+            d.read_first(rule)
+        });
+        assert!(turned.is_some_and(|n| n <= 4), "{turned:?}");
+        // ...it holds while they go on, reaching the whole scale...
+        for _ in 0..100 {
+            d.note(true);
+        }
+        assert_eq!(d.0.load(Ordering::Relaxed), ALL);
+        // ...and first executions turn it back, down to nothing.
+        let back = (1..=30).find(|_| {
+            d.note(false);
+            !d.read_first(rule)
+        });
+        assert!(back.is_some_and(|n| n <= 12), "{back:?}");
+        for _ in 0..100 {
+            d.note(false);
+        }
+        assert_eq!(d.0.load(Ordering::Relaxed), 0);
+    }
+
+    #[test]
+    fn one_claim_in_two_taken_reads_first() {
+        let d = Duplicates::default();
+        for _ in 0..50 {
+            d.note(false);
+            d.note(true);
+        }
+        assert!(d.read_first(ReadFirst::WhileDuplicates));
+    }
+}
