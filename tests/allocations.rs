@@ -38,7 +38,7 @@ fn allocations() -> usize {
     ALLOCATIONS.with(Cell::get)
 }
 
-async fn call(store: &idem::MemoryStore, key: &str) -> i64 {
+async fn call<S: idem::Store + ?Sized>(store: &S, key: &str) -> i64 {
     let body = async { Ok::<_, idem::Error>(std::hint::black_box(500i64)) };
     idem::run(store, idem::Call::new("bench.mem", key, &500i64), body)
         .await
@@ -66,11 +66,23 @@ const FIRST: usize = 6;
 
 #[test]
 fn calls_allocate_only_what_they_keep_or_box() {
+    measure(&idem::MemoryStore::new());
+}
+
+/// The same through the handles a store is shared with, which must pass
+/// on its answers at once (`Store::begin_now`, `Store::complete_now`).
+#[test]
+fn shared_stores_allocate_no_more() {
+    measure(&std::sync::Arc::new(idem::MemoryStore::new()));
+    let boxed: Box<dyn idem::Store> = Box::new(idem::MemoryStore::new());
+    measure(&boxed);
+}
+
+fn measure<S: idem::Store + ?Sized>(store: &S) {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .unwrap();
-    let store = idem::MemoryStore::new();
     let n = 1000;
     let keys: Vec<String> = (0..2 * n).map(|i| format!("key-{i}")).collect();
     let (warm, measured) = keys.split_at(n);
@@ -78,13 +90,13 @@ fn calls_allocate_only_what_they_keep_or_box() {
         // Once per thread and operation: the metric keys, the runtime's
         // own state, the store's map at its first sizes.
         for key in warm {
-            call(&store, key).await;
-            call(&store, key).await;
+            call(store, key).await;
+            call(store, key).await;
         }
 
         let before = allocations();
         for key in measured {
-            call(&store, key).await;
+            call(store, key).await;
         }
         let first = allocations() - before;
         // The map doubles at most twice over these calls (its entries and
@@ -96,7 +108,7 @@ fn calls_allocate_only_what_they_keep_or_box() {
 
         let before = allocations();
         for key in measured {
-            assert_eq!(call(&store, key).await, 500);
+            assert_eq!(call(store, key).await, 500);
         }
         let replays = allocations() - before;
         assert!(

@@ -362,6 +362,9 @@ macro_rules! forward_store {
     ($($ty:ty),*) => {$(
         #[async_trait]
         impl<S: Store + ?Sized> Store for $ty {
+            fn begin_now(&self, request: &BeginRequest<'_>) -> Option<Result<Begin, Error>> {
+                (**self).begin_now(request)
+            }
             async fn begin(&self, request: &BeginRequest<'_>) -> Result<Begin, Error> {
                 (**self).begin(request).await
             }
@@ -370,6 +373,9 @@ macro_rules! forward_store {
             }
             async fn renew(&self, claim: &Claim) -> Result<(), Error> {
                 (**self).renew(claim).await
+            }
+            fn complete_now(&self, claim: &Claim, outcome: &Outcome) -> Option<Result<(), Error>> {
+                (**self).complete_now(claim, outcome)
             }
             async fn complete(&self, claim: &Claim, outcome: &Outcome) -> Result<(), Error> {
                 (**self).complete(claim, outcome).await
