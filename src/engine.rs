@@ -1225,22 +1225,24 @@ async fn save<S: Store + ?Sized>(
         Some(Err(Error::LeaseLost)) => lease_lost(claim),
         // The rest (waiting on the store, timers, retries) on the heap,
         // so that a call stored at once neither carries nor copies it.
-        _ => Box::pin(save_patiently(store, claim, outcome, patience)).await,
+        first => Box::pin(save_patiently(store, claim, outcome, patience, first)).await,
     }
 }
 
-/// [`save`] for a store that does not complete at once, or failed to.
+/// [`save`] for a store that does not complete at once, or failed to at
+/// once (`first`, that attempt's answer, taken as the loop's first).
 async fn save_patiently<S: Store + ?Sized>(
     store: &S,
     claim: &Claim,
     outcome: &Outcome,
     patience: SaveFor,
+    mut first: Option<Result<(), Error>>,
 ) -> Saved {
     // Read at the first completion sent.
     let mut started = None;
     let mut pause = Duration::from_millis(20);
     loop {
-        let completed = match store.complete_now(claim, outcome) {
+        let completed = match first.take().or_else(|| store.complete_now(claim, outcome)) {
             // Done (or failed) at once: a store in memory.
             Some(done) => done,
             None => {

@@ -47,10 +47,15 @@ impl Duplicates {
         }
     }
 
-    /// Counts a call's answer: its key was found taken (`true`: a replay,
-    /// a key in progress or reused, by the read or by the claim), or the
-    /// call claimed it.
-    pub(crate) fn note(&self, taken: bool) {
+    /// Counts a call's answer under `rule`: its key was found taken
+    /// (`true`: a replay, a key in progress or reused, by the read or by
+    /// the claim), or the call claimed it. Only
+    /// [`ReadFirst::WhileDuplicates`] counts: a fixed rule keeps no shared
+    /// counter busy between the tasks of a process.
+    pub(crate) fn note(&self, rule: ReadFirst, taken: bool) {
+        if rule != ReadFirst::WhileDuplicates {
+            return;
+        }
         let share = self.0.load(Ordering::Relaxed);
         let share = if taken {
             share + (ALL - share).div_ceil(8)
@@ -68,9 +73,12 @@ mod tests {
     #[test]
     fn the_fixed_rules_ignore_the_calls() {
         let d = Duplicates::default();
-        for _ in 0..100 {
-            d.note(true);
+        for rule in [ReadFirst::Always, ReadFirst::Never] {
+            for _ in 0..100 {
+                d.note(rule, true);
+            }
         }
+        assert_eq!(d.0.load(Ordering::Relaxed), 0);
         assert!(d.read_first(ReadFirst::Always));
         assert!(!d.read_first(ReadFirst::Never));
     }
@@ -81,30 +89,30 @@ mod tests {
         let rule = ReadFirst::WhileDuplicates;
         assert!(!d.read_first(rule), "first executions only: claim at once");
         // One duplicate among first executions does not turn it.
-        d.note(true);
+        d.note(rule, true);
         for _ in 0..3 {
-            d.note(false);
+            d.note(rule, false);
         }
         assert!(!d.read_first(rule));
         // A run of duplicates turns it within a few calls...
         let turned = (1..=10).find(|_| {
-            d.note(true);
+            d.note(rule, true);
             d.read_first(rule)
         });
         assert!(turned.is_some_and(|n| n <= 4), "{turned:?}");
         // ...it holds while they go on, reaching the whole scale...
         for _ in 0..100 {
-            d.note(true);
+            d.note(rule, true);
         }
         assert_eq!(d.0.load(Ordering::Relaxed), ALL);
         // ...and first executions turn it back, down to nothing.
         let back = (1..=30).find(|_| {
-            d.note(false);
+            d.note(rule, false);
             !d.read_first(rule)
         });
         assert!(back.is_some_and(|n| n <= 12), "{back:?}");
         for _ in 0..100 {
-            d.note(false);
+            d.note(rule, false);
         }
         assert_eq!(d.0.load(Ordering::Relaxed), 0);
     }
@@ -112,9 +120,10 @@ mod tests {
     #[test]
     fn one_claim_in_two_taken_reads_first() {
         let d = Duplicates::default();
+        let rule = ReadFirst::WhileDuplicates;
         for _ in 0..50 {
-            d.note(false);
-            d.note(true);
+            d.note(rule, false);
+            d.note(rule, true);
         }
         assert!(d.read_first(ReadFirst::WhileDuplicates));
     }

@@ -475,7 +475,7 @@ impl<DB: Backend> Store for SqlStore<DB> {
         let _turn = if gated {
             if read_first {
                 if let Some(answer) = on_pool!(self, |conn| self.peek_on(&mut conn, req))? {
-                    self.duplicates.note(true);
+                    self.duplicates.note(DB::READ_FIRST, true);
                     return Ok(answer);
                 }
             }
@@ -486,12 +486,13 @@ impl<DB: Backend> Store for SqlStore<DB> {
         on_pool!(self, |conn| async {
             if read_first && !gated {
                 if let Some(answer) = self.peek_on(&mut conn, req).await? {
-                    self.duplicates.note(true);
+                    self.duplicates.note(DB::READ_FIRST, true);
                     return Ok(answer);
                 }
             }
             let answer = self.begin_on(&mut conn, req).await?;
-            self.duplicates.note(!matches!(answer, Begin::Claimed(_)));
+            self.duplicates
+                .note(DB::READ_FIRST, !matches!(answer, Begin::Claimed(_)));
             // Committed: the duplicates of this process may wait for it
             // without reading the record.
             if let Begin::Claimed(claim) = &answer {
