@@ -16,7 +16,9 @@ use crate::journal::{StepBegin, StepRecord, StepRequest, StepResolution};
 use crate::key::{Key, Scope};
 use crate::record::{Begin, Claim, ClaimToken, Outcome, Record};
 
-type Slot = (String, String);
+/// An entry's scope and key: shared with the caller's (a clone only
+/// counts a reference), so a look-up copies no text.
+type Slot = (Scope, Key);
 
 /// A store with a local replay cache: a bounded LRU of the outcomes this
 /// process completed, by scope and key, so that a retry reaching the same
@@ -169,7 +171,7 @@ impl Cache {
 }
 
 fn slot(scope: &Scope, key: &Key) -> Slot {
-    (scope.as_str().to_owned(), key.as_str().to_owned())
+    (scope.clone(), key.clone())
 }
 
 impl<S: Store> CachedStore<S> {
