@@ -26,11 +26,15 @@ pub enum ReadFirst {
     WhileDuplicates,
 }
 
-/// The share of the recent claims of one store that found the key taken,
-/// as a moving average (each claim weighs an eighth), in 1/1024ths.
-/// Updates race without harm: a lost one only shifts when the rule turns.
-#[derive(Debug, Default)]
-pub(crate) struct Duplicates(AtomicU32);
+/// A store's rule, and for [`ReadFirst::WhileDuplicates`] the share of its
+/// recent claims that found the key taken, as a moving average (each claim
+/// weighs an eighth), in 1/1024ths. Updates race without harm: a lost one
+/// only shifts when the rule turns.
+#[derive(Debug)]
+pub(crate) struct Duplicates {
+    rule: ReadFirst,
+    share: AtomicU32,
+}
 
 /// The whole scale: every recent claim found its key taken.
 const ALL: u32 = 1024;
@@ -38,31 +42,39 @@ const ALL: u32 = 1024;
 const READ_FIRST_ABOVE: u32 = ALL / 4;
 
 impl Duplicates {
-    /// Whether the next claim reads first, under `rule`.
-    pub(crate) fn read_first(&self, rule: ReadFirst) -> bool {
-        match rule {
-            ReadFirst::Never => false,
-            ReadFirst::Always => true,
-            ReadFirst::WhileDuplicates => self.0.load(Ordering::Relaxed) > READ_FIRST_ABOVE,
+    /// A store's count under `rule`, of no claim yet.
+    pub(crate) fn new(rule: ReadFirst) -> Self {
+        Duplicates {
+            rule,
+            share: AtomicU32::new(0),
         }
     }
 
-    /// Counts a call's answer under `rule`: its key was found taken
-    /// (`true`: a replay, a key in progress or reused, by the read or by
-    /// the claim), or the call claimed it. Only
-    /// [`ReadFirst::WhileDuplicates`] counts: a fixed rule keeps no shared
-    /// counter busy between the tasks of a process.
-    pub(crate) fn note(&self, rule: ReadFirst, taken: bool) {
-        if rule != ReadFirst::WhileDuplicates {
+    /// Whether the next claim reads first.
+    pub(crate) fn read_first(&self) -> bool {
+        match self.rule {
+            ReadFirst::Never => false,
+            ReadFirst::Always => true,
+            ReadFirst::WhileDuplicates => self.share.load(Ordering::Relaxed) > READ_FIRST_ABOVE,
+        }
+    }
+
+    /// Counts a call's answer: its key was found taken (`true`: a replay,
+    /// a key in progress or reused, by the read or by the claim), or the
+    /// call claimed it. Only [`ReadFirst::WhileDuplicates`] counts: a
+    /// fixed rule keeps no shared counter busy between the tasks of a
+    /// process.
+    pub(crate) fn note(&self, taken: bool) {
+        if self.rule != ReadFirst::WhileDuplicates {
             return;
         }
-        let share = self.0.load(Ordering::Relaxed);
+        let share = self.share.load(Ordering::Relaxed);
         let share = if taken {
             share + (ALL - share).div_ceil(8)
         } else {
             share - share.div_ceil(8)
         };
-        self.0.store(share, Ordering::Relaxed);
+        self.share.store(share, Ordering::Relaxed);
     }
 }
 
@@ -72,59 +84,56 @@ mod tests {
 
     #[test]
     fn the_fixed_rules_ignore_the_calls() {
-        let d = Duplicates::default();
-        for rule in [ReadFirst::Always, ReadFirst::Never] {
+        for (rule, reads_first) in [(ReadFirst::Always, true), (ReadFirst::Never, false)] {
+            let d = Duplicates::new(rule);
             for _ in 0..100 {
-                d.note(rule, true);
+                d.note(true);
             }
+            assert_eq!(d.share.load(Ordering::Relaxed), 0);
+            assert_eq!(d.read_first(), reads_first);
         }
-        assert_eq!(d.0.load(Ordering::Relaxed), 0);
-        assert!(d.read_first(ReadFirst::Always));
-        assert!(!d.read_first(ReadFirst::Never));
     }
 
     #[test]
     fn reads_first_while_duplicates_are_common_and_stops_after() {
-        let d = Duplicates::default();
-        let rule = ReadFirst::WhileDuplicates;
-        assert!(!d.read_first(rule), "first executions only: claim at once");
+        let d = Duplicates::new(ReadFirst::WhileDuplicates);
+        assert!(!d.read_first(), "first executions only: claim at once");
         // One duplicate among first executions does not turn it.
-        d.note(rule, true);
+        d.note(true);
         for _ in 0..3 {
-            d.note(rule, false);
+            d.note(false);
         }
-        assert!(!d.read_first(rule));
+        assert!(!d.read_first());
         // A run of duplicates turns it within a few calls...
         let turned = (1..=10).find(|_| {
-            d.note(rule, true);
-            d.read_first(rule)
+            d.note(true);
+            d.read_first()
         });
         assert!(turned.is_some_and(|n| n <= 4), "{turned:?}");
         // ...it holds while they go on, reaching the whole scale...
         for _ in 0..100 {
-            d.note(rule, true);
+            d.note(true);
         }
-        assert_eq!(d.0.load(Ordering::Relaxed), ALL);
+        assert_eq!(d.share.load(Ordering::Relaxed), ALL);
         // ...and first executions turn it back, down to nothing.
         let back = (1..=30).find(|_| {
-            d.note(rule, false);
-            !d.read_first(rule)
+            d.note(false);
+            !d.read_first()
         });
         assert!(back.is_some_and(|n| n <= 12), "{back:?}");
         for _ in 0..100 {
-            d.note(rule, false);
+            d.note(false);
         }
-        assert_eq!(d.0.load(Ordering::Relaxed), 0);
+        assert_eq!(d.share.load(Ordering::Relaxed), 0);
     }
 
     #[test]
     fn one_claim_in_two_taken_reads_first() {
-        let d = Duplicates::default();
-        let rule = ReadFirst::WhileDuplicates;
+        let d = Duplicates::new(ReadFirst::WhileDuplicates);
         for _ in 0..50 {
-            d.note(rule, false);
-            d.note(rule, true);
+            d.note(false);
+            d.note(true);
         }
-        assert!(d.read_first(ReadFirst::WhileDuplicates));
+        assert!(d.read_first());
     }
 }

@@ -136,7 +136,7 @@ impl<DB: Backend> SqlStore<DB> {
             waiters: Arc::default(),
             wake: Arc::default(),
             migrations: Arc::from(DEFAULT_MIGRATIONS_TABLE),
-            duplicates: Arc::default(),
+            duplicates: Arc::new(Duplicates::new(DB::READ_FIRST)),
         }
     }
 
@@ -471,11 +471,11 @@ impl<DB: Backend> Store for SqlStore<DB> {
         // gate (SQLite), the read runs on its own, and the claim waits its
         // turn holding no connection.
         let gated = self.gate.is_on();
-        let read_first = self.duplicates.read_first(DB::READ_FIRST);
+        let read_first = self.duplicates.read_first();
         let _turn = if gated {
             if read_first {
                 if let Some(answer) = on_pool!(self, |conn| self.peek_on(&mut conn, req))? {
-                    self.duplicates.note(DB::READ_FIRST, true);
+                    self.duplicates.note(true);
                     return Ok(answer);
                 }
             }
@@ -486,13 +486,12 @@ impl<DB: Backend> Store for SqlStore<DB> {
         on_pool!(self, |conn| async {
             if read_first && !gated {
                 if let Some(answer) = self.peek_on(&mut conn, req).await? {
-                    self.duplicates.note(DB::READ_FIRST, true);
+                    self.duplicates.note(true);
                     return Ok(answer);
                 }
             }
             let answer = self.begin_on(&mut conn, req).await?;
-            self.duplicates
-                .note(DB::READ_FIRST, !matches!(answer, Begin::Claimed(_)));
+            self.duplicates.note(!matches!(answer, Begin::Claimed(_)));
             // Committed: the duplicates of this process may wait for it
             // without reading the record.
             if let Begin::Claimed(claim) = &answer {
