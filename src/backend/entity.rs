@@ -316,48 +316,64 @@ pub(crate) const CLAIMS_TABLE: &str = "idem_entity_claims";
 #[derive(Clone)]
 pub struct Claims<S> {
     pub(crate) store: S,
-    /// The claim whose completion committed with its row.
-    completed: Arc<OnceLock<ClaimToken>>,
-    /// The claim whose completion is written in a transaction that holds
-    /// its record's lock and is about to commit.
-    completing: Arc<std::sync::Mutex<Option<ClaimToken>>>,
+    /// How far the call's claim got towards completing with its row.
+    completion: Arc<std::sync::Mutex<Completion>>,
+}
+
+/// How far a claim's completion in its row's transaction got.
+#[derive(Clone, Copy, Default, PartialEq, Eq)]
+enum Completion {
+    /// Not written (or its transaction did not commit).
+    #[default]
+    None,
+    /// Written, uncommitted, in a transaction that holds the claim's
+    /// record: until it ends no one else can take the claim over.
+    Writing(ClaimToken),
+    /// Committed with the row.
+    Committed(ClaimToken),
 }
 
 impl<S> Claims<S> {
     pub(crate) fn new(store: S) -> Self {
         Claims {
             store,
-            completed: Arc::default(),
-            completing: Arc::default(),
+            completion: Arc::default(),
         }
     }
 
+    fn completion(&self) -> std::sync::MutexGuard<'_, Completion> {
+        self.completion.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     /// Notes that `claim`'s completion is written, uncommitted, in a
-    /// transaction that holds the claim's record: until it ends no one
-    /// else can take the claim over, so a renewal that waited for it and
-    /// then finds the claim no longer in progress finds it completed.
+    /// transaction that holds the claim's record: a renewal that waited
+    /// for it and then finds the claim no longer in progress finds it
+    /// completed.
     pub(crate) fn completing(&self, claim: &Claim) {
-        *self.in_completion() = Some(claim.token);
+        *self.completion() = Completion::Writing(claim.token);
     }
 
     /// Notes that the transaction of [`completing`](Self::completing) did
     /// not commit.
     pub(crate) fn not_completing(&self) {
-        *self.in_completion() = None;
-    }
-
-    fn in_completion(&self) -> std::sync::MutexGuard<'_, Option<ClaimToken>> {
-        self.completing.lock().unwrap_or_else(|e| e.into_inner())
+        *self.completion() = Completion::None;
     }
 
     /// Notes that `claim`'s completion was committed (with its row).
     pub(crate) fn completed(&self, claim: &Claim) {
-        let _ = self.completed.set(claim.token);
+        *self.completion() = Completion::Committed(claim.token);
     }
 
     /// Whether `claim`'s completion was committed with its row.
     fn is_completed(&self, claim: &Claim) -> bool {
-        self.completed.get() == Some(&claim.token)
+        *self.completion() == Completion::Committed(claim.token)
+    }
+
+    /// Whether `claim`'s completion was written with its row, committed or
+    /// about to be.
+    fn is_written(&self, claim: &Claim) -> bool {
+        matches!(*self.completion(),
+            Completion::Writing(token) | Completion::Committed(token) if token == claim.token)
     }
 }
 
@@ -377,7 +393,7 @@ impl<S: Store + Clone + 'static> Store for Claims<S> {
             // Completed with its row while the renewal waited for the
             // record's lock: not lost. (Had that transaction rolled back,
             // the renewal would have found the claim in progress, ours.)
-            Err(Error::LeaseLost) if *self.in_completion() == Some(claim.token) => Ok(()),
+            Err(Error::LeaseLost) if self.is_written(claim) => Ok(()),
             renewed => renewed,
         }
     }
