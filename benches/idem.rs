@@ -429,9 +429,6 @@ struct RefSql {
     /// row (the store reads the record back then), the business INSERT,
     /// the completion.
     first: Vec<Sql>,
-    /// The read a store on its pool sends before the claim, where it reads
-    /// first (record mode only: transactional mode looks beside).
-    read_first: Option<Sql>,
     /// A replay: the record by key.
     replay: Sql,
 }
@@ -691,13 +688,8 @@ macro_rules! backend {
                             for statement in &first[1..] {
                                 Self::send(&self.pool, statement, REPLAY_KEY).await;
                             }
-                            let read_first = named
-                                .iter()
-                                .any(|(n, _, _)| *n == "read first")
-                                .then(|| sql("read first"));
                             RefSql {
                                 first,
-                                read_first,
                                 replay: sql("select"),
                             }
                         })
@@ -732,7 +724,7 @@ macro_rules! backend {
                             Self::send(&self.pool, &sql.replay, REPLAY_KEY).await;
                         }
                         Script::Record(body) => {
-                            for statement in sql.read_first.iter().chain(&sql.first) {
+                            for statement in &sql.first {
                                 Self::send(&self.pool, statement, &key).await;
                                 if statement.is_business() && !body.is_zero() {
                                     tokio::time::sleep(body).await;

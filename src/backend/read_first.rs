@@ -3,11 +3,14 @@
 //! A read before the claim answers a duplicate (a replay, a key in
 //! progress, a key reused) with one plain read, which takes no lock and
 //! writes nothing; it costs a first execution one round trip more. Which
-//! is cheaper depends on the calls: a claim that finds the key taken costs
-//! SQLite its write lock on the whole database, so SQLite always reads
-//! first; on MariaDB it costs one upsert that changes nothing, on a row
-//! lock that ends with its statement, so MariaDB reads first only while
-//! duplicates are common among the calls ([`ReadFirst::WhileDuplicates`]);
+//! is cheaper depends on the calls. On MariaDB a claim that finds the key
+//! taken costs one upsert that changes nothing, on a row lock that ends
+//! with its statement; on SQLite it takes the database's write lock for
+//! that statement (waiting its turn at the store's gate). Both therefore
+//! read first only while duplicates are common among the calls
+//! ([`ReadFirst::WhileDuplicates`]): a retry storm or a redelivered batch
+//! is answered by reads, a run of first executions claims at once, and a
+//! rare duplicate among them pays one write that changes nothing.
 //! PostgreSQL's claim answers a duplicate without writing, and never
 //! reads first.
 //!
@@ -20,7 +23,6 @@ use std::sync::atomic::{AtomicU32, Ordering};
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ReadFirst {
     Never,
-    Always,
     /// While more than a quarter or so of the recent claims found the key
     /// taken (a retry storm, a redelivered batch): see [`Duplicates`].
     WhileDuplicates,
@@ -54,7 +56,6 @@ impl Duplicates {
     pub(crate) fn read_first(&self) -> bool {
         match self.rule {
             ReadFirst::Never => false,
-            ReadFirst::Always => true,
             ReadFirst::WhileDuplicates => self.share.load(Ordering::Relaxed) > READ_FIRST_ABOVE,
         }
     }
@@ -62,8 +63,8 @@ impl Duplicates {
     /// Counts a call's answer: its key was found taken (`true`: a replay,
     /// a key in progress or reused, by the read or by the claim), or the
     /// call claimed it. Only [`ReadFirst::WhileDuplicates`] counts: a
-    /// fixed rule keeps no shared counter busy between the tasks of a
-    /// process.
+    /// store that never reads first keeps no shared counter busy between
+    /// the tasks of a process.
     pub(crate) fn note(&self, taken: bool) {
         if self.rule != ReadFirst::WhileDuplicates {
             return;
@@ -83,15 +84,13 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_fixed_rules_ignore_the_calls() {
-        for (rule, reads_first) in [(ReadFirst::Always, true), (ReadFirst::Never, false)] {
-            let d = Duplicates::new(rule);
-            for _ in 0..100 {
-                d.note(true);
-            }
-            assert_eq!(d.share.load(Ordering::Relaxed), 0);
-            assert_eq!(d.read_first(), reads_first);
+    fn never_ignores_the_calls() {
+        let d = Duplicates::new(ReadFirst::Never);
+        for _ in 0..100 {
+            d.note(true);
         }
+        assert_eq!(d.share.load(Ordering::Relaxed), 0);
+        assert!(!d.read_first());
     }
 
     #[test]

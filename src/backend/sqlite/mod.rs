@@ -157,7 +157,7 @@ impl Dialect for Sqlite {
     const BEGIN_WRITE: &'static str = "BEGIN IMMEDIATE";
     const WRITES_IN_PARALLEL: bool = false;
     const SMALL_OUTCOME_KIND: bool = false;
-    const READ_FIRST: ReadFirst = ReadFirst::Always;
+    const READ_FIRST: ReadFirst = ReadFirst::WhileDuplicates;
     type Wake = ();
 
     fn param(n: usize) -> String {
