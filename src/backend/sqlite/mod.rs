@@ -263,3 +263,89 @@ impl SqlStore<Sqlite> {
 impl EntityDatabase for Sqlite {}
 
 super::transactional_store!(Sqlite, SqliteConnection);
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use crate::fingerprint::Fingerprint;
+    use crate::key::{Key, Scope};
+    use crate::record::{Begin, BeginRequest, ClaimToken, Outcome, OutcomeKind};
+    use crate::store::Store;
+    use crate::SqliteStore;
+
+    fn request<'a>(
+        scope: &'a Scope,
+        key: &'a Key,
+        fingerprint: &'a Fingerprint,
+    ) -> BeginRequest<'a> {
+        BeginRequest {
+            scope,
+            key,
+            fingerprint,
+            token: ClaimToken::new(),
+            lease: Duration::from_secs(60),
+            ttl: Duration::from_secs(3600),
+        }
+    }
+
+    /// Every kind of duplicate gets the same answer whether the store
+    /// claims at once (duplicates rare) or reads first (duplicates
+    /// common), on a file database, where the claim waits at the gate.
+    #[tokio::test]
+    async fn duplicates_get_the_same_answer_with_or_without_the_read_first() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}", dir.path().join("rf.db").display());
+        let store = SqliteStore::connect(&url).await.unwrap();
+        assert!(store.gate.is_on());
+        let scope = Scope::from("rf");
+        let (done, running) = (Key::new("done").unwrap(), Key::new("running").unwrap());
+        let (paid, other) = (Fingerprint::of(&1).unwrap(), Fingerprint::of(&2).unwrap());
+        let outcome = Outcome {
+            kind: OutcomeKind::Ok,
+            body: b"42".to_vec(),
+        };
+        let Begin::Claimed(claim) = store.begin(&request(&scope, &done, &paid)).await.unwrap()
+        else {
+            panic!("a fresh key is claimed");
+        };
+        store.complete(&claim, &outcome).await.unwrap();
+        let Begin::Claimed(_) = store
+            .begin(&request(&scope, &running, &paid))
+            .await
+            .unwrap()
+        else {
+            panic!("a fresh key is claimed");
+        };
+
+        for reads_first in [false, true] {
+            // Two claims, none found taken: the store claims at once; the
+            // three duplicates below turn the read on.
+            assert_eq!(store.duplicates.read_first(), reads_first);
+            assert_eq!(
+                store.begin(&request(&scope, &done, &paid)).await.unwrap(),
+                Begin::Replay(outcome.clone())
+            );
+            assert_eq!(
+                store.begin(&request(&scope, &done, &other)).await.unwrap(),
+                Begin::KeyReused
+            );
+            assert!(matches!(
+                store
+                    .begin(&request(&scope, &running, &paid))
+                    .await
+                    .unwrap(),
+                Begin::InProgress { .. }
+            ));
+        }
+        // First executions turn it back off.
+        for i in 0..12 {
+            let key = Key::new(format!("fresh-{i}")).unwrap();
+            assert!(matches!(
+                store.begin(&request(&scope, &key, &paid)).await.unwrap(),
+                Begin::Claimed(_)
+            ));
+        }
+        assert!(!store.duplicates.read_first());
+    }
+}
