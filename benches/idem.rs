@@ -399,8 +399,11 @@ enum Script {
     /// body taking the time given after its INSERT, as the plain call's.
     Record(Duration),
     /// A first execution in transactional mode: the same statements
-    /// between BEGIN and COMMIT.
+    /// between BEGIN and COMMIT, after the read of the record that the
+    /// store sends before its claim there, where it sends one.
     Tx(Duration),
+    /// [`Script::Tx`] without that read.
+    TxWithoutRead(Duration),
     /// A replay: the one read by key.
     Replay,
 }
@@ -431,6 +434,10 @@ struct RefSql {
     first: Vec<Sql>,
     /// A replay: the record by key.
     replay: Sql,
+    /// Where the store reads the record (`replay`) before its claim in
+    /// transactional mode: `None` nowhere, `Some(true)` beside the
+    /// transaction, on another connection, `Some(false)` in it.
+    tx_read: Option<bool>,
 }
 
 /// The key of the record the reference's replays read: numeric, as
@@ -458,20 +465,32 @@ impl RefSql {
     fn pgbench(&self, script: Script, run: usize) -> (String, Vec<String>) {
         let mut text = match script {
             Script::Replay => format!("\\set key {REPLAY_KEY}\n"),
-            Script::Record(_) | Script::Tx(_) => format!(
+            Script::Record(_) | Script::Tx(_) | Script::TxWithoutRead(_) => format!(
                 "\\set key {run} * 1000000000000000 + :client_id * 10000000000000 + random(1, 1000000000000)\n"
             ),
         };
         let (statements, body) = match script {
             Script::Replay => (std::slice::from_ref(&self.replay), Duration::ZERO),
-            Script::Record(body) | Script::Tx(body) => (&self.first[..], body),
+            Script::Record(body) | Script::Tx(body) | Script::TxWithoutRead(body) => {
+                (&self.first[..], body)
+            }
         };
-        let tx = matches!(script, Script::Tx(_));
+        let tx = matches!(script, Script::Tx(_) | Script::TxWithoutRead(_));
         if tx {
             text.push_str("BEGIN;\n");
         }
+        // pgbench has one connection a client: a read beside the
+        // transaction would be inside it here. (PostgreSQL's store, the
+        // only one measured by pgbench, sends none.)
+        let read = match (script, self.tx_read) {
+            (Script::Tx(_), Some(beside)) => {
+                assert!(!beside, "pgbench cannot read beside its transaction");
+                Some(&self.replay)
+            }
+            _ => None,
+        };
         let mut defines = Vec::new();
-        for statement in statements {
+        for statement in read.into_iter().chain(statements) {
             let mut sql = statement.sql.clone();
             for (i, param) in statement.params.iter().enumerate().rev() {
                 let (value, ty) = param_value(param, REPLAY_KEY).pgbench();
@@ -691,6 +710,7 @@ macro_rules! backend {
                             RefSql {
                                 first,
                                 replay: sql("select"),
+                                tx_read: self.store.__transactional_read(),
                             }
                         })
                         .await
@@ -731,8 +751,22 @@ macro_rules! backend {
                                 }
                             }
                         }
-                        Script::Tx(body) => {
+                        Script::Tx(body) | Script::TxWithoutRead(body) => {
                             let mut tx = self.pool.begin().await.unwrap();
+                            // The read before the claim, as the store sends
+                            // it: beside the transaction, on a connection of
+                            // the pool, or in it.
+                            if let Script::Tx(_) = script {
+                                match sql.tx_read {
+                                    Some(true) => {
+                                        Self::send(&self.pool, &sql.replay, &key).await;
+                                    }
+                                    Some(false) => {
+                                        Self::send(&mut *tx, &sql.replay, &key).await;
+                                    }
+                                    None => {}
+                                }
+                            }
                             for statement in &sql.first {
                                 Self::send(&mut *tx, statement, &key).await;
                                 if statement.is_business() && !body.is_zero() {
@@ -920,8 +954,16 @@ macro_rules! backend {
                         }
                     }
                 }
-                fn same_client_reference(&self) -> bool {
-                    DIALECT.reference == Client::Pgbench
+                fn second_reference(&self, script: Script) -> Option<(&'static str, Script)> {
+                    match (DIALECT.reference, script) {
+                        (Client::Pgbench, _) => Some(("by a sqlx loop", script)),
+                        (Client::Loop, Script::Tx(body))
+                            if self.store.__transactional_read() == Some(true) =>
+                        {
+                            Some(("without the read beside", Script::TxWithoutRead(body)))
+                        }
+                        _ => None,
+                    }
                 }
                 fn loop_reference(
                     self: &Arc<Self>,
@@ -1378,14 +1420,17 @@ trait Calls: Send + Sync + Sized + 'static {
         let label = self.label();
         async move { unreachable!("{label} has no reference") }
     }
-    /// Whether B1 also measures the reference's statements sent by a sqlx
-    /// loop, the plain call's and idem's own client, beside a reference
-    /// sent by another client (pgbench).
-    fn same_client_reference(&self) -> bool {
-        false
+    /// A second reference that B1 and B7 measure beside the first, as the
+    /// row names it, and its script, sent by a sqlx loop: the same
+    /// statements sent by the plain call's and idem's own client, where
+    /// the reference is another client's (pgbench); or, in transactional
+    /// mode where the store reads the record beside the caller's
+    /// transaction before its claim, the statements without that read.
+    fn second_reference(&self, _script: Script) -> Option<(&'static str, Script)> {
+        None
     }
     /// The reference's calls per second sent by a sqlx loop on the pool;
-    /// asked only where `same_client_reference` answers true.
+    /// asked only for a `second_reference`.
     fn loop_reference(
         self: &Arc<Self>,
         _script: Script,
@@ -1448,9 +1493,9 @@ struct Compared {
     /// The reference's ratio to plain and its calls per second, or why it
     /// was not measured; `None` where the backend has no reference.
     reference: Option<Result<(f64, f64), &'static str>>,
-    /// The same statements sent by a sqlx loop (ratio, calls per second),
-    /// where the reference is another client's.
-    same_client: Option<(f64, f64)>,
+    /// The second reference ([`Calls::second_reference`]): how the row
+    /// names it, its ratio to plain and its calls per second.
+    second: Option<(&'static str, f64, f64)>,
 }
 
 impl Compared {
@@ -1471,12 +1516,12 @@ impl Compared {
         if let (Some(script), Some(Ok(()))) = (script, status) {
             measures.push(measure(move || b.reference(script, tasks, window())));
         }
-        let same_client = match script {
-            Some(script) if b.same_client_reference() => {
+        let second = match script.and_then(|script| b.second_reference(script)) {
+            Some((label, script)) => {
                 measures.push(measure(move || b.loop_reference(script, tasks, window())));
-                Some(measures.len() - 1)
+                Some((label, measures.len() - 1))
             }
-            _ => None,
+            None => None,
         };
         let found = interleave_all(&measures).await;
         Compared {
@@ -1484,7 +1529,7 @@ impl Compared {
             plain: found[0].1,
             idem: found[1].1,
             reference: status.map(|s| s.map(|()| found[2])),
-            same_client: same_client.map(|i| found[i]),
+            second: second.map(|(label, i)| (label, found[i].0, found[i].1)),
         }
     }
 
@@ -1498,12 +1543,12 @@ impl Compared {
             Some(Ok((_, calls))) => format!(", reference {calls:.0}"),
             _ => String::new(),
         };
-        let same_client = match self.same_client {
-            Some((_, calls)) => format!(", reference by a sqlx loop {calls:.0}"),
+        let second = match self.second {
+            Some((label, _, calls)) => format!(", reference {label} {calls:.0}"),
             None => String::new(),
         };
         format!(
-            "idem {:.0}, plain {:.0}{reference}{same_client} calls/s",
+            "idem {:.0}, plain {:.0}{reference}{second} calls/s",
             self.idem, self.plain
         )
     }
@@ -1512,9 +1557,9 @@ impl Compared {
     fn measured(&self) -> String {
         let reference = self.reference.map(|r| r.map(|(ratio, _)| ratio));
         let note = reference_note(reference);
-        match self.same_client {
-            Some((ratio, _)) if note.ends_with(')') => format!(
-                "{:.2}{}, by a sqlx loop {ratio:.2})",
+        match self.second {
+            Some((label, ratio, _)) if note.ends_with(')') => format!(
+                "{:.2}{}, {label} {ratio:.2})",
                 self.ratio,
                 &note[..note.len() - 1]
             ),
@@ -2502,7 +2547,7 @@ async fn main_async() {
     let pgbench = cmd("pgbench", &["--version"]);
     let _ = writeln!(
         md,
-        "- reference: the statements the store sends for the same call, without idem's engine, in the same rounds, as a ratio to the same plain call: on PostgreSQL {pgbench} (`-M prepared -c <tasks> -j 2 -T 1`), and in B1 and B7 also the same statements sent by a sqlx loop on the pool, the client of the plain call and of idem (\"by a sqlx loop\"), on MariaDB and SQLite a sqlx loop on the pool (as long as idem's measurement); a body that takes time (B1's 20 ms) waits after the business INSERT there too (pgbench's `\\sleep`); a replay's reference is the one read by key (B2: its latency against the reference's first execution, one client); B3's is the record mode's statements by a sqlx loop on one connection held for the call, as check-then-act holds its own, as a ratio to check-then-act"
+        "- reference: the statements the store sends for the same call, without idem's engine, in the same rounds, as a ratio to the same plain call: on PostgreSQL {pgbench} (`-M prepared -c <tasks> -j 2 -T 1`), and in B1 and B7 also the same statements sent by a sqlx loop on the pool, the client of the plain call and of idem (\"by a sqlx loop\"), on MariaDB and SQLite a sqlx loop on the pool (as long as idem's measurement), which in transactional mode reads the record beside the transaction before the claim, on another connection of the pool, as the store does there, and is measured without that read too (\"without the read beside\"); a body that takes time (B1's 20 ms) waits after the business INSERT there too (pgbench's `\\sleep`); a replay's reference is the one read by key (B2: its latency against the reference's first execution, one client); B3's is the record mode's statements by a sqlx loop on one connection held for the call, as check-then-act holds its own, as a ratio to check-then-act"
     );
     let _ = writeln!(
         md,

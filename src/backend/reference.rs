@@ -28,4 +28,19 @@ impl<DB: Backend> SqlStore<DB> {
         })
         .collect()
     }
+
+    /// Where transactional mode reads the record before its claim, as
+    /// [`TransactionalStore`](crate::store::TransactionalStore)'s `begin`
+    /// does: `None` where it claims at once (its claim locks only what it
+    /// claims), `Some(true)` beside the caller's transaction (the
+    /// `"select"` statement on a connection of the store's pool),
+    /// `Some(false)` on the caller's connection.
+    #[doc(hidden)]
+    pub fn __transactional_read(&self) -> Option<bool> {
+        if DB::CLAIM_LOCKS_ONLY_ITS_OWN {
+            None
+        } else {
+            Some(!DB::PEEK_IN_CALLER)
+        }
+    }
 }
