@@ -950,7 +950,9 @@ macro_rules! backend {
                             Client::Pgbench => {
                                 pgbench(&server_url(&DIALECT), sql, script, tasks, window).await
                             }
-                            Client::Loop => this.loop_reference(script, tasks, window).await,
+                            Client::Loop => {
+                                this.loop_reference(script, tasks, Span::For(window)).await
+                            }
                         }
                     }
                 }
@@ -969,10 +971,10 @@ macro_rules! backend {
                     self: &Arc<Self>,
                     script: Script,
                     tasks: usize,
-                    window: Duration,
+                    span: Span,
                 ) -> impl Future<Output = f64> + Send {
                     let this = self.clone();
-                    throughput_of(tasks, Span::For(window), move || {
+                    throughput_of(tasks, span, move || {
                         let this = this.clone();
                         async move { this.reference_call(script).await }
                     })
@@ -1429,13 +1431,13 @@ trait Calls: Send + Sync + Sized + 'static {
     fn second_reference(&self, _script: Script) -> Option<(&'static str, Script)> {
         None
     }
-    /// The reference's calls per second sent by a sqlx loop on the pool;
-    /// asked only for a `second_reference`.
+    /// The reference's calls per second sent by a sqlx loop on the pool,
+    /// by `tasks` tasks for `span`; asked only for a `second_reference`.
     fn loop_reference(
         self: &Arc<Self>,
         _script: Script,
         _tasks: usize,
-        _window: Duration,
+        _span: Span,
     ) -> impl Future<Output = f64> + Send {
         let label = self.label();
         async move { unreachable!("{label} has no sqlx loop reference") }
@@ -1500,7 +1502,9 @@ struct Compared {
 
 impl Compared {
     /// Plain calls (`modes.0`) and idem's (`modes.1`), each measured by
-    /// `run`, and the reference's `script` by `tasks` clients, if any.
+    /// `run`, and the reference's `script` by `tasks` clients, if any; the
+    /// second reference, where there is one, is measured by `run` too, so
+    /// on the same pool as the plain calls and idem's.
     async fn measure<'a, B: Calls, R>(
         b: &'a Arc<B>,
         modes: (Mode, Mode),
@@ -1509,16 +1513,19 @@ impl Compared {
         run: R,
     ) -> Compared
     where
-        R: Fn(Mode) -> LocalBoxFuture<'a, f64> + Copy + 'a,
+        R: Fn(Subject) -> LocalBoxFuture<'a, f64> + Copy + 'a,
     {
         let status = script.and(b.reference_status());
-        let mut measures = vec![measure(move || run(modes.0)), measure(move || run(modes.1))];
+        let mut measures = vec![
+            measure(move || run(Subject::Call(modes.0))),
+            measure(move || run(Subject::Call(modes.1))),
+        ];
         if let (Some(script), Some(Ok(()))) = (script, status) {
             measures.push(measure(move || b.reference(script, tasks, window())));
         }
         let second = match script.and_then(|script| b.second_reference(script)) {
             Some((label, script)) => {
-                measures.push(measure(move || b.loop_reference(script, tasks, window())));
+                measures.push(measure(move || run(Subject::Loop(script))));
                 Some((label, measures.len() - 1))
             }
             None => None,
@@ -1564,6 +1571,33 @@ impl Compared {
                 &note[..note.len() - 1]
             ),
             _ => format!("{:.2}{note}", self.ratio),
+        }
+    }
+}
+
+/// What one measure of a [`Compared`] runs.
+#[derive(Clone, Copy)]
+enum Subject {
+    /// Calls of a mode: plain, or idem's.
+    Call(Mode),
+    /// The second reference's script, by a sqlx loop.
+    Loop(Script),
+}
+
+/// Calls per second of `subject` by `tasks` tasks on `b` for `span`, a
+/// call's body taking `body` after its write.
+fn run_subject<B: Calls>(
+    b: &Arc<B>,
+    tasks: usize,
+    subject: Subject,
+    body: Duration,
+    span: Span,
+) -> LocalBoxFuture<'static, f64> {
+    match subject {
+        Subject::Call(mode) => calls_of(b, tasks, mode, body, span).boxed_local(),
+        Subject::Loop(script) => {
+            let b = b.clone();
+            async move { b.loop_reference(script, tasks, span).await }.boxed_local()
         }
     }
 }
@@ -1633,8 +1667,8 @@ async fn b1<B: Calls>(b: &Arc<B>, report: &mut Report) {
         } else {
             what.to_owned()
         };
-        let found = Compared::measure(b, modes, script, CONCURRENCY, |mode| {
-            calls_of(b, CONCURRENCY, mode, body, Span::For(window())).boxed_local()
+        let found = Compared::measure(b, modes, script, CONCURRENCY, |subject| {
+            run_subject(b, CONCURRENCY, subject, body, Span::For(window()))
         })
         .await;
         if body.is_zero() {
@@ -2021,13 +2055,13 @@ async fn b7<B: Bench>(b: &Arc<B>, report: &mut Report) {
             (Mode::Plain, Mode::Record),
             Some(Script::Record(Duration::ZERO)),
             tasks,
-            |mode| {
+            |subject| {
                 let b = b.clone();
                 async move {
                     let sized = Arc::new(b.resized(tasks as u32).await);
-                    calls_of(&sized, tasks, mode, Duration::ZERO, Span::Calls(2 * tasks)).await;
-                    let calls =
-                        calls_of(&sized, tasks, mode, Duration::ZERO, Span::For(window)).await;
+                    let run = |span| run_subject(&sized, tasks, subject, Duration::ZERO, span);
+                    run(Span::Calls(2 * tasks)).await;
+                    let calls = run(Span::For(window)).await;
                     sized.close().await;
                     calls
                 }
