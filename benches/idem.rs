@@ -1099,6 +1099,8 @@ macro_rules! backend {
                     async move {
                         for t in [
                             self.store.table_name().to_owned(),
+                            // The store's step journal (B9's).
+                            format!("{}_steps", self.store.table_name()),
                             self.table.clone(),
                             self.cta.clone(),
                             "bench_entity_charges".to_owned(),
