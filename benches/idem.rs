@@ -27,7 +27,9 @@
 //! `redis_cluster`, comma-separated) runs some backends only, and
 //! `IDEM_BENCH_CASES=B4,B4'` (comma-separated) some measurements only; a
 //! run narrowed by either prints its table and leaves `BENCHMARKS.md` and
-//! the chart as they are. B4' runs this
+//! the chart as they are. A whole run first waits, up to five minutes,
+//! for the one-minute load average to fall to 1.5 or below (see
+//! [`wait_for_quiet`]). B4' runs this
 //! binary again as child processes, with `IDEM_BENCH_CHILD` naming the
 //! backend (see [`child`]).
 
@@ -1927,6 +1929,45 @@ fn case(id: &str) -> bool {
     cases.trim().is_empty() || cases.split(',').any(|c| c.trim().eq_ignore_ascii_case(id))
 }
 
+/// The one-minute load average below which a whole run starts.
+const QUIET_LOAD: f64 = 1.5;
+/// How long a whole run waits for it.
+const QUIET_WAIT: Duration = Duration::from_secs(300);
+
+/// The one-minute load average, where `/proc` tells it.
+fn load_now() -> Option<f64> {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
+
+/// Waits, up to [`QUIET_WAIT`], for the one-minute load average to fall
+/// to [`QUIET_LOAD`] or below, so that a whole run does not start on the
+/// tail of other work (a build, the previous run's servers catching up);
+/// answers whether it did (or the load cannot be read).
+async fn wait_for_quiet() -> bool {
+    let until = Instant::now() + QUIET_WAIT;
+    loop {
+        match load_now() {
+            Some(load) if load > QUIET_LOAD => {
+                if Instant::now() >= until {
+                    eprintln!(
+                        "the load average is still {load:.2} after {} s: measuring anyway",
+                        QUIET_WAIT.as_secs()
+                    );
+                    return false;
+                }
+                eprintln!("load average {load:.2}, above {QUIET_LOAD}: waiting for it to fall");
+                tokio::time::sleep(Duration::from_secs(10)).await;
+            }
+            _ => return true,
+        }
+    }
+}
+
 /// Whether this run measures less than the whole table.
 fn narrowed() -> bool {
     ["IDEM_BENCH_ONLY", "IDEM_BENCH_CASES"]
@@ -2455,6 +2496,7 @@ async fn each_redis(redis: Redis, report: &mut Report) {
 }
 
 async fn main_async() {
+    let quiet = narrowed() || wait_for_quiet().await;
     let started = Instant::now();
     let date = cmd("date", &["-u", "+%Y-%m-%d %H:%M UTC"]);
     let load_before = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
@@ -2571,9 +2613,14 @@ async fn main_async() {
     );
     let _ = writeln!(
         md,
-        "- load average (1, 5, 15 min) before: {}; after: {}",
+        "- load average (1, 5, 15 min) before: {}; after: {}{}",
         loadavg(&load_before),
-        loadavg(&load_after)
+        loadavg(&load_after),
+        if quiet {
+            ""
+        } else {
+            " (the run waited five minutes for a load of 1.5 or below, in vain: its figures are noisier than usual)"
+        }
     );
     let _ = writeln!(
         md,
