@@ -1598,27 +1598,19 @@ fn run_subject<B: Calls>(
     span: Span,
 ) -> LocalBoxFuture<'static, f64> {
     match subject {
-        Subject::Call(mode) => calls_of(b, tasks, mode, body, span).boxed_local(),
+        Subject::Call(mode) => {
+            let b = b.clone();
+            throughput_of(tasks, span, move || {
+                let b = b.clone();
+                async move { b.call(mode, body).await }
+            })
+            .boxed_local()
+        }
         Subject::Loop(script) => {
             let b = b.clone();
             async move { b.loop_reference(script, tasks, span).await }.boxed_local()
         }
     }
-}
-
-/// Calls per second of `mode` by `tasks` tasks on `b` for `span`.
-fn calls_of<B: Calls>(
-    b: &Arc<B>,
-    tasks: usize,
-    mode: Mode,
-    body: Duration,
-    span: Span,
-) -> impl Future<Output = f64> + Send + 'static {
-    let b = b.clone();
-    throughput_of(tasks, span, move || {
-        let b = b.clone();
-        async move { b.call(mode, body).await }
-    })
 }
 
 /// B1: first execution throughput, attribute vs none, and the reference.
@@ -1929,7 +1921,7 @@ fn case(id: &str) -> bool {
     cases.trim().is_empty() || cases.split(',').any(|c| c.trim().eq_ignore_ascii_case(id))
 }
 
-/// The one-minute load average below which a whole run starts.
+/// The one-minute load average at or below which a whole run starts.
 const QUIET_LOAD: f64 = 1.5;
 /// How long a whole run waits for it.
 const QUIET_WAIT: Duration = Duration::from_secs(300);
