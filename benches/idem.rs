@@ -104,6 +104,22 @@ fn unix_micros() -> u64 {
         .as_micros() as u64
 }
 
+/// A body that takes `time`, as a call to another service does: it ends
+/// when its time is up. A tokio sleep would not: the runtime's timer
+/// rounds every deadline up to its next millisecond tick, so a call that
+/// does 0.3 ms of work before a 20 ms sleep takes 21 ms, and one that does
+/// 0.7 ms takes 21 or 22, by where the tick falls; a few tenths of a
+/// millisecond of idem's work then show as a whole millisecond or none.
+/// A thread's sleep ends within the kernel's timer slack (some 50 µs);
+/// pgbench's `\sleep`, the reference's, is as close.
+async fn take(time: Duration) {
+    if !time.is_zero() {
+        tokio::task::spawn_blocking(move || std::thread::sleep(time))
+            .await
+            .unwrap();
+    }
+}
+
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.partial_cmp(b).unwrap());
     let n = v.len();
@@ -749,7 +765,7 @@ macro_rules! backend {
                             for statement in &sql.first {
                                 Self::send(&self.pool, statement, &key).await;
                                 if statement.is_business() && !body.is_zero() {
-                                    tokio::time::sleep(body).await;
+                                    take(body).await;
                                 }
                             }
                         }
@@ -772,7 +788,7 @@ macro_rules! backend {
                             for statement in &sql.first {
                                 Self::send(&mut *tx, statement, &key).await;
                                 if statement.is_business() && !body.is_zero() {
-                                    tokio::time::sleep(body).await;
+                                    take(body).await;
                                 }
                             }
                             tx.commit().await.unwrap();
@@ -802,7 +818,7 @@ macro_rules! backend {
                         .execute(executor)
                         .await?;
                     if !body.is_zero() {
-                        tokio::time::sleep(body).await;
+                        take(body).await;
                     }
                     Ok(amount)
                 }
@@ -836,7 +852,7 @@ macro_rules! backend {
                     amount: i64,
                     body: Duration,
                 ) -> Result<EntityCharge, PayError> {
-                    tokio::time::sleep(body).await;
+                    take(body).await;
                     Ok(EntityCharge {
                         token: key.to_owned(),
                         amount,
@@ -1358,7 +1374,7 @@ impl RedisPayments {
             .query_async::<i64>(&mut conn)
             .await?;
         if !body.is_zero() {
-            tokio::time::sleep(body).await;
+            take(body).await;
         }
         Ok(amount)
     }
@@ -2176,7 +2192,7 @@ async fn three_calls(store: Arc<dyn Store>, steps: bool, call: Duration, key: Op
         let mut total = 0u64;
         for name in ["reserve", "charge", "receipt"] {
             let one = || async {
-                tokio::time::sleep(call).await;
+                take(call).await;
                 Ok::<_, idem::Error>(1u64)
             };
             total += if steps {
