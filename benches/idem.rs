@@ -104,14 +104,15 @@ fn unix_micros() -> u64 {
         .as_micros() as u64
 }
 
-/// A body that takes `time`, as a call to another service does: it ends
-/// when its time is up. A tokio sleep would not: the runtime's timer
-/// rounds every deadline up to its next millisecond tick, so a call that
-/// does 0.3 ms of work before a 20 ms sleep takes 21 ms, and one that does
-/// 0.7 ms takes 21 or 22, by where the tick falls; a few tenths of a
-/// millisecond of idem's work then show as a whole millisecond or none.
-/// A thread's sleep ends within the kernel's timer slack (some 50 µs);
-/// pgbench's `\sleep`, the reference's, is as close.
+/// A body that takes `time` (nothing when it is zero), as a call to
+/// another service does: it ends when its time is up. A tokio sleep would
+/// not: the runtime's timer rounds every deadline up to its next
+/// millisecond tick, so a call that does 0.3 ms of work before a 20 ms
+/// sleep takes 21 ms, and one that does 0.7 ms takes 21 or 22, by where
+/// the tick falls; a few tenths of a millisecond of idem's work then show
+/// as a whole millisecond or none. A thread's sleep ends within the
+/// kernel's timer slack (some 50 µs); pgbench's `\sleep`, the
+/// reference's, is as close.
 async fn take(time: Duration) {
     if !time.is_zero() {
         tokio::task::spawn_blocking(move || std::thread::sleep(time))
@@ -764,7 +765,7 @@ macro_rules! backend {
                         Script::Record(body) => {
                             for statement in &sql.first {
                                 Self::send(&self.pool, statement, &key).await;
-                                if statement.is_business() && !body.is_zero() {
+                                if statement.is_business() {
                                     take(body).await;
                                 }
                             }
@@ -787,7 +788,7 @@ macro_rules! backend {
                             }
                             for statement in &sql.first {
                                 Self::send(&mut *tx, statement, &key).await;
-                                if statement.is_business() && !body.is_zero() {
+                                if statement.is_business() {
                                     take(body).await;
                                 }
                             }
@@ -817,9 +818,7 @@ macro_rules! backend {
                         .bind(amount)
                         .execute(executor)
                         .await?;
-                    if !body.is_zero() {
-                        take(body).await;
-                    }
+                    take(body).await;
                     Ok(amount)
                 }
 
@@ -1373,9 +1372,7 @@ impl RedisPayments {
             .arg(amount)
             .query_async::<i64>(&mut conn)
             .await?;
-        if !body.is_zero() {
-            take(body).await;
-        }
+        take(body).await;
         Ok(amount)
     }
 
