@@ -118,7 +118,7 @@ use crate::key::{AsKey, Key, Scope};
 use crate::metrics;
 use crate::policy::Policy;
 use crate::record::{Begin, Claim, ClaimToken, Outcome, OutcomeKind};
-use crate::steps::{Operation, Pending, StepsAs};
+use crate::steps::{Operation, StepsAs};
 use crate::store::{BeginRequest, Store, TransactionalStore};
 
 /// The longest pause between two looks at an in-progress key when the store
@@ -589,10 +589,9 @@ where
     // The body's durable steps journal through an owned handle on the
     // store, fenced by this claim; a dropped caller's claim is handed
     // back once their writes on the way have landed.
-    let pending = Pending::new();
     guard.running(claim.clone());
-    guard.journal_first(pending.clone());
-    let operation = Operation::new(store.detach(), claim.clone(), call.steps_as(), pending);
+    let operation = Operation::new(store.detach(), claim.clone(), call.steps_as());
+    guard.journal_first(operation.clone());
     let body = std::pin::pin!(operation.scope(body));
     let result = renewing(store, claim, body).await;
     let stored = match outcomes.encode(&result) {
@@ -662,7 +661,7 @@ where
         guard.running(claim.clone());
         // Nothing outlives the caller's transaction to journal steps in:
         // they run with their keys, unjournaled.
-        let operation = Operation::new(None, claim.clone(), call.steps_as(), Pending::default());
+        let operation = Operation::new(None, claim.clone(), call.steps_as());
         let (result, conn) = operation.scope(body(records.conn)).await;
         // Whatever happens next happens on the caller's transaction: if it
         // fails, the caller's transaction fails with it and rolls back.
@@ -1389,9 +1388,9 @@ struct Guard<'s, 'r, S: Store + ?Sized> {
     /// The claim won, once it is.
     claim: Option<Claim>,
     holding: Holding,
-    /// The body's journal writes on their way, to land before the claim
-    /// is handed back.
-    journal: Option<Pending>,
+    /// The operation whose journal writes on their way land before the
+    /// claim is handed back.
+    journal: Option<Operation>,
 }
 
 impl<'s, 'r, S: Store + ?Sized> Guard<'s, 'r, S> {
@@ -1405,9 +1404,10 @@ impl<'s, 'r, S: Store + ?Sized> Guard<'s, 'r, S> {
         }
     }
 
-    /// Hands the claim back only once `pending` has landed.
-    fn journal_first(&mut self, pending: Pending) {
-        self.journal = Some(pending);
+    /// Hands the claim back only once `operation`'s journal writes have
+    /// landed.
+    fn journal_first(&mut self, operation: Operation) {
+        self.journal = Some(operation);
     }
 
     fn running(&mut self, claim: Claim) {
