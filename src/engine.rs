@@ -1390,7 +1390,7 @@ struct Guard<'s, 'r, S: Store + ?Sized> {
     holding: Holding,
     /// The operation whose journal writes on their way land before the
     /// claim is handed back.
-    journal: Option<Operation>,
+    operation: Option<Operation>,
 }
 
 impl<'s, 'r, S: Store + ?Sized> Guard<'s, 'r, S> {
@@ -1400,14 +1400,14 @@ impl<'s, 'r, S: Store + ?Sized> Guard<'s, 'r, S> {
             request,
             claim: None,
             holding: Holding::Claim,
-            journal: None,
+            operation: None,
         }
     }
 
     /// Hands the claim back only once `operation`'s journal writes have
     /// landed.
     fn journal_first(&mut self, operation: Operation) {
-        self.journal = Some(operation);
+        self.operation = Some(operation);
     }
 
     fn running(&mut self, claim: Claim) {
@@ -1461,10 +1461,10 @@ impl<S: Store + ?Sized> Drop for Guard<'_, '_, S> {
                     "the call ended before its operation finished; handing the key back"
                 );
                 metrics::abandoned(&claim.scope, "released");
-                let journal = self.journal.take();
+                let operation = self.operation.take();
                 runtime.spawn(async move {
-                    if let Some(journal) = journal {
-                        journal.flush().await;
+                    if let Some(operation) = operation {
+                        operation.flush().await;
                     }
                     hand_back(store, claim).await;
                 });
