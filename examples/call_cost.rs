@@ -10,9 +10,9 @@
 //! ```
 //!
 //! The arguments are the number of keys of a round (200 000 by default)
-//! and the number of rounds (1), on one store, as B6 makes them: each key
-//! is run once (a first execution), then again (a replay); and how many
-//! times the replays are made (1: more to profile them).
+//! and the number of rounds (1), each on a store of its own, as B6 makes
+//! them: each key is run once (a first execution), then again (a replay);
+//! and how many times the replays are made (1: more to profile them).
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -143,16 +143,16 @@ fn main() {
             .map(|n| n.parse().expect("a number"))
             .unwrap_or(default)
     };
-    // B6: 200 000 keys a round, 6 rounds, on one store.
+    // B6: 200 000 keys a round, a store a round.
     let (n, rounds, passes) = (arg(200_000), arg(1), arg(1));
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .unwrap();
-    let store = idem::MemoryStore::new();
     let (mut first, mut replay) = (Total::default(), Total::default());
     for round in 0..rounds {
         let keys: Vec<String> = (0..n).map(|i| format!("m{i}-{round}-call-cost")).collect();
+        let store = idem::MemoryStore::new();
         let mark = Mark::now();
         firsts(&runtime, &store, &keys);
         first.add(mark, n);
