@@ -254,17 +254,44 @@ impl Operation {
     }
 
     /// Waits for every journal write on its way.
+    ///
+    /// Dropped while it waits (the body's own flush, whose caller went
+    /// away), it puts the writes that have not landed back where the
+    /// engine's guard finds them: the guard then waits for them in turn
+    /// before it hands the claim back, as it would have had the body been
+    /// dropped before its flush began.
     pub(crate) async fn flush(&self) {
         loop {
             let pending = std::mem::take(&mut *lock(&self.0.pending));
             if pending.is_empty() {
                 return;
             }
-            for write in pending {
+            let mut awaiting = Awaiting {
+                operation: self,
+                writes: pending.into(),
+            };
+            while let Some(write) = awaiting.writes.front_mut() {
                 // A write that panicked journaled nothing: the step is in
                 // doubt for the next attempt, which reruns it.
                 let _ = write.await;
+                awaiting.writes.pop_front();
             }
+        }
+    }
+}
+
+/// Journal writes taken out of an operation's list to be awaited, the
+/// first one of them being awaited: whatever is left of them when this is
+/// dropped goes back to the list.
+struct Awaiting<'a> {
+    operation: &'a Operation,
+    writes: std::collections::VecDeque<tokio::task::JoinHandle<()>>,
+}
+
+impl Drop for Awaiting<'_> {
+    fn drop(&mut self) {
+        if !self.writes.is_empty() {
+            lock(&self.operation.0.pending).extend(self.writes.drain(..));
         }
     }
 }

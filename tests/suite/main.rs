@@ -87,6 +87,7 @@ mod sql_store_concurrency;
 mod sql_stores;
 mod state_machine_model;
 mod step_crash_points;
+mod step_flush_drops;
 mod step_journal;
 #[cfg(feature = "testing")]
 mod store_conformance;
