@@ -290,10 +290,8 @@ impl<DB: Backend> SqlStore<DB> {
         req: &BeginRequest<'_>,
     ) -> Result<Begin, Error> {
         if DB::changed_since_read(&err) {
-            if let Some((mut own, _)) = self.beside().await {
-                if let Some(answer) = self.peek_on(&mut own, req).await? {
-                    return Ok(answer);
-                }
+            if let Some(answer) = self.peek_beside(req).await? {
+                return Ok(answer);
             }
         }
         Err(err)
@@ -330,6 +328,12 @@ impl<DB: Backend> SqlStore<DB> {
         if DB::PEEK_IN_CALLER {
             return self.peek_on(conn, req).await;
         }
+        self.peek_beside(req).await
+    }
+
+    /// A plain read on another of the pool's connections than the
+    /// caller's, or `None` when none comes soon.
+    async fn peek_beside(&self, req: &BeginRequest<'_>) -> Result<Option<Begin>, Error> {
         // A kept connection the server closed since fails the read: the
         // next one (kept, or tested by the pool) reads again.
         while let Some((mut own, kept)) = self.beside().await {
