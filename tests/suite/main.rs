@@ -43,6 +43,8 @@ mod http_layer;
 mod http_steps;
 #[cfg(all(feature = "axum", feature = "sqlite", feature = "postgres"))]
 mod http_storing;
+#[cfg(all(feature = "postgres", feature = "mysql"))]
+mod kept_connection_kills;
 mod kept_connections;
 #[cfg(feature = "http")]
 mod key_parsers;
