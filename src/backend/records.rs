@@ -534,10 +534,12 @@ impl<DB: Backend> Store for SqlStore<DB> {
     async fn release(&self, claim: &Claim) -> Result<(), Error> {
         self.waiters.unhold(claim);
         let turn = self.gate.enter().await;
-        on_pool!(self, |conn| self.release_on(&mut conn, claim))?;
+        let released = on_pool!(self, |conn| self.release_on(&mut conn, claim));
         drop(turn);
+        // Also when the answer says the claim was not there: a release
+        // whose answer was lost, sent again, finds its own delete done.
         self.waiters.wake(&claim.scope, &claim.key);
-        Ok(())
+        released
     }
 
     async fn get(&self, scope: &Scope, key: &Key) -> Result<Option<Record>, Error> {
