@@ -441,26 +441,38 @@ impl<DB: Backend> SqlStore<DB> {
         &self,
         scope: &Scope,
         key: &Key,
+        fingerprint: Option<&Fingerprint>,
         timeout: Duration,
     ) -> Result<Option<Outcome>, Error> {
         DB::listen(self);
         self.waiters
-            .wait(scope, key, timeout, || self.look(scope, key))
+            .wait(scope, key, timeout, || self.look(scope, key, fingerprint))
             .await
     }
 
-    /// Whether the record of `(scope, key)` is held by a live claim now,
-    /// and by which.
-    async fn look(&self, scope: &Scope, key: &Key) -> Result<Look, Error> {
+    /// Whether the record of `(scope, key)` is held by a live claim of the
+    /// payload of `fingerprint` (of any payload: `None`) now, and by which.
+    async fn look(
+        &self,
+        scope: &Scope,
+        key: &Key,
+        fingerprint: Option<&Fingerprint>,
+    ) -> Result<Look, Error> {
+        let ours = |held: &Fingerprint| fingerprint.is_none_or(|f| f == held);
         // Held here: its completion or release wakes this waiter itself
         // (with the outcome), and a failed one wakes it to read.
-        if let Some(token) = self.waiters.held_here(scope, key) {
-            return Ok(Look::HeldBy(Some(token)));
+        if let Some((token, held)) = self.waiters.held_here(scope, key) {
+            return Ok(match ours(&held) {
+                true => Look::HeldBy(Some(token)),
+                false => Look::Free,
+            });
         }
         let bound = Bound::key(scope, key);
         let read = on_pool!(self, |conn| self.read_on(&mut conn, &self.sql.look, &bound))?;
         Ok(match read {
-            Some((record, now)) if record.holds_lease(now) => Look::HeldBy(record.token),
+            Some((record, now)) if record.holds_lease(now) && ours(&record.fingerprint) => {
+                Look::HeldBy(record.token)
+            }
             _ => Look::Free,
         })
     }
@@ -499,7 +511,7 @@ impl<DB: Backend> Store for SqlStore<DB> {
             // Committed: the duplicates of this process may wait for it
             // without reading the record.
             if let Begin::Claimed(claim) = &answer {
-                self.waiters.hold(claim);
+                self.waiters.hold(claim, req.fingerprint);
             }
             Ok::<_, Error>(answer)
         })
@@ -513,7 +525,7 @@ impl<DB: Backend> Store for SqlStore<DB> {
         let _turn = self.gate.enter().await;
         match on_pool!(self, |conn| self.renew_on(&mut conn, claim)) {
             Ok(()) => {
-                self.waiters.hold(claim);
+                self.waiters.renewed(claim);
                 Ok(())
             }
             Err(err) => {
@@ -630,7 +642,7 @@ impl<DB: Backend> Store for SqlStore<DB> {
         key: &Key,
         timeout: Duration,
     ) -> Result<(), Error> {
-        self.wait_on(scope, key, timeout).await.map(drop)
+        self.wait_on(scope, key, None, timeout).await.map(drop)
     }
 
     async fn wait_for_outcome(
@@ -638,7 +650,9 @@ impl<DB: Backend> Store for SqlStore<DB> {
         req: &BeginRequest<'_>,
         timeout: Duration,
     ) -> Result<Option<Begin>, Error> {
-        let handed = self.wait_on(req.scope, req.key, timeout).await?;
+        let handed = self
+            .wait_on(req.scope, req.key, Some(req.fingerprint), timeout)
+            .await?;
         Ok(handed.map(Begin::Replay))
     }
 

@@ -453,19 +453,26 @@ impl RedisStore {
 
     /// Answers whether the record is held by a live lease (and whose),
     /// marking it waited: a waiter's look, after it subscribed.
-    async fn look(&self, keys: &Keys) -> Result<Look, Error> {
+    /// Only a claim of the payload of `fingerprint` (of any payload:
+    /// `None`) is taken for the holder.
+    async fn look(&self, keys: &Keys, fingerprint: Option<&Fingerprint>) -> Result<Look, Error> {
         let value = self.invoke(SCRIPTS.look.on(&keys.record)).await?;
         let (now, record) = now_and_record(value)?;
         Ok(match record {
-            Some(r) if r.holds_lease(now) => Look::HeldBy(r.token),
+            Some(r) if r.holds_lease(now) && fingerprint.is_none_or(|f| *f == r.fingerprint) => {
+                Look::HeldBy(r.token)
+            }
             _ => Look::Free,
         })
     }
 
+    /// Waits on `(scope, key)` as [`Waiters::wait`] does, for a claim of
+    /// the payload of `fingerprint` (of any payload: `None`).
     async fn wait_on(
         &self,
         scope: &Scope,
         key: &Key,
+        fingerprint: Option<&Fingerprint>,
         timeout: Duration,
     ) -> Result<Option<Outcome>, Error> {
         let keys = self.keys(scope, key);
@@ -477,7 +484,7 @@ impl RedisStore {
             // Subscribed before the look, so that a completion after the
             // look is heard; a failed subscription leaves the poll.
             *held = Some(shared.subscriptions.subscribe(&keys.channel).await);
-            self.look(&keys).await
+            self.look(&keys, fingerprint).await
         };
         let handed = shared.waiters.wait(scope, key, timeout, look).await;
         drop(subscription);
@@ -779,7 +786,7 @@ impl Store for RedisStore {
         key: &Key,
         timeout: Duration,
     ) -> Result<(), Error> {
-        self.wait_on(scope, key, timeout).await.map(drop)
+        self.wait_on(scope, key, None, timeout).await.map(drop)
     }
 
     async fn wait_for_outcome(
@@ -788,7 +795,12 @@ impl Store for RedisStore {
         timeout: Duration,
     ) -> Result<Option<Begin>, Error> {
         Ok(self
-            .wait_on(request.scope, request.key, timeout)
+            .wait_on(
+                request.scope,
+                request.key,
+                Some(request.fingerprint),
+                timeout,
+            )
             .await?
             .map(Begin::Replay))
     }

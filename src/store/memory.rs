@@ -12,6 +12,7 @@ use indexmap::{Equivalent, IndexMap};
 
 use super::{BeginRequest, Look, Store, Waiters};
 use crate::error::Error;
+use crate::fingerprint::Fingerprint;
 use crate::journal::{
     decide_step, StepBegin, StepDecision, StepRecord, StepRequest, StepResolution, StepState,
 };
@@ -234,22 +235,27 @@ impl MemoryStore {
         Ok(())
     }
 
-    /// Waits on `(scope, key)` as [`Waiters::wait`] does.
+    /// Waits on `(scope, key)` as [`Waiters::wait`] does, for a claim of
+    /// the payload of `fingerprint` (of any payload: `None`).
     async fn wait_on(
         &self,
         scope: &Scope,
         key: &Key,
+        fingerprint: Option<&Fingerprint>,
         timeout: Duration,
     ) -> Result<Option<Outcome>, Error> {
-        let look = || async { Ok::<_, Error>(self.look(scope, key)) };
+        let look = || async { Ok::<_, Error>(self.look(scope, key, fingerprint)) };
         self.inner.waiters.wait(scope, key, timeout, look).await
     }
 
-    /// Whether a live claim holds `(scope, key)` now, and which.
-    fn look(&self, scope: &Scope, key: &Key) -> Look {
+    /// Whether a live claim of the payload of `fingerprint` (of any
+    /// payload: `None`) holds `(scope, key)` now, and which.
+    fn look(&self, scope: &Scope, key: &Key, fingerprint: Option<&Fingerprint>) -> Look {
         let now = now_millis();
         match self.records().get(&At::of(scope, key)) {
-            Some(r) if r.holds_lease(now) => Look::HeldBy(r.token),
+            Some(r) if r.holds_lease(now) && fingerprint.is_none_or(|f| *f == r.fingerprint) => {
+                Look::HeldBy(r.token)
+            }
             _ => Look::Free,
         }
     }
@@ -459,7 +465,7 @@ impl Store for MemoryStore {
         key: &Key,
         timeout: Duration,
     ) -> Result<(), Error> {
-        self.wait_on(scope, key, timeout).await.map(drop)
+        self.wait_on(scope, key, None, timeout).await.map(drop)
     }
 
     async fn wait_for_outcome(
@@ -467,7 +473,9 @@ impl Store for MemoryStore {
         req: &BeginRequest<'_>,
         timeout: Duration,
     ) -> Result<Option<Begin>, Error> {
-        let handed = self.wait_on(req.scope, req.key, timeout).await?;
+        let handed = self
+            .wait_on(req.scope, req.key, Some(req.fingerprint), timeout)
+            .await?;
         Ok(handed.map(Begin::Replay))
     }
 

@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::Notify;
 
+use crate::fingerprint::Fingerprint;
 use crate::key::{Key, Scope};
 use crate::record::{Claim, ClaimToken, Outcome};
 
@@ -26,10 +27,18 @@ pub(crate) struct Waiters {
     /// The keys whose completion this process is sending, with how many
     /// completions of each are under way (see [`Waiters::complete`]).
     completing: Mutex<HashMap<Slot, usize>>,
-    /// The claims this process holds on the store's pool, by key: their
-    /// tokens, and until when their lease runs as this process last heard
-    /// of it (see [`Waiters::hold`]).
-    held: Mutex<HashMap<Slot, (ClaimToken, Instant)>>,
+    /// The claims this process holds on the store's pool, by key (see
+    /// [`Waiters::hold`]).
+    held: Mutex<HashMap<Slot, Held>>,
+}
+
+/// A claim this process holds: its token, the payload it was granted for,
+/// and until when its lease runs as this process last heard of it.
+#[derive(Debug, Clone, Copy)]
+struct Held {
+    token: ClaimToken,
+    fingerprint: Fingerprint,
+    until: Instant,
 }
 
 /// How many held keys are kept before the expired ones are dropped at the
@@ -51,8 +60,10 @@ pub(crate) enum Look {
     /// Nobody holds the key (completed, released, lapsed, gone): look at
     /// the record again.
     Free,
-    /// A live claim holds it, with this token (`None` on rows written
-    /// before tokens existed).
+    /// A live claim of the waiter's payload holds it, with this token
+    /// (`None` on rows written before tokens existed). A claim of another
+    /// payload is [`Look::Free`] to the waiter: the record answers it (the
+    /// key is reused), and nothing of that claim may be handed to it.
     HeldBy(Option<ClaimToken>),
 }
 
@@ -89,12 +100,12 @@ impl Waiters {
         waiting.notify.notify_waiters();
     }
 
-    /// Notes that this process holds `claim` until its lease runs out,
-    /// counted from now: when granted, and again when renewed. A duplicate
-    /// of this process that waits for the key then knows its holder
-    /// without reading the record ([`Waiters::held_here`]).
+    /// Notes that this process holds `claim`, granted for the payload of
+    /// `fingerprint`, until its lease runs out, counted from now. A
+    /// duplicate of this process that waits for the key then knows its
+    /// holder without reading the record ([`Waiters::held_here`]).
     #[cfg_attr(not(feature = "_sql"), allow(dead_code))]
-    pub(crate) fn hold(&self, claim: &Claim) {
+    pub(crate) fn hold(&self, claim: &Claim, fingerprint: &Fingerprint) {
         let Some(until) = Instant::now().checked_add(claim.lease) else {
             return;
         };
@@ -103,9 +114,32 @@ impl Waiters {
         if held.len() >= HELD_SWEEP {
             // Claims whose caller vanished without completing or releasing.
             let now = Instant::now();
-            held.retain(|_, (_, until)| *until > now);
+            held.retain(|_, held| held.until > now);
         }
-        held.insert(slot, (claim.token, until));
+        let fingerprint = *fingerprint;
+        held.insert(
+            slot,
+            Held {
+                token: claim.token,
+                fingerprint,
+                until,
+            },
+        );
+    }
+
+    /// Notes that `claim`'s lease was renewed now, if this process still
+    /// notes it as held ([`Waiters::hold`]).
+    #[cfg_attr(not(feature = "_sql"), allow(dead_code))]
+    pub(crate) fn renewed(&self, claim: &Claim) {
+        let Some(until) = Instant::now().checked_add(claim.lease) else {
+            return;
+        };
+        let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(held) = held.get_mut(&slot_of(&claim.scope, &claim.key)) {
+            if held.token == claim.token {
+                held.until = until;
+            }
+        }
     }
 
     /// Forgets that this process holds `claim` (completed, released,
@@ -124,26 +158,27 @@ impl Waiters {
 
     fn unhold_at(&self, slot: &Slot, token: ClaimToken) {
         let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
-        if held.get(slot).is_some_and(|(held, _)| *held == token) {
+        if held.get(slot).is_some_and(|held| held.token == token) {
             held.remove(slot);
         }
     }
 
-    /// The token of the claim this process holds on `(scope, key)`, while
-    /// its lease runs by this process's reckoning: a waiter here can then
-    /// wait for it without reading the record, since its completion or
-    /// release wakes the waiters here itself. A claim it no longer holds
-    /// in fact (taken over elsewhere) fails to complete, and that failure
-    /// wakes the waiters too.
+    /// The token of the claim this process holds on `(scope, key)`, and
+    /// the payload it was granted for, while its lease runs by this
+    /// process's reckoning: a waiter here can then wait for it without
+    /// reading the record, since its completion or release wakes the
+    /// waiters here itself. A claim it no longer holds in fact (taken over
+    /// elsewhere) fails to complete, and that failure wakes the waiters
+    /// too.
     #[cfg_attr(not(feature = "_sql"), allow(dead_code))]
-    pub(crate) fn held_here(&self, scope: &Scope, key: &Key) -> Option<ClaimToken> {
+    pub(crate) fn held_here(&self, scope: &Scope, key: &Key) -> Option<(ClaimToken, Fingerprint)> {
         let held = self.held.lock().unwrap_or_else(|e| e.into_inner());
         if held.is_empty() {
             return None;
         }
         held.get(&slot_of(scope, key))
-            .filter(|(_, until)| *until > Instant::now())
-            .map(|(token, _)| *token)
+            .filter(|held| held.until > Instant::now())
+            .map(|held| (held.token, held.fingerprint))
     }
 
     /// Runs `complete`, the completion of `claim` with `outcome`, and then
@@ -535,18 +570,23 @@ mod tests {
         let token = ClaimToken::new();
         let held = claim(token, Duration::from_secs(60));
         assert_eq!(waiters.held_here(&scope, &key), None);
-        waiters.hold(&held);
-        assert_eq!(waiters.held_here(&scope, &key), Some(token));
+        let fingerprint = Fingerprint::of_bytes(b"payload");
+        waiters.hold(&held, &fingerprint);
+        assert_eq!(waiters.held_here(&scope, &key), Some((token, fingerprint)));
         // Another claim's end leaves it alone.
         waiters.unhold(&claim(ClaimToken::new(), Duration::from_secs(60)));
-        assert_eq!(waiters.held_here(&scope, &key), Some(token));
+        assert_eq!(waiters.held_here(&scope, &key), Some((token, fingerprint)));
+        // A renewal moves its lease on; another claim's leaves it alone.
+        waiters.renewed(&held);
+        waiters.renewed(&claim(ClaimToken::new(), Duration::ZERO));
+        assert_eq!(waiters.held_here(&scope, &key), Some((token, fingerprint)));
 
         // A waiter that looks here while it is held gets the outcome.
         let w = waiters.clone();
         let waiter = tokio::spawn(async move {
             let (scope, key) = (Scope::new("op"), Key::new("k").unwrap());
             w.wait(&scope, &key, Duration::from_secs(30), || async {
-                let holder = w.held_here(&scope, &key).expect("held here");
+                let (holder, _) = w.held_here(&scope, &key).expect("held here");
                 Ok::<_, ()>(Look::HeldBy(Some(holder)))
             })
             .await
@@ -566,10 +606,10 @@ mod tests {
             lease: Duration::ZERO,
             ..claim(token, Duration::from_secs(60))
         };
-        waiters.hold(&lapsed);
+        waiters.hold(&lapsed, &fingerprint);
         assert_eq!(waiters.held_here(&scope, &key), None);
         // A dropped completion forgets it too.
-        waiters.hold(&held);
+        waiters.hold(&held, &fingerprint);
         let w = waiters.clone();
         let completion = tokio::spawn(async move {
             let held = claim_for(token);

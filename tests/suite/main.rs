@@ -98,3 +98,4 @@ mod store_faults;
 mod tracked;
 #[cfg(all(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 mod transactional;
+mod waiter_payloads;
