@@ -166,18 +166,20 @@ pub(crate) fn steps_table(table: &str) -> String {
 /// database rolled it back to break a deadlock.
 macro_rules! in_transaction {
     ($store:expr, |$conn:ident| $op:expr) => {{
-        use sqlx::Connection as _;
         let mut attempt = 1;
         loop {
-            let mut pooled = $store.pool.acquire().await?;
+            let mut pooled = $crate::backend::tx::TxConn::acquire(&$store.pool).await?;
             let result = async {
-                let mut tx = pooled.begin_with(DB::BEGIN_WRITE).await?;
+                let mut tx = pooled.begin(Some(DB::BEGIN_WRITE)).await?;
                 let $conn: &mut DB::Connection = &mut tx;
                 let value = $op.await?;
                 tx.commit().await?;
                 Ok::<_, Error>(value)
             }
             .await;
+            if result.is_ok() {
+                pooled.ended();
+            }
             match result {
                 Err(err) if attempt < DEADLOCK_ATTEMPTS && DB::is_deadlock(&err) => {
                     drop(pooled);

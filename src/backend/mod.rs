@@ -34,6 +34,7 @@ mod reference;
 #[cfg(feature = "sqlite")]
 pub(crate) mod sqlite;
 mod statements;
+pub(crate) mod tx;
 pub(crate) mod warm;
 
 pub use records::SqlStore;

@@ -120,6 +120,7 @@ use crate::backend::entity::Claims;
 pub use crate::backend::entity::{
     is_unique_violation, Entity, EntityBind, EntityDatabase, RequestHash, TokenEntity,
 };
+use crate::backend::tx::TxConn;
 use crate::backend::SqlStore;
 use crate::engine::{self, Call, Codec};
 use crate::error::Error;
@@ -298,15 +299,18 @@ where
     DB: EntityDatabase,
     T: TokenEntity + EntityBind<DB> + for<'r> FromRow<'r, DB::Row> + Send + Unpin,
 {
-    use sqlx::Connection as _;
     // This process's writes to the database queue here first (SQLite).
     let _turn = claims.store.gate.enter().await;
-    let mut conn = pool.acquire().await?;
-    let mut tx = conn.begin_with(DB::BEGIN_WRITE).await?;
+    // Closed rather than pooled if this call is dropped before its
+    // transaction ends (see `TxConn`).
+    let mut conn = TxConn::acquire(pool).await?;
+    let mut tx = conn.begin(Some(DB::BEGIN_WRITE)).await?;
     let Some(row) = DB::insert_entity(&mut *tx, entity).await? else {
         // The engine completes the claim once the row holding the token
         // is read.
-        let _ = tx.rollback().await;
+        if tx.rollback().await.is_ok() {
+            conn.ended();
+        }
         return Ok(None);
     };
     let completed = match claim {
@@ -329,6 +333,7 @@ where
         claims.not_completing();
         return Err(err.into());
     }
+    conn.ended();
     if let Some(claim) = completed {
         claims.completed(claim);
     }

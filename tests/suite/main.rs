@@ -34,6 +34,7 @@ mod attribute;
 mod consumer;
 mod default_fingerprint;
 mod entity;
+mod entity_cuts;
 #[cfg(all(feature = "axum", feature = "sqlite", feature = "postgres"))]
 mod http_fingerprint;
 #[cfg(all(feature = "axum", feature = "sqlite", feature = "postgres"))]

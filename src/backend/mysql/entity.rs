@@ -11,6 +11,7 @@ use crate::backend::entity::{
     self as statements, arguments, check_conflict, is_unique_violation, EntityBind, EntityDatabase,
     TokenEntity,
 };
+use crate::backend::tx::TxConn;
 use crate::error::Error;
 
 /// InnoDB's deadlock error.
@@ -102,7 +103,10 @@ async fn upsert_once<T>(
 where
     T: EntityBind<MySql> + for<'r> FromRow<'r, <MySql as sqlx::Database>::Row> + Send + Unpin,
 {
-    let mut tx = pool.begin().await?;
+    // Closed rather than pooled if this call is dropped before its
+    // transaction ends (see `TxConn`).
+    let mut conn = TxConn::acquire(pool).await?;
+    let mut tx = conn.begin(None).await?;
     let args = arguments::<MySql, T>(entity, T::COLUMNS)?;
     sqlx::query_with(upsert, args).execute(&mut *tx).await?;
     let args = arguments::<MySql, T>(entity, conflict)?;
@@ -110,6 +114,7 @@ where
         .fetch_one(&mut *tx)
         .await?;
     tx.commit().await?;
+    conn.ended();
     Ok(row)
 }
 

@@ -10,6 +10,7 @@ use super::journal::StepStatements;
 use super::migrate::{self, Bookkeeping};
 use super::statements::{ClaimReturns, Numbered, Statements};
 use super::SqlStore;
+use crate::backend::tx::TxConn;
 use crate::error::Error;
 
 mod listener;
@@ -306,7 +307,10 @@ impl Dialect for Postgres {
     }
 
     async fn migrate(store: &SqlStore<Self>) -> Result<(), Error> {
-        let mut tx = store.pool.begin().await?;
+        // Closed rather than pooled if this call is dropped before its
+        // transaction ends (see `TxConn`).
+        let mut conn = TxConn::acquire(&store.pool).await?;
+        let mut tx = conn.begin(None).await?;
         sqlx::query("SELECT pg_advisory_xact_lock($1)")
             .bind(MIGRATION_LOCK)
             .execute(&mut *tx)
@@ -323,6 +327,7 @@ impl Dialect for Postgres {
         )
         .await?;
         tx.commit().await?;
+        conn.ended();
         Ok(())
     }
 

@@ -1,0 +1,71 @@
+//! Transactions on a pooled connection that a dropped caller cannot leave
+//! open on the server.
+//!
+//! sqlx counts a connection's transaction only once the server has
+//! answered its `BEGIN` (PostgreSQL and MySQL alike, 0.8): a future
+//! dropped while that answer is on its way leaves the server inside a
+//! transaction that sqlx does not know of, and the pool lends the
+//! connection on as it is. Whatever runs on it next is then part of that
+//! transaction, and the locks it takes (a claim's release, say) are held
+//! until something happens to commit or roll it back, or the connection
+//! closes: a retry of the key waits on them for as long.
+//!
+//! [`TxConn`] closes its connection instead of returning it to the pool
+//! when it is dropped with a transaction opening or open, so the server
+//! rolls that transaction back as the connection ends. Only a transaction
+//! that committed or rolled back gives its connection back to the pool.
+//!
+//! Not on SQLite: there the connection's own thread runs the `BEGIN` and
+//! rolls it back itself when nobody awaits its answer any more, and
+//! closing the connection of an in-memory database would lose the
+//! database.
+
+use sqlx::pool::PoolConnection;
+use sqlx::{Connection, Database, Pool, Transaction};
+
+use crate::error::Error;
+
+/// A pooled connection for one transaction at a time (see the module
+/// documentation).
+pub(crate) struct TxConn<DB: Database> {
+    conn: PoolConnection<DB>,
+    /// A transaction was begun and has not ended.
+    open: bool,
+}
+
+impl<DB: Database> TxConn<DB> {
+    /// A connection of `pool`.
+    pub(crate) async fn acquire(pool: &Pool<DB>) -> Result<Self, Error> {
+        Ok(TxConn {
+            conn: pool.acquire().await?,
+            open: false,
+        })
+    }
+
+    /// Begins a transaction with `statement` (`BEGIN` by default). Until
+    /// [`TxConn::ended`] is called, dropping this closes the connection.
+    pub(crate) async fn begin(
+        &mut self,
+        statement: Option<&'static str>,
+    ) -> Result<Transaction<'_, DB>, Error> {
+        self.open = true;
+        Ok(match statement {
+            Some(statement) => self.conn.begin_with(statement).await?,
+            None => self.conn.begin().await?,
+        })
+    }
+
+    /// Notes that the transaction committed or rolled back: the connection
+    /// goes back to the pool when this is dropped.
+    pub(crate) fn ended(&mut self) {
+        self.open = false;
+    }
+}
+
+impl<DB: Database> Drop for TxConn<DB> {
+    fn drop(&mut self) {
+        if self.open && DB::NAME != "SQLite" {
+            self.conn.close_on_drop();
+        }
+    }
+}
