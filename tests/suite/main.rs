@@ -35,6 +35,8 @@ mod consumer;
 mod default_fingerprint;
 mod entity;
 mod entity_cuts;
+#[cfg(all(feature = "axum", feature = "sqlite"))]
+mod http_edges;
 #[cfg(all(feature = "axum", feature = "sqlite", feature = "postgres"))]
 mod http_fingerprint;
 #[cfg(all(feature = "axum", feature = "sqlite", feature = "postgres"))]

@@ -1,0 +1,347 @@
+//! The HTTP layer's edges, over a real axum server and a real client: a
+//! client that goes away while the response body is still being produced;
+//! a response body that fails, or panics, after the handler did its work;
+//! the bounded wait of a duplicate (409 once it passes, then a replay);
+//! key headers with bytes the other modules do not send; and a response
+//! too large for the store to keep (MariaDB).
+//!
+//! Two of these are ignored: they show behaviour that is open (a response
+//! body that fails after the handler did its work releases the key, so a
+//! retry runs the handler again; a response no store write can hold keeps
+//! its key in progress while the engine goes on trying to store it, until
+//! the process ends). Run them with `-- --ignored`.
+
+use crate::common;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use axum::body::{Body, Bytes};
+use axum::http::{HeaderValue, StatusCode};
+use axum::response::IntoResponse;
+use axum::routing::post;
+use axum::Router;
+use idem::http::IdempotencyLayer;
+use tokio::sync::Notify;
+
+#[derive(Default)]
+struct Seen {
+    runs: AtomicUsize,
+    started: Notify,
+    release: Notify,
+}
+
+impl Seen {
+    fn next(&self) -> usize {
+        self.runs.fetch_add(1, Ordering::SeqCst) + 1
+    }
+    fn runs(&self) -> usize {
+        self.runs.load(Ordering::SeqCst)
+    }
+}
+
+type Chunk = Result<Bytes, std::io::Error>;
+
+fn app(seen: &Arc<Seen>) -> Router {
+    // 201 at once; the body's first chunk, then its second once released.
+    let s = seen.clone();
+    let streaming = move || {
+        let s = s.clone();
+        async move {
+            let run = s.next();
+            let stream = futures::stream::unfold(0u8, move |step| {
+                let s = s.clone();
+                async move {
+                    match step {
+                        0 => Some((
+                            Ok::<_, std::io::Error>(Bytes::from(format!("run {run}; "))),
+                            1,
+                        )),
+                        1 => {
+                            s.started.notify_one();
+                            s.release.notified().await;
+                            Some((Ok(Bytes::from_static(b"the end")), 2))
+                        }
+                        _ => None,
+                    }
+                }
+            });
+            (StatusCode::CREATED, Body::from_stream(stream)).into_response()
+        }
+    };
+    // The handler commits (counts its run), answers 201, and its body
+    // fails after its first chunk.
+    let s = seen.clone();
+    let failing = move || {
+        let s = s.clone();
+        async move {
+            let run = s.next();
+            let chunks: Vec<Chunk> = vec![
+                Ok(Bytes::from(format!("order {run} created"))),
+                Err(std::io::Error::other("the body's source went away")),
+            ];
+            (
+                StatusCode::CREATED,
+                Body::from_stream(futures::stream::iter(chunks)),
+            )
+                .into_response()
+        }
+    };
+    // The same, but the body panics after its first chunk.
+    let s = seen.clone();
+    let panicking = move || {
+        let s = s.clone();
+        async move {
+            let run = s.next();
+            let stream = futures::stream::unfold(0u8, move |step| async move {
+                match step {
+                    0 => Some((
+                        Ok::<_, std::io::Error>(Bytes::from(format!("run {run}"))),
+                        1,
+                    )),
+                    _ if run == 1 => panic!("the response body panics on the first run"),
+                    _ => None,
+                }
+            });
+            (StatusCode::CREATED, Body::from_stream(stream)).into_response()
+        }
+    };
+    let s = seen.clone();
+    let gated = move || {
+        let s = s.clone();
+        async move {
+            let run = s.next();
+            s.started.notify_one();
+            s.release.notified().await;
+            (StatusCode::CREATED, format!("run {run}"))
+        }
+    };
+    // 200 with a body of 17 MiB, over MariaDB's default max_allowed_packet.
+    let s = seen.clone();
+    let huge = move || {
+        let s = s.clone();
+        async move {
+            let run = s.next();
+            let mut body = vec![b'x'; 17 * 1024 * 1024];
+            body[..8].copy_from_slice(format!("run {run:>4}").as_bytes());
+            (StatusCode::OK, body)
+        }
+    };
+    Router::new()
+        .route("/streaming", post(streaming))
+        .route("/failing", post(failing))
+        .route("/panicking", post(panicking))
+        .route("/gated", post(gated))
+        .route("/huge", post(huge))
+}
+
+struct Server {
+    base: String,
+    client: reqwest::Client,
+}
+
+async fn serve(layer: IdempotencyLayer) -> (Server, Arc<Seen>) {
+    let seen = Arc::new(Seen::default());
+    let (base, client) = common::http::serve(app(&seen).layer(layer)).await;
+    (Server { base, client }, seen)
+}
+
+impl Server {
+    fn post(&self, path: &str, key: &str) -> reqwest::RequestBuilder {
+        self.client
+            .post(format!("{}{path}", self.base))
+            .header("idempotency-key", key)
+            .body("x")
+    }
+}
+
+fn fresh_key() -> String {
+    static N: AtomicUsize = AtomicUsize::new(0);
+    let millis = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_millis();
+    let n = N.fetch_add(1, Ordering::Relaxed);
+    format!("\"edges-{}-{millis}-{n}\"", std::process::id())
+}
+
+fn replayed(response: &reqwest::Response) -> bool {
+    response
+        .headers()
+        .get("idempotent-replayed")
+        .is_some_and(|v| v == "true")
+}
+
+fn problem_json(response: &reqwest::Response) -> bool {
+    response
+        .headers()
+        .get("content-type")
+        .is_some_and(|v| v == "application/problem+json")
+}
+
+async fn sqlite() -> (idem::SqliteStore, common::backend::Guard) {
+    common::backend::sqlite_file::store(8).await
+}
+
+/// The client goes away after the handler returned, while its response
+/// body is still being produced: the body is still collected and stored,
+/// and the retry replays it whole; the handler ran once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn disconnect_while_the_response_body_streams_then_replay() {
+    let (store, _guard) = sqlite().await;
+    let (server, seen) = serve(IdempotencyLayer::new(store)).await;
+    let key = fresh_key();
+    let gone = tokio::spawn(
+        server
+            .post("/streaming", &key)
+            .timeout(Duration::from_millis(300))
+            .send(),
+    );
+    seen.started.notified().await;
+    assert!(gone.await.unwrap().unwrap_err().is_timeout());
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    seen.release.notify_one();
+    let retry = server.post("/streaming", &key).send().await.unwrap();
+    assert_eq!(retry.status(), StatusCode::CREATED);
+    assert!(replayed(&retry));
+    assert_eq!(retry.text().await.unwrap(), "run 1; the end");
+    assert_eq!(seen.runs(), 1);
+}
+
+/// The handler did its work and answered 201; its body then fails. The
+/// client is answered 500 (the layer's problem document). A retry must
+/// not run the handler a second time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "open: a response body that fails after the handler answered releases the key"]
+async fn response_body_error_after_the_handler_committed_does_not_run_it_again() {
+    let (store, _guard) = sqlite().await;
+    let (server, seen) = serve(IdempotencyLayer::new(store)).await;
+    let key = fresh_key();
+    let first = server.post("/failing", &key).send().await.unwrap();
+    assert_eq!(first.status(), StatusCode::INTERNAL_SERVER_ERROR);
+    assert!(problem_json(&first));
+    assert_eq!(seen.runs(), 1);
+    let retry = server.post("/failing", &key).send().await.unwrap();
+    let status = retry.status();
+    let body = retry.text().await.unwrap();
+    assert_eq!(
+        seen.runs(),
+        1,
+        "the handler, whose effect committed on the first request, ran again \
+         for the retry (answered {status}: {body})"
+    );
+}
+
+/// A response body that panics (outside the handler's call, which the
+/// layer guards) still hands the key back: the retry runs at once rather
+/// than wait for the lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn response_body_panic_hands_the_key_back() {
+    let (store, _guard) = sqlite().await;
+    let (server, seen) = serve(IdempotencyLayer::new(store)).await;
+    let key = fresh_key();
+    let first = server.post("/panicking", &key).send().await;
+    assert!(first.is_err(), "{first:?}");
+    let retry = tokio::time::timeout(
+        Duration::from_secs(3),
+        server.post("/panicking", &key).send(),
+    )
+    .await
+    .expect("the retry is not held up by an abandoned claim")
+    .unwrap();
+    assert_eq!(retry.status(), StatusCode::CREATED);
+    assert!(!replayed(&retry));
+    assert_eq!(retry.text().await.unwrap(), "run 2");
+    assert_eq!(seen.runs(), 2);
+}
+
+/// A duplicate waits up to the layer's bound, then gets 409 with
+/// `Retry-After`; once the first completes, a retry replays it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn duplicate_waits_its_bound_then_409_then_replays() {
+    let (store, _guard) = sqlite().await;
+    let (server, seen) = serve(IdempotencyLayer::new(store).wait(Duration::from_millis(400))).await;
+    let key = fresh_key();
+    let first = tokio::spawn(server.post("/gated", &key).send());
+    seen.started.notified().await;
+    let asked = Instant::now();
+    let duplicate = server.post("/gated", &key).send().await.unwrap();
+    let waited = asked.elapsed();
+    assert_eq!(duplicate.status(), StatusCode::CONFLICT);
+    assert!(problem_json(&duplicate));
+    assert!(duplicate.headers().contains_key("retry-after"));
+    assert!(waited >= Duration::from_millis(350), "waited {waited:?}");
+    assert!(waited < Duration::from_secs(3), "waited {waited:?}");
+    seen.release.notify_one();
+    let first = first.await.unwrap().unwrap();
+    assert_eq!(first.status(), StatusCode::CREATED);
+    let retry = server.post("/gated", &key).send().await.unwrap();
+    assert!(replayed(&retry));
+    assert_eq!(retry.text().await.unwrap(), "run 1");
+    assert_eq!(seen.runs(), 1);
+}
+
+/// Key headers with bytes no other module sends: answered 400 with a
+/// problem document, nothing run, nothing panics.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn odd_key_bytes_are_400_problems() {
+    let (store, _guard) = sqlite().await;
+    let (server, seen) = serve(IdempotencyLayer::new(store)).await;
+    let values: Vec<HeaderValue> = vec![
+        HeaderValue::from_bytes(b"\"k\xff\"").unwrap(),
+        HeaderValue::from_bytes(b"k\x80").unwrap(),
+        HeaderValue::from_bytes(b"\"a\tb\"").unwrap(),
+        HeaderValue::from_bytes(b"\"").unwrap(),
+        HeaderValue::from_bytes(b"\"\\").unwrap(),
+        HeaderValue::from_str(&format!("\"{}\"", "\\\\".repeat(256))).unwrap(),
+    ];
+    for value in values {
+        let response = server
+            .client
+            .post(format!("{}/gated", server.base))
+            .header("idempotency-key", value.clone())
+            .body("x")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), StatusCode::BAD_REQUEST, "{value:?}");
+        assert!(problem_json(&response), "{value:?}");
+    }
+    assert_eq!(seen.runs(), 0);
+}
+
+/// A response the store cannot keep (17 MiB, over MariaDB's default
+/// `max_allowed_packet` of 16 MiB): the first client gets it, but the key
+/// must not stay "in progress" for ever. Here the lease is 3 s; seven
+/// seconds (over two leases) after the request finished, a retry must be
+/// answered (replayed, run again, or refused honestly), not 409 as if the
+/// request were still running.
+#[cfg(feature = "mysql")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "open: an outcome no store write can hold keeps its key in progress until the process ends"]
+async fn unstorable_response_does_not_leave_the_key_in_progress() {
+    let (store, _guard) = common::backend::mysql::store(4).await;
+    let layer = IdempotencyLayer::new(store)
+        .lease(Duration::from_secs(3))
+        .wait(Duration::from_millis(300));
+    let (server, seen) = serve(layer).await;
+    let key = fresh_key();
+    let first = server.post("/huge", &key).send().await.unwrap();
+    assert_eq!(first.status(), StatusCode::OK);
+    assert_eq!(first.bytes().await.unwrap().len(), 17 * 1024 * 1024);
+    tokio::time::sleep(Duration::from_secs(7)).await;
+    let mut statuses = Vec::new();
+    for _ in 0..4 {
+        let retry = server.post("/huge", &key).send().await.unwrap();
+        statuses.push(retry.status());
+        let _ = retry.bytes().await;
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    assert!(
+        statuses.iter().all(|s| *s != StatusCode::CONFLICT),
+        "the key stays in progress long after its only request finished: \
+         {statuses:?} (handler runs: {})",
+        seen.runs()
+    );
+}
