@@ -458,11 +458,10 @@ impl<DB: Backend> SqlStore<DB> {
         key: &Key,
         fingerprint: Option<&Fingerprint>,
     ) -> Result<Look, Error> {
-        let ours = |held: &Fingerprint| fingerprint.is_none_or(|f| f == held);
         // Held here: its completion or release wakes this waiter itself
         // (with the outcome), and a failed one wakes it to read.
         if let Some((token, held)) = self.waiters.held_here(scope, key) {
-            return Ok(match ours(&held) {
+            return Ok(match fingerprint.is_none_or(|f| *f == held) {
                 true => Look::HeldBy(Some(token)),
                 false => Look::Free,
             });
@@ -470,10 +469,8 @@ impl<DB: Backend> SqlStore<DB> {
         let bound = Bound::key(scope, key);
         let read = on_pool!(self, |conn| self.read_on(&mut conn, &self.sql.look, &bound))?;
         Ok(match read {
-            Some((record, now)) if record.holds_lease(now) && ours(&record.fingerprint) => {
-                Look::HeldBy(record.token)
-            }
-            _ => Look::Free,
+            Some((record, now)) => Look::at(Some(&record), now, fingerprint),
+            None => Look::Free,
         })
     }
 }

@@ -458,12 +458,7 @@ impl RedisStore {
     async fn look(&self, keys: &Keys, fingerprint: Option<&Fingerprint>) -> Result<Look, Error> {
         let value = self.invoke(SCRIPTS.look.on(&keys.record)).await?;
         let (now, record) = now_and_record(value)?;
-        Ok(match record {
-            Some(r) if r.holds_lease(now) && fingerprint.is_none_or(|f| *f == r.fingerprint) => {
-                Look::HeldBy(r.token)
-            }
-            _ => Look::Free,
-        })
+        Ok(Look::at(record.as_ref(), now, fingerprint))
     }
 
     /// Waits on `(scope, key)` as [`Waiters::wait`] does, for a claim of

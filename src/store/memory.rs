@@ -252,12 +252,7 @@ impl MemoryStore {
     /// payload: `None`) holds `(scope, key)` now, and which.
     fn look(&self, scope: &Scope, key: &Key, fingerprint: Option<&Fingerprint>) -> Look {
         let now = now_millis();
-        match self.records().get(&At::of(scope, key)) {
-            Some(r) if r.holds_lease(now) && fingerprint.is_none_or(|f| *f == r.fingerprint) => {
-                Look::HeldBy(r.token)
-            }
-            _ => Look::Free,
-        }
+        Look::at(self.records().get(&At::of(scope, key)), now, fingerprint)
     }
 
     /// Runs `write` on the record if it is in progress under `claim`'s

@@ -9,7 +9,7 @@ use tokio::sync::Notify;
 
 use crate::fingerprint::Fingerprint;
 use crate::key::{Key, Scope};
-use crate::record::{Claim, ClaimToken, Outcome};
+use crate::record::{Claim, ClaimToken, Millis, Outcome, Record};
 
 type Slot = (String, String);
 
@@ -65,6 +65,23 @@ pub(crate) enum Look {
     /// payload is [`Look::Free`] to the waiter: the record answers it (the
     /// key is reused), and nothing of that claim may be handed to it.
     HeldBy(Option<ClaimToken>),
+}
+
+impl Look {
+    /// What a waiter for a claim of the payload of `fingerprint` (of any
+    /// payload: `None`) makes of `record` at `now`.
+    pub(crate) fn at(
+        record: Option<&Record>,
+        now: Millis,
+        fingerprint: Option<&Fingerprint>,
+    ) -> Self {
+        match record {
+            Some(r) if r.holds_lease(now) && fingerprint.is_none_or(|f| *f == r.fingerprint) => {
+                Look::HeldBy(r.token)
+            }
+            _ => Look::Free,
+        }
+    }
 }
 
 impl Waiters {
