@@ -138,6 +138,11 @@ const BEGIN_ATTEMPTS: u32 = 3;
 const SAVE_IN_LINE: Duration = Duration::from_secs(2);
 /// The longest pause between two attempts to store an outcome.
 const MAX_SAVE_PAUSE: Duration = Duration::from_secs(1);
+
+/// How many times the release of a claim whose answer never came is sent
+/// again when it finds nothing (20 ms apart, then twice as far each time:
+/// some 1.3 s in all).
+const LATE_CLAIM_LOOKS: u32 = 6;
 /// The `Retry-After` hint given with [`Error::InProgress`].
 const RETRY_AFTER: Duration = Duration::from_secs(1);
 
@@ -1436,7 +1441,8 @@ impl<S: Store + ?Sized> Drop for Guard<'_, '_, S> {
         if matches!(holding, Holding::Nothing) {
             return;
         }
-        // Built only now: a call that ends normally never needs it.
+        // Built only now: a call that ends normally never needs it. Fence
+        // 0: the claim's answer never came (see `hand_back`).
         let claim = match self.claim.take() {
             Some(claim) => claim,
             None => Claim::granted(self.request, 0),
@@ -1486,14 +1492,32 @@ impl<S: Store + ?Sized> Drop for Guard<'_, '_, S> {
 
 /// Releases a claim that nobody will complete, trying again while the store
 /// fails, for as long as the lease would have held it anyway.
+///
+/// A claim whose answer never came (fence 0: the caller was dropped while
+/// its claim was on its way) may land after a first release finds nothing:
+/// its statement went out on a connection that the drop handed back to
+/// the pool, which lets it run to its end. Its release is then sent again,
+/// a few times over about a second, before the claim is taken for one
+/// that never landed; a later one is left to its lease.
 async fn hand_back(store: Arc<dyn Store>, claim: Claim) {
     let until = Instant::now() + claim.lease;
     let mut pause = Duration::from_millis(20);
+    let mut late_looks = if claim.fence == 0 {
+        LATE_CLAIM_LOOKS
+    } else {
+        0
+    };
     loop {
         match store.release(&claim).await {
             Ok(()) => {
                 tracing::debug!(decision = "released", "the key is free for a retry");
                 return;
+            }
+            // Not landed yet, perhaps: once more, a little later.
+            Err(Error::LeaseLost) if late_looks > 0 && Instant::now() + pause < until => {
+                late_looks -= 1;
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(MAX_SAVE_PAUSE);
             }
             // Never landed, already gone, or someone else's now.
             Err(Error::LeaseLost) => return,
