@@ -134,16 +134,19 @@ common::backends!(postgres, mysql => {
         assert_eq!(runs.count(), 5, "a body ran twice");
     }
 
-    /// A lease of 300 ms renewed every 100 ms while every connection of
+    /// A lease of 1.5 s, renewed every 500 ms, while every connection of
     /// the namespace is killed every ~60 ms: each renewal finds its kept
     /// connection dead. Duplicates that fail fast keep asking all along;
-    /// none may find the lease lapsed and take the key over.
+    /// none may find the lease lapsed and take the key over. (With a
+    /// lease of 300 ms, a run of the whole suite on two busy cores once
+    /// took longer than that to land a renewal through the kills: a
+    /// lapse the lease allows, not a renewal lost.)
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn renewals_on_killed_kept_connections_keep_the_claim() {
         let ns = Arc::new(backend::namespace("kk_renew").await);
         let store = backend::Store::new(backend::pool(&ns, 8).await);
         store.migrate().await.unwrap();
-        let policy = Policy::new().lease(Duration::from_millis(300)).fail_fast();
+        let policy = Policy::new().lease(Duration::from_millis(1500)).fail_fast();
         for key in ["warm-1", "warm-2", "warm-3"] {
             run(&store, Call::new(SCOPE, key, &1).with_policy(policy), async move {
                 Ok::<_, Error>(key.to_owned())
@@ -160,8 +163,8 @@ common::backends!(postgres, mysql => {
             tokio::spawn(async move {
                 run(&store, Call::new(SCOPE, "lease", &1).with_policy(policy), async move {
                     runs.next();
-                    // About four leases, killing all along.
-                    for _ in 0..20 {
+                    // Three renewals' worth, killing all along.
+                    for _ in 0..30 {
                         kills.fetch_add(kill_any(&ns).await, Ordering::SeqCst);
                         tokio::time::sleep(Duration::from_millis(60)).await;
                     }
