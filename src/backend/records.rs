@@ -460,11 +460,8 @@ impl<DB: Backend> SqlStore<DB> {
     ) -> Result<Look, Error> {
         // Held here: its completion or release wakes this waiter itself
         // (with the outcome), and a failed one wakes it to read.
-        if let Some((token, held)) = self.waiters.held_here(scope, key) {
-            return Ok(match fingerprint.is_none_or(|f| *f == held) {
-                true => Look::HeldBy(Some(token)),
-                false => Look::Free,
-            });
+        if let Some((token, holder)) = self.waiters.held_here(scope, key) {
+            return Ok(Look::held(Some(token), &holder, fingerprint));
         }
         let bound = Bound::key(scope, key);
         let read = on_pool!(self, |conn| self.read_on(&mut conn, &self.sql.look, &bound))?;

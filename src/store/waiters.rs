@@ -69,16 +69,27 @@ pub(crate) enum Look {
 
 impl Look {
     /// What a waiter for a claim of the payload of `fingerprint` (of any
-    /// payload: `None`) makes of `record` at `now`.
+    /// payload: `None`) makes of a live claim with `token`, granted for
+    /// the payload of `holder`.
+    pub(crate) fn held(
+        token: Option<ClaimToken>,
+        holder: &Fingerprint,
+        fingerprint: Option<&Fingerprint>,
+    ) -> Self {
+        match fingerprint.is_none_or(|f| f == holder) {
+            true => Look::HeldBy(token),
+            false => Look::Free,
+        }
+    }
+
+    /// What the same waiter makes of `record` at `now`.
     pub(crate) fn at(
         record: Option<&Record>,
         now: Millis,
         fingerprint: Option<&Fingerprint>,
     ) -> Self {
         match record {
-            Some(r) if r.holds_lease(now) && fingerprint.is_none_or(|f| *f == r.fingerprint) => {
-                Look::HeldBy(r.token)
-            }
+            Some(r) if r.holds_lease(now) => Look::held(r.token, &r.fingerprint, fingerprint),
             _ => Look::Free,
         }
     }
