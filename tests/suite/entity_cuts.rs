@@ -483,6 +483,38 @@ common::backends!(sqlite_file, postgres, mysql => {
             }
         }
 
+        /// Runs a first call of `token` whose body sets the proxy to
+        /// `mode`, and aborts its task `settle_ms` after the proxy acted.
+        async fn aborted_once_fired(
+            proxy: &Proxy,
+            pool: &Pool,
+            runs: &Runs,
+            token: &'static str,
+            policy: Policy,
+            mode: OnCommit,
+            settle_ms: u64,
+        ) {
+            let first = tokio::spawn({
+                let (pool, runs) = (pool.clone(), runs.clone());
+                let proxy_mode = proxy.mode.clone();
+                async move {
+                    let answer: Answer = idem::entity::run(&pool, call(token, policy), async {
+                        let run = runs.next(token);
+                        *proxy_mode.lock().unwrap() = mode;
+                        Ok(paid(token, run))
+                    })
+                    .await;
+                    answer
+                }
+            });
+            while proxy.fired.load(Ordering::SeqCst) == 0 {
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+            tokio::time::sleep(Duration::from_millis(settle_ms)).await;
+            first.abort();
+            assert!(first.await.unwrap_err().is_cancelled());
+        }
+
         async fn proxied(ns: &Namespace) -> (Proxy, Pool) {
             proxied_with(ns, 4).await
         }
@@ -553,25 +585,8 @@ common::backends!(sqlite_file, postgres, mysql => {
             let runs = Runs::default();
             let token = "dropped-at-begin";
             let policy = Policy::new().lease(Duration::from_secs(1)).wait(Duration::from_secs(10));
-            let first = tokio::spawn({
-                let (pool, runs) = (pool.clone(), runs.clone());
-                let proxy_mode = proxy.mode.clone();
-                async move {
-                    let answer: Answer = idem::entity::run(&pool, call(token, policy), async {
-                        let run = runs.next(token);
-                        *proxy_mode.lock().unwrap() = OnCommit::DelayBeginAnswer;
-                        Ok(paid(token, run))
-                    })
-                    .await;
-                    answer
-                }
-            });
-            while proxy.fired.load(Ordering::SeqCst) == 0 {
-                tokio::time::sleep(Duration::from_millis(2)).await;
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-            first.abort();
-            assert!(first.await.unwrap_err().is_cancelled());
+            let delay = OnCommit::DelayBeginAnswer;
+            aborted_once_fired(&proxy, &pool, &runs, token, policy, delay, 100).await;
             // The BEGIN's answer arrives, the connection goes back to the
             // pool, the claim is handed back on it.
             tokio::time::sleep(Duration::from_secs(2)).await;
@@ -607,26 +622,8 @@ common::backends!(sqlite_file, postgres, mysql => {
             let runs = Runs::default();
             let token = "dropped-at-commit";
             let policy = Policy::new().wait(Duration::from_secs(30));
-            let first = tokio::spawn({
-                let (pool, runs) = (pool.clone(), runs.clone());
-                let proxy_mode = proxy.mode.clone();
-                let mode = if landed { OnCommit::HoldAnswer } else { OnCommit::HoldCommit };
-                async move {
-                    let answer: Answer = idem::entity::run(&pool, call(token, policy), async {
-                        let run = runs.next(token);
-                        *proxy_mode.lock().unwrap() = mode;
-                        Ok(paid(token, run))
-                    })
-                    .await;
-                    answer
-                }
-            });
-            while proxy.fired.load(Ordering::SeqCst) == 0 {
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
-            tokio::time::sleep(Duration::from_millis(200)).await;
-            first.abort();
-            assert!(first.await.unwrap_err().is_cancelled());
+            let mode = if landed { OnCommit::HoldAnswer } else { OnCommit::HoldCommit };
+            aborted_once_fired(&proxy, &pool, &runs, token, policy, mode, 200).await;
             tokio::time::sleep(Duration::from_millis(200)).await;
             proxy.release.notify_waiters();
             let retried: Answer = tokio::time::timeout(
