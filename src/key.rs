@@ -65,7 +65,13 @@ impl Key {
         if value.len() > MAX_KEY_LEN {
             return Err(KeyError::TooLong { len: value.len() });
         }
-        match value.bytes().position(|b| !(0x21..=0x7e).contains(&b)) {
+        // Every byte is looked at, without an early exit, so that the
+        // compiler checks many at once; where one is wrong is found after.
+        let printable = |b: u8| b.wrapping_sub(0x21) < 0x7e - 0x21 + 1;
+        if value.bytes().fold(true, |ok, b| ok & printable(b)) {
+            return Ok(());
+        }
+        match value.bytes().position(|b| !printable(b)) {
             Some(offset) => Err(KeyError::InvalidByte {
                 offset,
                 byte: value.as_bytes()[offset],
