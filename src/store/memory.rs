@@ -28,11 +28,14 @@ use crate::record::{
 /// that uses `#[idempotent]`, and for tools that run alone.
 #[derive(Clone, Debug, Default)]
 pub struct MemoryStore {
-    inner: Arc<Inner>,
+    inner: Arc<Shared>,
 }
 
+/// The records, which a [`MemoryStore`] and its clones share. It is the
+/// store itself: a store handle is an `Arc` of it, so that detaching one
+/// ([`Store::detach`], once per execution) allocates nothing.
 #[derive(Debug, Default)]
-struct Inner {
+struct Shared {
     records: Mutex<Records>,
     /// The step journal, by operation, then by `seq`. Taken only under
     /// the records' lock, which fences it.
@@ -137,22 +140,29 @@ impl MemoryStore {
 
     /// How many records are held, live or expired.
     pub fn len(&self) -> usize {
-        self.records().len()
+        self.inner.records().len()
     }
 
     /// Whether no record is held.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
+}
 
+super::forward_store!(
+    [] MemoryStore => |store| &*store.inner,
+    detach: Some(store.inner.clone() as Arc<dyn Store>);
+);
+
+impl Shared {
     fn records(&self) -> MutexGuard<'_, Records> {
         // A panic while holding the lock cannot leave a half-written record:
         // every write is a single insert, remove or field update.
-        self.inner.records.lock().unwrap_or_else(|e| e.into_inner())
+        self.records.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     fn journal(&self) -> MutexGuard<'_, Journal> {
-        self.inner.journal.lock().unwrap_or_else(|e| e.into_inner())
+        self.journal.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Runs `write` on the journal of `claim`'s operation, under the
@@ -231,7 +241,7 @@ impl MemoryStore {
                 r.expires_at = now.saturating_add(duration_millis(claim.ttl));
             },
         )?;
-        self.inner.waiters.hand_over(claim, outcome);
+        self.waiters.hand_over(claim, outcome);
         Ok(())
     }
 
@@ -245,7 +255,7 @@ impl MemoryStore {
         timeout: Duration,
     ) -> Result<Option<Outcome>, Error> {
         let look = || async { Ok::<_, Error>(self.look(scope, key, fingerprint)) };
-        self.inner.waiters.wait(scope, key, timeout, look).await
+        self.waiters.wait(scope, key, timeout, look).await
     }
 
     /// Whether a live claim of the payload of `fingerprint` (of any
@@ -280,7 +290,7 @@ impl MemoryStore {
 }
 
 #[async_trait]
-impl Store for MemoryStore {
+impl Store for Shared {
     fn begin_now(&self, req: &BeginRequest<'_>) -> Option<Result<Begin, Error>> {
         Some(self.claim(req))
     }
@@ -326,7 +336,7 @@ impl Store for MemoryStore {
                 slot.swap_remove();
             },
         )?;
-        self.inner.waiters.wake(&claim.scope, &claim.key);
+        self.waiters.wake(&claim.scope, &claim.key);
         Ok(())
     }
 
@@ -339,7 +349,7 @@ impl Store for MemoryStore {
         let removed = records.swap_remove(&At::of(scope, key)).is_some();
         self.journal().remove(&At::of(scope, key).slot());
         drop(records);
-        self.inner.waiters.wake(scope, key);
+        self.waiters.wake(scope, key);
         Ok(removed)
     }
 
@@ -474,7 +484,5 @@ impl Store for MemoryStore {
         Ok(handed.map(Begin::Replay))
     }
 
-    fn detach(&self) -> Option<Arc<dyn Store>> {
-        Some(Arc::new(self.clone()))
-    }
+    // `detach` is `MemoryStore`'s, which holds the `Arc` of this.
 }

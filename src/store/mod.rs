@@ -359,38 +359,38 @@ macro_rules! forward_transactional_store {
 }
 forward_transactional_store!(Arc<S>, Box<S>, &S);
 macro_rules! forward_store {
-    ($($ty:ty),*) => {$(
+    ($([$($generics:tt)*] $ty:ty => |$this:ident| $to:expr, detach: $detach:expr;)*) => {$(
         #[async_trait]
-        impl<S: Store + ?Sized> Store for $ty {
+        impl<$($generics)*> Store for $ty {
             fn begin_now(&self, request: &BeginRequest<'_>) -> Option<Result<Begin, Error>> {
-                (**self).begin_now(request)
+                ({ let $this = self; $to }).begin_now(request)
             }
             async fn begin(&self, request: &BeginRequest<'_>) -> Result<Begin, Error> {
-                (**self).begin(request).await
+                ({ let $this = self; $to }).begin(request).await
             }
             async fn peek(&self, request: &BeginRequest<'_>) -> Result<Option<Begin>, Error> {
-                (**self).peek(request).await
+                ({ let $this = self; $to }).peek(request).await
             }
             async fn renew(&self, claim: &Claim) -> Result<(), Error> {
-                (**self).renew(claim).await
+                ({ let $this = self; $to }).renew(claim).await
             }
             fn complete_now(&self, claim: &Claim, outcome: &Outcome) -> Option<Result<(), Error>> {
-                (**self).complete_now(claim, outcome)
+                ({ let $this = self; $to }).complete_now(claim, outcome)
             }
             async fn complete(&self, claim: &Claim, outcome: &Outcome) -> Result<(), Error> {
-                (**self).complete(claim, outcome).await
+                ({ let $this = self; $to }).complete(claim, outcome).await
             }
             async fn release(&self, claim: &Claim) -> Result<(), Error> {
-                (**self).release(claim).await
+                ({ let $this = self; $to }).release(claim).await
             }
             async fn get(&self, scope: &Scope, key: &Key) -> Result<Option<Record>, Error> {
-                (**self).get(scope, key).await
+                ({ let $this = self; $to }).get(scope, key).await
             }
             async fn forget(&self, scope: &Scope, key: &Key) -> Result<bool, Error> {
-                (**self).forget(scope, key).await
+                ({ let $this = self; $to }).forget(scope, key).await
             }
             async fn purge_expired(&self, batch: usize) -> Result<u64, Error> {
-                (**self).purge_expired(batch).await
+                ({ let $this = self; $to }).purge_expired(batch).await
             }
             async fn wait_for_change(
                 &self,
@@ -398,21 +398,21 @@ macro_rules! forward_store {
                 key: &Key,
                 timeout: Duration,
             ) -> Result<(), Error> {
-                (**self).wait_for_change(scope, key, timeout).await
+                ({ let $this = self; $to }).wait_for_change(scope, key, timeout).await
             }
             async fn wait_for_outcome(
                 &self,
                 request: &BeginRequest<'_>,
                 timeout: Duration,
             ) -> Result<Option<Begin>, Error> {
-                (**self).wait_for_outcome(request, timeout).await
+                ({ let $this = self; $to }).wait_for_outcome(request, timeout).await
             }
             async fn begin_step(
                 &self,
                 claim: &Claim,
                 step: &StepRequest<'_>,
             ) -> Result<StepBegin, Error> {
-                (**self).begin_step(claim, step).await
+                ({ let $this = self; $to }).begin_step(claim, step).await
             }
             async fn complete_step(
                 &self,
@@ -420,10 +420,10 @@ macro_rules! forward_store {
                 step: &StepRequest<'_>,
                 output: &[u8],
             ) -> Result<(), Error> {
-                (**self).complete_step(claim, step, output).await
+                ({ let $this = self; $to }).complete_step(claim, step, output).await
             }
             async fn steps(&self, scope: &Scope, key: &Key) -> Result<Vec<StepRecord>, Error> {
-                (**self).steps(scope, key).await
+                ({ let $this = self; $to }).steps(scope, key).await
             }
             async fn resolve_step(
                 &self,
@@ -433,21 +433,30 @@ macro_rules! forward_store {
                 name: &str,
                 resolution: &StepResolution,
             ) -> Result<bool, Error> {
-                (**self).resolve_step(scope, key, seq, name, resolution).await
+                ({ let $this = self; $to }).resolve_step(scope, key, seq, name, resolution).await
             }
             fn wakes_across_processes(&self) -> bool {
-                (**self).wakes_across_processes()
+                ({ let $this = self; $to }).wakes_across_processes()
             }
             fn journal_beside(&self) -> bool {
-                (**self).journal_beside()
+                ({ let $this = self; $to }).journal_beside()
             }
             fn deletes_expired_itself(&self) -> bool {
-                (**self).deletes_expired_itself()
+                ({ let $this = self; $to }).deletes_expired_itself()
             }
             fn detach(&self) -> Option<Arc<dyn Store>> {
-                (**self).detach()
+                let $this = self;
+                $detach
             }
         }
     )*};
 }
-forward_store!(Arc<S>, Box<S>, &S);
+/// Implements [`Store`] for `$ty` by forwarding every method to the store
+/// `$to` borrows (from `self`, named `$this`), but `detach`, which is
+/// `$detach`.
+pub(crate) use forward_store;
+forward_store!(
+    [S: Store + ?Sized] Arc<S> => |s| &**s, detach: (**s).detach();
+    [S: Store + ?Sized] Box<S> => |s| &**s, detach: (**s).detach();
+    [S: Store + ?Sized] &S => |s| &**s, detach: (**s).detach();
+);
