@@ -11,7 +11,10 @@
 //! 3. on a claim, runs the body; an `Ok` value is serialized and stored
 //!    (fenced [`complete`](Store::complete)), an error is released so that a
 //!    retry runs again, unless the call was built with
-//!    [`replaying`](Call::replaying) and the error is replayable;
+//!    [`replaying`](Call::replaying) and the error is replayable; a result
+//!    to store that its codec cannot encode is answered to this caller as
+//!    it is, and every later call gets [`Error::Unrecorded`] (the body
+//!    ran: it is not run again);
 //! 4. on a key reused with another payload: [`Error::KeyReused`];
 //! 5. on a call in progress: waits for it (woken by the store when it can,
 //!    polling with a capped backoff otherwise) up to the policy's bound,
@@ -425,6 +428,11 @@ impl<O> fmt::Debug for Call<O> {
 }
 
 /// How an operation's `Ok` value becomes the stored outcome bytes, and back.
+///
+/// A value that `encode` fails on is not stored: the key answers
+/// [`Error::Unrecorded`] from then on (its operation ran, and is not run
+/// again). Encoded bytes must not begin with a NUL byte followed by
+/// `idem:unrecorded`, which marks that answer.
 pub trait Codec<T> {
     /// The bytes to store for `value`.
     fn encode(&self, value: &T) -> Result<Vec<u8>, Error>;
@@ -600,17 +608,14 @@ where
     let body = std::pin::pin!(operation.scope(body));
     let result = renewing(store, claim, body).await;
     let stored = match outcomes.encode(&result) {
-        Some(Ok(outcome)) => outcome,
+        Some(encoded) => recorded(encoded),
         // Nothing to store: release the key. Should that fail, the
         // guard hands it back in the background as it drops.
-        encoded => {
+        None => {
             if release(records, claim).await {
                 guard.disarm();
             }
-            return match encoded {
-                Some(Err(err)) => Err(err.into()),
-                _ => result,
-            };
+            return result;
         }
     };
     let stored = guard.saving(stored);
@@ -677,7 +682,7 @@ where
             locked: false,
         };
         match outcomes.encode(&result) {
-            Some(Ok(outcome)) => match records.complete(&claim, &outcome).await {
+            Some(encoded) => match records.complete(&claim, &recorded(encoded)).await {
                 Ok(()) => {}
                 Err(err) => {
                     tracing::error!(
@@ -687,10 +692,6 @@ where
                     return Err(err.into());
                 }
             },
-            Some(Err(err)) => {
-                release(&mut records, &claim).await;
-                return Err(err.into());
-            }
             None => {
                 // On the caller's transaction: if this fails, so does the
                 // transaction, and the claim rolls back with it.
@@ -701,6 +702,20 @@ where
     }
     .instrument(span)
     .await
+}
+
+/// The outcome to store for a result the body returned: its encoding, or,
+/// when its codec failed, the [`Outcome::unrecorded`] that answers
+/// [`Error::Unrecorded`] to every later call. The body ran, so the key is
+/// not handed back for a retry to run it again.
+fn recorded(encoded: Result<Outcome, Error>) -> Outcome {
+    encoded.unwrap_or_else(|err| {
+        tracing::error!(
+            error = %err,
+            "the result could not be encoded; the key answers Unrecorded from now on"
+        );
+        Outcome::unrecorded(&err.to_string())
+    })
 }
 
 /// A [`Call`] whose key and fingerprint are valid and whose policy is sane.
@@ -808,6 +823,9 @@ impl<T, E, C: Codec<T>> sealed::Outcomes<T, E> for OkOnly<C> {
     }
 
     fn decode(&self, outcome: &Outcome) -> Result<Result<T, E>, Error> {
+        if let Some(reason) = outcome.unrecorded_reason() {
+            return Err(Error::Unrecorded(reason));
+        }
         match outcome.kind {
             OutcomeKind::Ok => Ok(Ok(self.0.decode(&outcome.body)?)),
             OutcomeKind::Err => Err(Error::Config(
@@ -834,6 +852,9 @@ where
     }
 
     fn decode(&self, outcome: &Outcome) -> Result<Result<T, E>, Error> {
+        if let Some(reason) = outcome.unrecorded_reason() {
+            return Err(Error::Unrecorded(reason));
+        }
         Ok(match outcome.kind {
             OutcomeKind::Ok => Ok(self.codec.decode(&outcome.body)?),
             OutcomeKind::Err => Err((self.errors.decode)(&outcome.body)?),

@@ -56,6 +56,7 @@ use crate::key::KeyError;
 /// | `Store` | `{"kind": "store", "message": ..., "source": "<the store error's message>"}` |
 /// | `Serialization` | `{"kind": "serialization", "message": ..., "source": ...}` |
 /// | `Config` | `{"kind": "config", "message": ..., "source": ...}` |
+/// | `Unrecorded` | `{"kind": "unrecorded", "message": ..., "source": "<why the result could not be encoded>"}` |
 ///
 /// Deserializing gives back an equivalent error: the same variant, the
 /// same `Display`, the same [`is_retryable`](Error::is_retryable). The
@@ -150,6 +151,16 @@ pub enum Error {
         /// The key the step gave its downstream.
         step_key: String,
     },
+    /// The operation ran for this key, but its result could not be
+    /// recorded: the outcome policy's codec failed to encode it (HTTP
+    /// 500). The caller that ran it got its result; every later call with
+    /// the key gets this error, and the operation is not run again, since
+    /// its effect happened. The text says why the encoding failed.
+    #[error(
+        "this idempotency key's operation ran, but its result could not be recorded ({0}); \
+         it is not run again for this key"
+    )]
+    Unrecorded(String),
     /// The operation called its durable steps in another order, or under
     /// other names, than the attempt that wrote its journal (HTTP 500).
     #[error(
@@ -223,6 +234,7 @@ enum Kind {
     Config,
     OutcomeUnknown,
     StepMismatch,
+    Unrecorded,
 }
 
 /// The step of an `outcome_unknown` or `step_mismatch` error.
@@ -296,6 +308,7 @@ impl Serialize for Error {
                 (Kind::Serialization, None, None, Some(source.to_string()))
             }
             Error::Config(source) => (Kind::Config, None, None, Some(source.clone())),
+            Error::Unrecorded(reason) => (Kind::Unrecorded, None, None, Some(reason.clone())),
             Error::OutcomeUnknown {
                 step: name,
                 seq,
@@ -371,6 +384,7 @@ impl<'de> Deserialize<'de> for Error {
                 Error::Serialization(<serde_json::Error as serde::de::Error>::custom(source))
             }
             Kind::Config => Error::Config(source),
+            Kind::Unrecorded => Error::Unrecorded(source),
             Kind::OutcomeUnknown => {
                 let step = form.step.ok_or_else(|| missing("step"))?;
                 Error::OutcomeUnknown {

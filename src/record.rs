@@ -180,6 +180,36 @@ pub struct Outcome {
     pub body: Vec<u8>,
 }
 
+/// How an [`Error::Unrecorded`](crate::Error::Unrecorded) outcome's body
+/// begins: a codec's bytes never do (JSON never begins with a NUL byte,
+/// and the [`Codec`](crate::Codec) documentation reserves it). The reason
+/// follows, as UTF-8.
+const UNRECORDED: &[u8] = b"\0idem:unrecorded\0";
+
+impl Outcome {
+    /// The outcome stored in place of a result that could not be encoded
+    /// (`reason` says why): its replays answer
+    /// [`Error::Unrecorded`](crate::Error::Unrecorded).
+    pub(crate) fn unrecorded(reason: &str) -> Outcome {
+        Outcome {
+            kind: OutcomeKind::Err,
+            body: [UNRECORDED, reason.as_bytes()].concat(),
+        }
+    }
+
+    /// Why the result this outcome stands in for could not be encoded, if
+    /// it is [`Outcome::unrecorded`]'s.
+    pub(crate) fn unrecorded_reason(&self) -> Option<String> {
+        match self.kind {
+            OutcomeKind::Err => self
+                .body
+                .strip_prefix(UNRECORDED)
+                .map(|reason| String::from_utf8_lossy(reason).into_owned()),
+            OutcomeKind::Ok => None,
+        }
+    }
+}
+
 /// One idempotency record, unique per `(scope, key)`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Record {

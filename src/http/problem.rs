@@ -372,6 +372,11 @@ mod tests {
                 None,
             ),
             (Error::Config("ttl is zero".into()), Problem::Internal, None),
+            (
+                Error::Unrecorded("a float is not finite".into()),
+                Problem::Internal,
+                None,
+            ),
         ];
         for (err, problem, retry_after) in cases {
             assert_eq!(Problem::from(&err), problem, "{err}");

@@ -101,4 +101,5 @@ mod store_faults;
 mod tracked;
 #[cfg(all(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 mod transactional;
+mod unencodable_outcomes;
 mod waiter_payloads;

@@ -39,6 +39,7 @@ fn every_error() -> Vec<Error> {
         Error::store("connection refused"),
         Error::Serialization(serde_json::from_str::<u8>("x").unwrap_err()),
         Error::Config("the ttl must be longer than zero".into()),
+        Error::Unrecorded("a receipt cannot be encoded".into()),
     ]
 }
 
