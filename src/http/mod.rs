@@ -142,7 +142,7 @@
 //! | 422 | the key was used with another payload |
 //! | 409 + `Retry-After` | a request with the key is still running and the wait bound passed, or the layer fails fast |
 //! | 503 + `Retry-After` | the store cannot be reached; the request is not executed |
-//! | 500 | the layer failed: an invalid policy (zero ttl or lease), a stored response that cannot be read, a response body that failed while buffered |
+//! | 500 | the layer failed: an invalid policy (zero ttl or lease), a stored response that cannot be read, a response body that failed while buffered (kept for the key when its status is one that is stored: see below) |
 //!
 //! **Failures of the inner service.** Its error type is kept: an error is
 //! returned as it is, and the key is released. A panic releases the key,
@@ -150,7 +150,12 @@
 //! `CatchPanicLayer` outside this layer to turn it into a 500). If the
 //! response cannot be stored after the request ran (the store failed, or the
 //! claim's lease ran out and another request took the key over), the client
-//! still gets it, and a warning is logged.
+//! still gets it, and a warning is logged. A response body that fails or
+//! panics while it is buffered, after the inner service answered with a
+//! status that is stored, is answered 500, and that 500 is stored for the
+//! key: the service did its work, so a retry replays the 500 rather than
+//! run it again. Under a status that is not stored, the key is released,
+//! as that status would release it.
 //!
 //! **Cancellation.** A claimed request runs on a Tokio task of its own, with
 //! a clone of the inner service: when the client disconnects and the server

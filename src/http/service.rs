@@ -256,7 +256,8 @@ enum Failure<E> {
     Inner(E),
     /// The inner service panicked.
     Panicked(Panic),
-    /// The inner service's response body failed while it was buffered.
+    /// The inner service's response body failed (or panicked) while it
+    /// was buffered, under a status that is not stored.
     ResponseBody(BoxError),
 }
 
@@ -295,13 +296,29 @@ where
             Ok(Err(err)) => return Err(Failure::Inner(err)),
             Err(panic) => return Err(Failure::Panicked(panic)),
         };
+        // Known from the head: whether the handler's answer is final.
+        let storable = is_stored(&response, &*config.store_status);
         let (parts, body) = response.into_parts();
-        let bytes = match body.collect().await {
-            Ok(collected) => collected.to_bytes(),
-            Err(err) => return Err(Failure::ResponseBody(err.into())),
+        let failed = match CatchUnwind::new(body.collect()).await {
+            Ok(Ok(collected)) => Ok(collected.to_bytes()),
+            Ok(Err(err)) => Err(err.into()),
+            Err(panic) => Err(panic_message(&panic).into()),
         };
-        let response = Response::from_parts(parts, bytes);
-        if !is_stored(&response, &*config.store_status) {
+        let response = match failed {
+            Ok(bytes) => Response::from_parts(parts, bytes),
+            // The handler answered, with a status to store, so its work is
+            // done: a retry must not run it again, and gets this answer.
+            Err(err) if storable => {
+                tracing::error!(
+                    error = %err,
+                    "the response body failed after the handler answered; \
+                     the key answers 500 from now on"
+                );
+                body_failed(&err, true).into()
+            }
+            Err(err) => return Err(Failure::ResponseBody(err)),
+        };
+        if !storable {
             return Err(Failure::NotStored(response));
         }
         let stored = StoredResponse::new(
@@ -325,11 +342,7 @@ fn respond<B: From<Bytes>, E>(ran: Ran<E>) -> Result<Response<B>, E> {
         (Err(Failure::NotStored(response)), _) => Ok(response.map(B::from)),
         (Err(Failure::Inner(err)), _) => Err(err),
         (Err(Failure::Panicked(panic)), _) => std::panic::resume_unwind(panic),
-        (Err(Failure::ResponseBody(err)), _) => Ok(ProblemDetails::new(
-            Problem::Internal,
-            format_args!("the response body failed while it was buffered: {err}"),
-        )
-        .into()),
+        (Err(Failure::ResponseBody(err)), _) => Ok(body_failed(&err, false).into()),
         (Err(Failure::Idem(err)), None) => Ok(ProblemDetails::from(&err).into()),
         // The request ran, but its response could not be stored (the store
         // failed, or the lease was lost): the client still gets it. A retry
@@ -338,6 +351,32 @@ fn respond<B: From<Bytes>, E>(ran: Ran<E>) -> Result<Response<B>, E> {
             tracing::warn!(error = %err, "the response was sent but not stored");
             Ok(executed.map(B::from))
         }
+    }
+}
+
+/// The answer to a request whose response body failed (or panicked)
+/// while it was buffered.
+/// `kept`: the answer is stored for the key, whose request is not run again.
+fn body_failed(err: &BoxError, kept: bool) -> ProblemDetails {
+    let detail = format!("the response body failed while it was buffered: {err}");
+    match kept {
+        true => ProblemDetails::new(
+            Problem::Internal,
+            format_args!("{detail}; the request was processed, and is not run again for this key"),
+        ),
+        false => ProblemDetails::new(Problem::Internal, detail),
+    }
+}
+
+/// What a panic said, when it said it with a string.
+fn panic_message(panic: &Panic) -> String {
+    let said = panic
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| panic.downcast_ref::<String>().map(String::as_str));
+    match said {
+        Some(said) => format!("the response body panicked: {said}"),
+        None => "the response body panicked".to_owned(),
     }
 }
 
