@@ -682,7 +682,7 @@ where
             locked: false,
         };
         match outcomes.encode(&result) {
-            Some(encoded) => match records.complete(&claim, &recorded(encoded)).await {
+            Some(encoded) => match complete_or_refuse(&mut records, &claim, recorded(encoded)).await {
                 Ok(()) => {}
                 Err(err) => {
                     tracing::error!(
@@ -716,6 +716,30 @@ fn recorded(encoded: Result<Outcome, Error>) -> Outcome {
         );
         Outcome::unrecorded(&err.to_string())
     })
+}
+
+/// The outcome stored when the store refused the result's as one it can
+/// never hold (`reason` says why).
+fn refused(reason: &str) -> Outcome {
+    tracing::error!(
+        reason,
+        "the store cannot hold the outcome; the key answers Unrecorded from now on"
+    );
+    Outcome::unrecorded(reason)
+}
+
+/// Completes `claim` with `outcome`, or, should the store refuse it as one
+/// it can never hold, with the outcome that answers
+/// [`Error::Unrecorded`].
+async fn complete_or_refuse<R: Records>(
+    records: &mut R,
+    claim: &Claim,
+    outcome: Outcome,
+) -> Result<(), Error> {
+    match records.complete(claim, &outcome).await {
+        Err(Error::Unrecorded(reason)) => records.complete(claim, &refused(&reason)).await,
+        done => done,
+    }
 }
 
 /// A [`Call`] whose key and fingerprint are valid and whose policy is sane.
@@ -1266,7 +1290,10 @@ async fn save_patiently<S: Store + ?Sized>(
     // Read at the first completion sent.
     let mut started = None;
     let mut pause = Duration::from_millis(20);
+    // What is stored instead of an outcome the store can never hold.
+    let mut unrecorded = None;
     loop {
+        let outcome = unrecorded.as_ref().unwrap_or(outcome);
         let completed = match first.take().or_else(|| store.complete_now(claim, outcome)) {
             // Done (or failed) at once: a store in memory.
             Some(done) => done,
@@ -1302,6 +1329,11 @@ async fn save_patiently<S: Store + ?Sized>(
         match completed {
             Ok(()) => return Saved::Stored,
             Err(Error::LeaseLost) => return lease_lost(claim),
+            // The same outcome would be refused again for ever: the key
+            // answers `Unrecorded` instead, sent at once.
+            Err(Error::Unrecorded(reason)) if unrecorded.is_none() => {
+                unrecorded = Some(refused(&reason));
+            }
             Err(err) => {
                 metrics::store_retried(&claim.scope);
                 if matches!(patience, SaveFor::Caller)

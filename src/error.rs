@@ -152,10 +152,13 @@ pub enum Error {
         step_key: String,
     },
     /// The operation ran for this key, but its result could not be
-    /// recorded: the outcome policy's codec failed to encode it (HTTP
-    /// 500). The caller that ran it got its result; every later call with
-    /// the key gets this error, and the operation is not run again, since
-    /// its effect happened. The text says why the encoding failed.
+    /// recorded: the outcome policy's codec failed to encode it, or the
+    /// store refused it as one it can never hold (larger than MySQL's
+    /// `max_allowed_packet`) (HTTP 500). The caller that ran it got its
+    /// result; every later call with the key gets this error, and the
+    /// operation is not run again, since its effect happened. The text
+    /// says why. A [`Store`](crate::Store) returns it from `complete` for
+    /// an outcome it can never hold; the engine then stores the answer.
     #[error(
         "this idempotency key's operation ran, but its result could not be recorded ({0}); \
          it is not run again for this key"

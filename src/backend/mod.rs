@@ -57,8 +57,9 @@ pub(crate) mod dialect {
     #![allow(unreachable_pub)] // named in `Backend`'s bounds, so `pub`; unnameable outside
 
     pub use super::exec::Exec;
-    pub use super::statements::Statements;
+    pub use super::statements::{Statement, Statements};
     use super::*;
+    use crate::record::Outcome;
 
     /// A backend's statements and true differences.
     pub trait Dialect: Exec + Sized {
@@ -138,6 +139,19 @@ pub(crate) mod dialect {
         fn is_deadlock(err: &Error) -> bool {
             let _ = err;
             false
+        }
+
+        /// Refuses an outcome that `statement` (a completion) could never
+        /// carry to the server, with [`Error::Unrecorded`] saying why; it
+        /// may ask the server on `conn`. Such a statement would fail the
+        /// same way every time it was sent, keeping its key in progress.
+        fn check_outcome(
+            conn: &mut Self::Connection,
+            statement: &Statement,
+            outcome: &Outcome,
+        ) -> impl Future<Output = Result<(), Error>> + Send {
+            let _ = (conn, statement, outcome);
+            async { Ok(()) }
         }
 
         /// The database file whose writes this process queues for

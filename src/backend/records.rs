@@ -363,6 +363,7 @@ impl<DB: Backend> SqlStore<DB> {
         claim: &Claim,
         outcome: &Outcome,
     ) -> Result<(), Error> {
+        DB::check_outcome(conn, &self.sql.complete, outcome).await?;
         self.fenced(
             conn,
             &self.sql.complete,

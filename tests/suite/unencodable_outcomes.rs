@@ -196,3 +196,70 @@ mod transactional {
         }
     });
 }
+
+/// A value larger than MariaDB's `max_allowed_packet` (16 MiB by default),
+/// which the server answers by closing the connection: the caller gets it,
+/// retries get `Unrecorded` at once, and nothing runs again, in record
+/// mode and in transactional mode.
+#[cfg(feature = "mysql")]
+mod too_large_for_mariadb {
+    use super::*;
+
+    fn huge() -> String {
+        "x".repeat(17 * 1024 * 1024)
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn record_mode() {
+        let (store, _guard) = common::backend::mysql::store(4).await;
+        let key = common::servers::unique_table("huge");
+        let runs = common::Runs::default();
+        let attempt = |runs: common::Runs| {
+            run(&store, call(&key), async move {
+                runs.next();
+                Ok::<_, Error>(huge())
+            })
+        };
+        let first = tokio::time::timeout(Duration::from_secs(20), attempt(runs.clone()))
+            .await
+            .expect("the first call returns");
+        assert_eq!(first.unwrap().len(), 17 * 1024 * 1024);
+        let retry = tokio::time::timeout(Duration::from_secs(5), attempt(runs.clone()))
+            .await
+            .expect("a retry is answered, not held as in progress");
+        match retry {
+            Err(Error::Unrecorded(why)) => assert!(why.contains("max_allowed_packet"), "{why}"),
+            other => panic!("a retry got {:?}", other.map(|v| v.len())),
+        }
+        assert_eq!(runs.count(), 1, "the body ran again");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn transactional_mode() {
+        let (store, _guard) = common::backend::mysql::store(4).await;
+        let key = common::servers::unique_table("hugetx");
+        let runs = common::Runs::default();
+        let mut answers = Vec::new();
+        for _ in 0..2 {
+            let mut tx = store.pool().begin().await.unwrap();
+            let runs = runs.clone();
+            let got: Result<String, Error> =
+                idem::run_in_transaction(&store, &mut *tx, call(&key), |conn| async move {
+                    runs.next();
+                    (Ok(huge()), conn)
+                })
+                .await;
+            tx.commit().await.unwrap();
+            answers.push(got.map(|v| v.len()));
+        }
+        assert_eq!(runs.count(), 1, "the body ran again: {answers:?}");
+        assert!(
+            matches!(answers[0], Ok(n) if n == 17 * 1024 * 1024),
+            "{answers:?}"
+        );
+        assert!(
+            matches!(answers[1], Err(Error::Unrecorded(_))),
+            "{answers:?}"
+        );
+    }
+}

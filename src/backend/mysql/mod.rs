@@ -180,6 +180,15 @@ const RENEW: &str = "UPDATE `{table}`
     SET lease_until = {now} + ?, expires_at = GREATEST(expires_at, {now} + ?)
     WHERE scope = ? AND `key` = ? AND claim_token = ? AND state = 'in_progress'";
 
+/// What a completion's statement carries beside its SQL and outcomes
+/// (scope, key, token, numbers, packet headers), at most.
+const PACKET_SLACK: usize = 4096;
+
+/// The statement length from which a completion asks the server's
+/// `max_allowed_packet` first: below any value a server would run with
+/// (MariaDB's default is 16 MiB, MySQL's 64 MiB).
+const PACKET_ASKED_FROM: usize = 256 * 1024;
+
 /// The outcome is written before `state`: MySQL assigns left to right, and
 /// the WHERE has already picked the row.
 const COMPLETE: &str = "UPDATE `{table}`
@@ -296,6 +305,40 @@ impl Dialect for MySql {
             .await;
         migrated?;
         unlocked?;
+        Ok(())
+    }
+
+    /// A statement longer than the server's `max_allowed_packet` is not
+    /// refused with an error: the server closes the connection, which
+    /// looks like any lost connection, so the completion would be sent
+    /// again for ever. A completion carries its outcome twice; where that
+    /// makes a large statement, the limit is asked first, on the same
+    /// connection (the server's current value, which its administrator
+    /// may raise).
+    async fn check_outcome(
+        conn: &mut MySqlConnection,
+        statement: &Statement,
+        outcome: &crate::record::Outcome,
+    ) -> Result<(), Error> {
+        let copies = statement
+            .params
+            .iter()
+            .filter(|p| matches!(p, Param::Outcome))
+            .count();
+        let len = statement.sql.len() + copies * outcome.body.len() + PACKET_SLACK;
+        if len <= PACKET_ASKED_FROM {
+            return Ok(());
+        }
+        let limit: u64 = sqlx::query_scalar("SELECT @@max_allowed_packet")
+            .fetch_one(&mut *conn)
+            .await?;
+        if len as u64 > limit {
+            return Err(Error::Unrecorded(format!(
+                "an outcome of {} bytes makes a completion of some {len} bytes, over the \
+                 server's max_allowed_packet of {limit}",
+                outcome.body.len()
+            )));
+        }
         Ok(())
     }
 
