@@ -431,8 +431,7 @@ impl<O> fmt::Debug for Call<O> {
 ///
 /// A value that `encode` fails on is not stored: the key answers
 /// [`Error::Unrecorded`] from then on (its operation ran, and is not run
-/// again). Encoded bytes must not begin with a NUL byte followed by
-/// `idem:unrecorded`, which marks that answer.
+/// again).
 pub trait Codec<T> {
     /// The bytes to store for `value`.
     fn encode(&self, value: &T) -> Result<Vec<u8>, Error>;

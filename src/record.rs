@@ -181,9 +181,10 @@ pub struct Outcome {
 }
 
 /// How an [`Error::Unrecorded`](crate::Error::Unrecorded) outcome's body
-/// begins: a codec's bytes never do (JSON never begins with a NUL byte,
-/// and the [`Codec`](crate::Codec) documentation reserves it). The reason
-/// follows, as UTF-8.
+/// begins, the reason following as UTF-8. It is an error outcome, whose
+/// other bodies are always a replayable error's JSON (the engine's own
+/// codec for errors), which never begins with a NUL byte: a user's codec
+/// writes only `Ok` outcomes, which are never read for it.
 const UNRECORDED: &[u8] = b"\0idem:unrecorded\0";
 
 impl Outcome {
@@ -199,6 +200,7 @@ impl Outcome {
 
     /// Why the result this outcome stands in for could not be encoded, if
     /// it is [`Outcome::unrecorded`]'s.
+    #[inline]
     pub(crate) fn unrecorded_reason(&self) -> Option<String> {
         match self.kind {
             OutcomeKind::Err => self

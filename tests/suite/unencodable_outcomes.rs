@@ -234,6 +234,31 @@ mod too_large_for_mariadb {
         assert_eq!(runs.count(), 1, "the body ran again");
     }
 
+    /// A large value that fits (7 MiB: its completion, which carries it
+    /// twice, is under the 16 MiB limit) is stored and replayed as ever:
+    /// the limit is asked, not guessed.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_value_that_fits_is_replayed() {
+        let (store, _guard) = common::backend::mysql::store(4).await;
+        let key = common::servers::unique_table("fits");
+        let runs = common::Runs::default();
+        let value = || format!("run {}", "y".repeat(7 * 1024 * 1024));
+        for _ in 0..2 {
+            let runs = runs.clone();
+            let got = run(&store, call(&key), async move {
+                runs.next();
+                Ok::<_, Error>(value())
+            })
+            .await;
+            assert!(
+                got.as_ref().is_ok_and(|v| *v == value()),
+                "{:?}",
+                got.map(|v| v.len())
+            );
+        }
+        assert_eq!(runs.count(), 1, "the body ran again");
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn transactional_mode() {
         let (store, _guard) = common::backend::mysql::store(4).await;
