@@ -32,10 +32,14 @@ type Slot = (Scope, Key);
 ///   fingerprint it was completed with; another payload asks the store
 ///   (which answers [`Error::KeyReused`]);
 /// - **not expired**: an entry lives for the claim's TTL from the moment
-///   the completion was *sent*, measured on this process's monotonic
-///   clock. The store starts the record's TTL when the completion *runs*,
-///   which is later, so the entry always expires first (the store's clock
-///   may be set anywhere; only its rate matters);
+///   the claim's first completion was *sent*, less a margin, measured on
+///   this process's monotonic clock. The store starts the record's TTL
+///   when a completion *runs*, which is later, so the entry expires first
+///   (the store's clock may be set anywhere; only its rate matters). The
+///   margin, a millisecond and a thousandth of the TTL, covers the store's
+///   rounding of its clock to milliseconds, a difference of rate between
+///   the two clocks (NTP slews at most half a thousandth), and pauses of
+///   this process's clock (a suspended machine) up to that long;
 /// - **not replaced**: a completed record is replaced only after it
 ///   expires, or after [`forget`](Store::forget). Forgetting through this
 ///   store drops the entry, also when the forget races a completion still
@@ -122,12 +126,22 @@ struct Cache {
 #[derive(Debug)]
 struct State {
     entries: LruCache<Slot, Entry>,
-    /// The fingerprint of each claim this store granted and that has not
-    /// ended yet, by token: what its completion is cached under.
-    claims: HashMap<ClaimToken, Fingerprint>,
+    /// Each claim this store granted and that has not ended yet, by
+    /// token: what its completion is cached under.
+    claims: HashMap<ClaimToken, Granted>,
     /// How many forgets have run: a completion caches its outcome only if
     /// none ran while it was on its way.
     forgets: u64,
+}
+
+/// A claim granted through the cache.
+#[derive(Debug)]
+struct Granted {
+    fingerprint: Fingerprint,
+    /// When its first completion was sent: a completion sent again, once
+    /// an answer was lost, may find the first one landed, and a store need
+    /// not start the record's TTL again for it (Redis does not).
+    sent: Option<Instant>,
 }
 
 #[derive(Debug)]
@@ -162,12 +176,34 @@ impl Cache {
         if state.claims.len() >= self.capacity.get() {
             state.claims.clear();
         }
-        state.claims.insert(token, fingerprint);
+        let granted = Granted {
+            fingerprint,
+            sent: None,
+        };
+        state.claims.insert(token, granted);
     }
 
-    fn ended(&self, token: &ClaimToken) -> Option<Fingerprint> {
+    /// Notes a completion of `token`'s claim sent now: when its first was
+    /// sent, and how many forgets had run.
+    fn sending(&self, token: &ClaimToken) -> (Instant, u64) {
+        let now = Instant::now();
+        let mut state = self.lock();
+        let sent = match state.claims.get_mut(token) {
+            Some(granted) => *granted.sent.get_or_insert(now),
+            None => now,
+        };
+        (sent, state.forgets)
+    }
+
+    fn ended(&self, token: &ClaimToken) -> Option<Granted> {
         self.lock().claims.remove(token)
     }
+}
+
+/// How long before the store's record may expire its cache entry expires
+/// (see [`CachedStore`]): a millisecond, and a thousandth of `ttl`.
+fn margin(ttl: Duration) -> Duration {
+    Duration::from_millis(1) + ttl / 1000
 }
 
 fn slot(scope: &Scope, key: &Key) -> Slot {
@@ -189,7 +225,8 @@ impl<S: Store> CachedStore<S> {
     }
 
     /// Caches the outcome of a completion the inner store answered with
-    /// `done`, sent at `sent` when `forgets` keys had been forgotten.
+    /// `done`, the claim's first having been sent at `sent`, and this one
+    /// when `forgets` keys had been forgotten.
     fn completed(
         &self,
         claim: &Claim,
@@ -204,12 +241,16 @@ impl<S: Store> CachedStore<S> {
             }
             return Err(err);
         }
-        let fingerprint = self.cache.ended(&claim.token);
-        let (Some(fingerprint), Some(until)) = (fingerprint, sent.checked_add(claim.ttl)) else {
+        let granted = self.cache.ended(&claim.token);
+        let until = claim
+            .ttl
+            .checked_sub(margin(claim.ttl))
+            .and_then(|kept| sent.checked_add(kept));
+        let (Some(Granted { fingerprint, .. }), Some(until)) = (granted, until) else {
             return Ok(());
         };
         let mut state = self.cache.lock();
-        if state.forgets == forgets && claim.ttl > Duration::ZERO {
+        if state.forgets == forgets {
             let entry = Entry {
                 fingerprint,
                 outcome: outcome.clone(),
@@ -277,13 +318,13 @@ impl<S: Store> Store for CachedStore<S> {
     }
 
     fn complete_now(&self, claim: &Claim, outcome: &Outcome) -> Option<Result<(), Error>> {
-        let (sent, forgets) = (Instant::now(), self.cache.lock().forgets);
+        let (sent, forgets) = self.cache.sending(&claim.token);
         let done = self.inner.complete_now(claim, outcome)?;
         Some(self.completed(claim, outcome, (sent, forgets), done))
     }
 
     async fn complete(&self, claim: &Claim, outcome: &Outcome) -> Result<(), Error> {
-        let (sent, forgets) = (Instant::now(), self.cache.lock().forgets);
+        let (sent, forgets) = self.cache.sending(&claim.token);
         let done = self.inner.complete(claim, outcome).await;
         self.completed(claim, outcome, (sent, forgets), done)
     }

@@ -30,6 +30,7 @@ mod payments;
 mod payments_app;
 
 mod attribute;
+mod cache_expiry;
 #[cfg(all(feature = "sqlite", feature = "postgres"))]
 mod consumer;
 mod default_fingerprint;
