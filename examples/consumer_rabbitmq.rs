@@ -533,7 +533,19 @@ async fn consume<S: Shop>(
             let key = match key_by {
                 KeyBy::OrderId => order.order_id.to_key().map_err(idem::Error::from),
                 KeyBy::Content => content_key(&message),
-            }?;
+            };
+            // A message that makes no valid key (an order id with a space,
+            // say) cannot be processed as sent, by any consumer.
+            let key = match key {
+                Ok(key) => key,
+                Err(err) => {
+                    eprintln!("consumer {id}: dead-lettering a message with no valid key: {err}");
+                    delivery.reject(BasicRejectOptions::default()).await?;
+                    bump(&counters.dead_lettered);
+                    bump(&counters.settled);
+                    continue;
+                }
+            };
 
             match shop.handle(&key, &message, &order).await {
                 Ok(handled) => {

@@ -19,7 +19,12 @@
 //! - when messages have none, their content: [`content_key`] is the SHA-256
 //!   of the message's canonical JSON (object members sorted at every depth,
 //!   see [`Fingerprint`]), so two encodings of one event, with their members
-//!   in another order or other whitespace, are one message.
+//!   in another order or other whitespace, are one message. Numbers are
+//!   not brought to one form: `100`, `100.0` and `1e2` read as an integer
+//!   and as floats, which are written back as `100` and `100.0`, so a relay
+//!   that rewrites a number's form makes another message. Key such
+//!   messages by an id, or by [`key_of`](crate::key_of) on the fields that
+//!   identify them, parsed into their own types first.
 //!
 //! The message itself is fingerprinted too. A key that comes back with
 //! another payload is [`Error::KeyReused`]: a producer bug to dead-letter
@@ -46,6 +51,11 @@
 //! database). It closes every gap but one: a crash *after* the handler's
 //! effect and *before* the marker is completed leaves the marker in
 //! progress, and once its lease lapses the redelivery runs the handler again.
+//! A `process` future dropped while its handler runs (a timeout put around
+//! it, a consumer shut down) is the same gap, sooner: its marker is handed
+//! back at once, for the redelivery to run the handler again. Run each
+//! `process` to its end (on a task of its own, if the consumer may stop),
+//! and bound the handler's own calls rather than `process`.
 //!
 //! [`process_in_transaction`](Deduplicator::process_in_transaction) closes
 //! that gap for effects in the store's database: the marker is written on
@@ -233,12 +243,23 @@ impl<S> Deduplicator<S> {
         self
     }
 
-    /// Replaces the whole policy: `ttl` is the retention, `lease` how long
-    /// a handler may run before a redelivery may take the message over
-    /// (outside a transaction), `in_progress` what a concurrent duplicate
-    /// does.
+    /// Sets the policy: `lease` is how long a handler may run before a
+    /// redelivery may take the message over (outside a transaction),
+    /// `in_progress` what a concurrent duplicate does, and `ttl` the
+    /// retention, unless it is [`Policy`]'s default (24 hours, what
+    /// [`Policy::new`] carries): the retention then stays as it is
+    /// ([`DEFAULT_RETENTION`](Self::DEFAULT_RETENTION), or what
+    /// [`retention`](Self::retention) set, before or after), so that a
+    /// policy set for its lease does not cut the markers' life to a day.
     pub fn policy(mut self, policy: Policy) -> Self {
-        self.policy = policy;
+        let retention = match policy.ttl {
+            Policy::DEFAULT_TTL => self.policy.ttl,
+            ttl => ttl,
+        };
+        self.policy = Policy {
+            ttl: retention,
+            ..policy
+        };
         self
     }
 

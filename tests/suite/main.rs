@@ -33,6 +33,8 @@ mod attribute;
 mod cache_expiry;
 #[cfg(all(feature = "sqlite", feature = "postgres"))]
 mod consumer;
+#[cfg(all(feature = "postgres", feature = "mysql"))]
+mod consumer_races;
 mod default_fingerprint;
 mod entity;
 mod entity_cuts;
