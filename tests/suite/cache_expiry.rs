@@ -6,6 +6,7 @@
 //! (`KeyReused`), never the expired outcome from memory.
 
 use crate::common;
+use crate::local_cache::{charge, SCOPE};
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -13,26 +14,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 use common::Runs;
 use idem::{
-    run, Begin, BeginRequest, CachedStore, Call, Claim, ClaimToken, Error, Fingerprint, Key,
-    Outcome, OutcomeKind, Policy, Record, Scope, Store,
+    Begin, BeginRequest, CachedStore, Claim, ClaimToken, Error, Fingerprint, Key, Outcome,
+    OutcomeKind, Policy, Record, Scope, Store,
 };
-
-const SCOPE: &str = "cache_expiry.charge";
-
-async fn charge(
-    store: &dyn Store,
-    key: &str,
-    amount: u32,
-    policy: Policy,
-    runs: &Runs,
-) -> Result<usize, Error> {
-    run(
-        store,
-        Call::new(SCOPE, key, &amount).with_policy(policy),
-        async { Ok(runs.next()) },
-    )
-    .await
-}
 
 /// A real store whose next `lose` completions land in the store but whose
 /// answers are lost on the way back (the caller sees a store error): the

@@ -18,9 +18,11 @@ use idem::{
 };
 use tokio::sync::{oneshot, Mutex};
 
-const SCOPE: &str = "local_cache.charge";
+pub(crate) const SCOPE: &str = "local_cache.charge";
 
-async fn charge(
+/// One charge of `amount` under `key`: the body counts its run and
+/// answers its number.
+pub(crate) async fn charge(
     store: &dyn Store,
     key: &str,
     amount: u32,
