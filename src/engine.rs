@@ -135,6 +135,9 @@ const FIRST_POLL: Duration = Duration::from_millis(1);
 const MIN_LEASE: Duration = Duration::from_millis(30);
 /// How often a claim whose answer was lost is sent again (same token).
 const BEGIN_ATTEMPTS: u32 = 3;
+/// A claim answered after more than a lease divided by this is renewed
+/// before the body runs (see `claim_again`).
+const LEASE_SPENT: u32 = 10;
 /// How long a caller waits for its outcome to be stored while the store
 /// fails, before it gets its value and the storing goes on in the
 /// background.
@@ -927,15 +930,25 @@ struct Pooled<'a, S: ?Sized>(&'a S);
 
 impl<S: Store + ?Sized> Records for Pooled<'_, S> {
     async fn begin(&mut self, request: &BeginRequest<'_>) -> Result<Begin, Error> {
-        let answer = match self.0.begin_now(request) {
-            Some(answer) => answer,
-            None => self.0.begin(request).await,
-        };
-        match answer {
-            // A lost answer is asked for again with the same token: a
-            // claim that landed is recognized as ours. Rare, and its timer
-            // large: on the heap.
-            Err(err @ Error::Store(_)) => Box::pin(begin_again(self.0, request, err)).await,
+        // Answered at once (a store in memory): the lease it wrote starts
+        // now, whole.
+        if let Some(answer) = self.0.begin_now(request) {
+            return match answer {
+                answer @ Err(Error::Store(_)) => {
+                    Box::pin(claim_again(self.0, request, Instant::now(), answer)).await
+                }
+                answer => answer,
+            };
+        }
+        let sent = Instant::now();
+        match self.0.begin(request).await {
+            Ok(Begin::Claimed(claim)) if sent.elapsed() < request.lease / LEASE_SPENT => {
+                Ok(Begin::Claimed(claim))
+            }
+            // Rare, and its timers large: on the heap.
+            answer @ (Ok(Begin::Claimed(_)) | Err(Error::Store(_))) => {
+                Box::pin(claim_again(self.0, request, sent, answer)).await
+            }
             answer => answer,
         }
     }
@@ -967,24 +980,61 @@ impl<S: Store + ?Sized> Records for Pooled<'_, S> {
     }
 }
 
-/// Sends a claim whose first attempt failed with `err` again, pausing
-/// longer each time, up to [`BEGIN_ATTEMPTS`] attempts in all.
-async fn begin_again<S: Store + ?Sized>(
+/// A claim sent at `sent` whose first answer (`first`) was lost (a store
+/// error) or came back granted late: sends it again with the same token
+/// while the store fails (a claim that landed is recognized as ours),
+/// pausing longer each time, up to [`BEGIN_ATTEMPTS`] sends in all; and
+/// renews a claim granted late before it is used.
+///
+/// A store writes a claim's lease from its clock when the statement runs,
+/// and a claim sent again answers the lease its first landing wrote: a
+/// claim that waited (behind a caller's open transaction holding the key's
+/// row, or for a lost answer) can be granted with little of its lease
+/// left, or none, and a duplicate could take the lapsed lease over before
+/// the first renewal, while the body runs. So a claim answered more than a
+/// tenth of its lease after it was sent is renewed first, fenced by its
+/// token: once that lands, the lease is whole again; should another caller
+/// have taken the key over meanwhile, the renewal finds the claim gone,
+/// and the claim is asked for again, which answers for the new holder.
+async fn claim_again<S: Store + ?Sized>(
     store: &S,
     request: &BeginRequest<'_>,
-    mut err: Error,
+    sent: Instant,
+    first: Result<Begin, Error>,
 ) -> Result<Begin, Error> {
+    let mut answer = first;
     let mut pause = Duration::from_millis(10);
-    for attempt in 1..BEGIN_ATTEMPTS {
-        tracing::warn!(error = %err, attempt, "claiming failed; trying again");
-        tokio::time::sleep(pause).await;
-        pause *= 4;
-        match store.begin(request).await {
-            Err(again @ Error::Store(_)) => err = again,
+    let (mut sends, mut renewals) = (1, 0);
+    loop {
+        match answer {
+            Ok(Begin::Claimed(claim)) if sent.elapsed() < request.lease / LEASE_SPENT => {
+                return Ok(Begin::Claimed(claim));
+            }
+            Ok(Begin::Claimed(claim)) => {
+                tracing::debug!(
+                    waited = ?sent.elapsed(),
+                    "the claim was granted late; renewing its lease before the body runs"
+                );
+                renewals += 1;
+                match store.renew(&claim).await {
+                    Ok(()) => return Ok(Begin::Claimed(claim)),
+                    // Taken over while the answer was on its way: the key
+                    // is another caller's, whose answer the claim gets.
+                    Err(Error::LeaseLost) if renewals < BEGIN_ATTEMPTS => {}
+                    Err(Error::LeaseLost) => return Err(Error::LeaseLost),
+                    Err(err) => return Err(err),
+                }
+            }
+            Err(err @ Error::Store(_)) if sends < BEGIN_ATTEMPTS => {
+                tracing::warn!(error = %err, attempt = sends, "claiming failed; trying again");
+                tokio::time::sleep(pause).await;
+                pause *= 4;
+                sends += 1;
+            }
             answer => return answer,
         }
+        answer = store.begin(request).await;
     }
-    Err(err)
 }
 
 struct OnConnection<'s, 'c, S: ?Sized, C: ?Sized> {

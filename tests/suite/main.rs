@@ -56,6 +56,7 @@ mod kept_connections;
 mod key_parsers;
 #[cfg(feature = "uuid")]
 mod keys;
+mod late_claims;
 mod local_cache;
 mod macro_expansion;
 #[cfg(feature = "sqlite")]
