@@ -100,7 +100,7 @@ common::backends!(postgres, mysql => {
             Arc::new(Deduplicator::new(store_a, scope).policy(policy)),
             Arc::new(Deduplicator::new(store_b, scope).policy(policy)),
         ];
-        let queue = Arc::new(Queue::new("review-inflight").await);
+        let queue = Arc::new(Queue::new("races-inflight").await);
         let ids = ["x-1", "x-2", "x-3"];
         let mut published = 0;
         for round in 0..6 {
