@@ -880,6 +880,12 @@ where
 /// (replayed by the next attempt), or `None` to let the next attempt run
 /// it again with the same key. Returns whether there was such a step;
 /// [`Store::steps`] lists an operation's journal.
+///
+/// Only a step in doubt is settled: one whose starting attempt no longer
+/// holds the operation (the attempt is gone, its lease lapsed, or another
+/// took over). While it holds it, the step is running, and this returns
+/// `false`; so a resolution sent again, or a second operator's, never
+/// lands on the step a later attempt is running after the first one.
 pub async fn resolve<S, T>(
     store: &S,
     scope: &Scope,

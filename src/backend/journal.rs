@@ -135,21 +135,31 @@ impl StepStatements {
                  AND EXISTS (SELECT 1 FROM {{records}} AS r WHERE {OWNED})"
             )),
             list: fill("SELECT {columns} FROM {steps} WHERE scope = ? AND {key} = ? ORDER BY seq"),
-            resolve_completed: fill(
-                "UPDATE {steps} SET state = 'completed', output = ?, updated_at = {now} \
-                 WHERE scope = ? AND {key} = ? AND seq = ? AND name = ? \
-                 AND state <> 'completed' AND expires_at > {now}",
-            ),
-            resolve_rerun: fill(
-                "UPDATE {steps} SET state = 'rerun_allowed', updated_at = {now} \
-                 WHERE scope = ? AND {key} = ? AND seq = ? AND name = ? \
-                 AND state <> 'completed' AND expires_at > {now}",
-            ),
+            resolve_completed: fill(&format!(
+                "UPDATE {{steps}} SET state = 'completed', output = ?, updated_at = {{now}} \
+                 WHERE scope = ? AND {{key}} = ? AND seq = ? AND name = ? \
+                 AND state <> 'completed' AND expires_at > {{now}} AND {STARTER_GONE}"
+            )),
+            resolve_rerun: fill(&format!(
+                "UPDATE {{steps}} SET state = 'rerun_allowed', updated_at = {{now}} \
+                 WHERE scope = ? AND {{key}} = ? AND seq = ? AND name = ? \
+                 AND state <> 'completed' AND expires_at > {{now}} AND {STARTER_GONE}"
+            )),
             forget: fill("DELETE FROM {steps} WHERE scope = ? AND {key} = ?"),
             purge: fill(purge),
         }
     }
 }
+
+/// The attempt that started the entry no longer holds the operation: no
+/// record is in progress under the entry's claim with a live lease. Only
+/// then is a step in doubt, for an operator to settle: a resolution sent
+/// again, or a second operator's, must not land on a step that a later
+/// attempt, let run by the first resolution, is running now.
+const STARTER_GONE: &str = "NOT EXISTS (SELECT 1 FROM {records} AS r \
+     WHERE r.scope = {steps}.scope AND r.{key} = {steps}.{key} \
+     AND r.claim_token = {steps}.claim_token AND r.state = 'in_progress' \
+     AND r.lease_until > {now})";
 
 /// The record `r` is in progress under the claim, and locked against a
 /// takeover until the statement's transaction ends.

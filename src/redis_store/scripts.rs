@@ -356,8 +356,13 @@ return {'gone'}
 const RESOLVE_STEP: &str = r#"
 local jrn = KEYS[2]
 local p = ARGV[1] .. ':'
-local e = redis.call('HMGET', jrn, p .. 'n', p .. 'st', p .. 'e')
+local e = redis.call('HMGET', jrn, p .. 'n', p .. 'st', p .. 'e', p .. 'tok')
 if e[1] ~= ARGV[2] or e[2] == 'completed' or tonumber(e[3]) <= now then
+  return 0
+end
+-- The attempt that started it still holds the operation: not in doubt.
+local r = redis.call('HMGET', rec, 'st', 'tok', 'lease')
+if r[1] == 'in_progress' and r[2] == e[4] and r[3] and tonumber(r[3]) > now then
   return 0
 end
 if ARGV[3] == 'completed' then

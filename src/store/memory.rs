@@ -441,14 +441,23 @@ impl Store for Shared {
         name: &str,
         resolution: &StepResolution,
     ) -> Result<bool, Error> {
-        let _records = self.records();
+        let records = self.records();
         let now = now_millis();
         let mut journal = self.journal();
+        // The attempt that started the step, if it still holds the
+        // operation: its step is running, not in doubt.
+        let running = records
+            .get(&At::of(scope, key))
+            .filter(|r| r.state == State::InProgress && r.lease_until.is_some_and(|l| l > now))
+            .and_then(|r| r.token);
         let Some(entry) = journal
             .get_mut(&At::of(scope, key).slot())
             .and_then(|steps| steps.get_mut(&seq))
             .filter(|entry| {
-                entry.name == name && entry.state != StepState::Completed && entry.expires_at > now
+                entry.name == name
+                    && entry.state != StepState::Completed
+                    && entry.expires_at > now
+                    && running != Some(entry.token)
             })
         else {
             return Ok(false);

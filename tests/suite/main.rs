@@ -98,6 +98,7 @@ mod state_machine_model;
 mod step_crash_points;
 mod step_flush_drops;
 mod step_journal;
+mod step_resolutions;
 #[cfg(feature = "testing")]
 mod store_conformance;
 #[cfg(all(feature = "sqlite", feature = "postgres", feature = "mysql"))]
