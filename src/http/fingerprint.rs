@@ -18,7 +18,10 @@
 //! `100000000000000000000`; so each number of the body must be an integer
 //! of 64 bits, or a decimal of at most 15 significant digits (which an
 //! `f64` keeps apart from every other) between 1e-300 and 1e300 in
-//! magnitude. A body with another number is hashed raw.
+//! magnitude. A body with another number is hashed raw, and so is a body
+//! that names a member twice in one object: a JSON value keeps the last
+//! of them, which would merge `{"amount":1,"amount":100}` with
+//! `{"amount":100}`, where a reader that keeps the first sees 1.
 
 use ::http::header::{self, HeaderMap, HeaderName};
 use ::http::request::Parts;
@@ -116,7 +119,7 @@ impl RequestFingerprint {
         // serde_json refuses nesting over 128 levels: the walks below are
         // bounded.
         let mut value: Value = serde_json::from_slice(body).ok()?;
-        if !numbers_are_exact(body) {
+        if !numbers_are_exact(body) || !members_are_unique(body) {
             return None;
         }
         for pointer in &self.ignored_fields {
@@ -224,6 +227,61 @@ fn numbers_are_exact(json: &[u8]) -> bool {
         };
     }
     true
+}
+
+/// Whether no object of the JSON text `json` names a member twice.
+fn members_are_unique(json: &[u8]) -> bool {
+    serde_json::from_slice::<UniqueMembers>(json).is_ok()
+}
+
+/// A JSON value read only to check that no object in it names a member
+/// twice: reading it fails at the first repeated name.
+struct UniqueMembers;
+
+impl<'de> serde::Deserialize<'de> for UniqueMembers {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_any(UniqueMembers)
+    }
+}
+
+impl<'de> serde::de::Visitor<'de> for UniqueMembers {
+    type Value = UniqueMembers;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("a JSON value")
+    }
+    fn visit_bool<E>(self, _: bool) -> Result<Self, E> {
+        Ok(self)
+    }
+    fn visit_i64<E>(self, _: i64) -> Result<Self, E> {
+        Ok(self)
+    }
+    fn visit_u64<E>(self, _: u64) -> Result<Self, E> {
+        Ok(self)
+    }
+    fn visit_f64<E>(self, _: f64) -> Result<Self, E> {
+        Ok(self)
+    }
+    fn visit_str<E>(self, _: &str) -> Result<Self, E> {
+        Ok(self)
+    }
+    fn visit_unit<E>(self) -> Result<Self, E> {
+        Ok(self)
+    }
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut items: A) -> Result<Self, A::Error> {
+        while items.next_element::<UniqueMembers>()?.is_some() {}
+        Ok(self)
+    }
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut members: A) -> Result<Self, A::Error> {
+        let mut names = std::collections::HashSet::new();
+        while let Some(name) = members.next_key::<String>()? {
+            if !names.insert(name) {
+                return Err(serde::de::Error::custom("a member is named twice"));
+            }
+            members.next_value::<UniqueMembers>()?;
+        }
+        Ok(self)
+    }
 }
 
 /// What follows the string whose opening quote precedes `string`.
@@ -367,10 +425,23 @@ mod tests {
             r#"{"amount":"100","currency":"eur","items":[{"a":1,"b":2}]}"#,
             r#"{"amount":100,"currency":"eur","items":[{"a":1,"b":2}],"x":null}"#,
             r#"{"amount":100,"currency":"eur","items":[{"a":2,"b":1}]}"#,
+            // A member named twice, which a JSON value keeps the last of.
+            r#"{"amount":1,"amount":100,"currency":"eur","items":[{"a":1,"b":2}]}"#,
+            r#"{"amount":100,"currency":"eur","items":[{"a":1,"b":2,"b":2}]}"#,
         ];
         for body in other {
             assert_ne!(json(&f, body), base, "{body}");
         }
+        // Hashed raw, as it was sent: the two orders of the names differ.
+        assert_ne!(
+            json(&f, r#"{"amount":1,"amount":100}"#),
+            json(&f, r#"{"amount":100,"amount":1}"#)
+        );
+        // A name repeated in sibling objects is no repetition.
+        assert_eq!(
+            json(&f, r#"[{"a":1},{"a":1}]"#),
+            json(&f, r#"[ {"a":1}, {"a":1} ]"#)
+        );
     }
 
     #[test]
