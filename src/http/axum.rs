@@ -9,7 +9,7 @@ use ::axum::extract::{FromRequestParts, MatchedPath, OptionalFromRequestParts};
 use ::axum::response::{IntoResponse, IntoResponseParts, Response, ResponseParts};
 use ::http::request::Parts;
 
-use super::key_header::{refusal, IdempotencyKey, IDEMPOTENCY_KEY};
+use super::key_header::{refusal, IdempotencyKey, KeyHeaderError, Unkeyed, IDEMPOTENCY_KEY};
 use super::principal::Principal;
 use super::problem::{Problem, ProblemDetails};
 use super::route::MakeRoute;
@@ -31,10 +31,13 @@ impl MakeRoute for MatchedPathRoute {
 }
 
 /// Behind the layer, the key that the layer checked (read from whatever
-/// header it was configured with); elsewhere, the `Idempotency-Key`
-/// header, read as the layer reads it. A request without a valid key is
-/// refused with the layer's own 400 ([`Problem::MissingKey`] or
-/// [`Problem::InvalidKey`]), the same document word for word.
+/// header it was configured with), and nothing else: a request the layer
+/// let through without a key (a method it does not cover, or a key it does
+/// not require and did not get) has none, whatever other header it
+/// carries. Elsewhere, the `Idempotency-Key` header, read as the layer
+/// reads it. A request without a valid key is refused with the layer's own
+/// 400 ([`Problem::MissingKey`] or [`Problem::InvalidKey`]), the same
+/// document word for word.
 #[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
 impl<S: Send + Sync> FromRequestParts<S> for IdempotencyKey {
     type Rejection = ProblemDetails;
@@ -42,6 +45,9 @@ impl<S: Send + Sync> FromRequestParts<S> for IdempotencyKey {
     async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
         if let Some(checked) = parts.extensions.get::<IdempotencyKey>() {
             return Ok(checked.clone());
+        }
+        if let Some(Unkeyed(header)) = parts.extensions.get::<Unkeyed>() {
+            return Err(refusal(KeyHeaderError::Missing, &parts.method, header));
         }
         IdempotencyKey::from_headers(&parts.headers)
             .map_err(|err| refusal(err, &parts.method, &IDEMPOTENCY_KEY))

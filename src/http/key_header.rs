@@ -207,6 +207,13 @@ impl From<KeyHeaderError> for ProblemDetails {
 }
 
 /// The layer's answer to a request whose key `header` yields no key.
+/// In a request's extensions: the layer (reading `.0`) let the request
+/// through without a key (a method it does not cover, or a missing key it
+/// does not require), so that a handler's key extractor refuses it rather
+/// than read a header the layer did not check or scope.
+#[derive(Clone, Debug)]
+pub(crate) struct Unkeyed(pub(crate) HeaderName);
+
 pub(crate) fn refusal(err: KeyHeaderError, method: &Method, header: &HeaderName) -> ProblemDetails {
     match err {
         KeyHeaderError::Missing => ProblemDetails::new(

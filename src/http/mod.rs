@@ -253,7 +253,10 @@
 //! [`principal`](IdempotencyLayer::principal) extractor, the principal
 //! it found ([`Principal`]). With the `axum` feature both are
 //! extractors: behind the layer, `IdempotencyKey` is the key the layer
-//! checked, from whatever header it reads, without parsing it again;
+//! checked, from whatever header it reads, without parsing it again (a
+//! request the layer let through without a key, a method it does not
+//! cover or a key it does not require, has none: the extractor refuses
+//! it, whatever other header the request carries);
 //! `Principal` is the layer's principal (`Option<Principal>` where there
 //! may be none). A handler that also runs an `#[idempotent]` function, a
 //! second line of defence, passes it that key (and narrows its scope to

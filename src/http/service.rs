@@ -17,7 +17,7 @@ use tracing::Instrument;
 use super::axum::MatchedPathRoute;
 use super::config::Config;
 use super::future::{CatchUnwind, Panic, ResponseFuture};
-use super::key_header::{refusal, IdempotencyKey, KeyHeaderError};
+use super::key_header::{refusal, IdempotencyKey, KeyHeaderError, Unkeyed};
 use super::principal::Principal;
 use super::problem::{Problem, ProblemDetails};
 #[cfg(feature = "axum")]
@@ -102,13 +102,19 @@ where
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
+    fn call(&mut self, mut request: Request<ReqBody>) -> Self::Future {
         if !self.config.methods.contains(request.method()) {
+            request
+                .extensions_mut()
+                .insert(Unkeyed(self.config.header.clone()));
             return ResponseFuture::new(self.inner.call(request));
         }
         let key = match IdempotencyKey::from_headers_named(request.headers(), &self.config.header) {
             Ok(key) => key,
             Err(KeyHeaderError::Missing) if !self.config.require_key => {
+                request
+                    .extensions_mut()
+                    .insert(Unkeyed(self.config.header.clone()));
                 return ResponseFuture::new(self.inner.call(request));
             }
             Err(err) => {

@@ -42,6 +42,8 @@ mod entity_cuts;
 mod http_edges;
 #[cfg(all(feature = "axum", feature = "sqlite", feature = "postgres"))]
 mod http_fingerprint;
+#[cfg(all(feature = "axum", feature = "sqlite"))]
+mod http_isolation;
 #[cfg(all(feature = "axum", feature = "sqlite", feature = "postgres"))]
 mod http_key_extension;
 #[cfg(all(feature = "axum", feature = "sqlite"))]
