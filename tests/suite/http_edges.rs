@@ -6,10 +6,11 @@
 //! too large for the store to keep (MariaDB).
 
 use crate::common;
+use crate::common::http::{fresh_key, problem_json, replayed};
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use axum::body::{Body, Bytes};
 use axum::http::{HeaderValue, StatusCode};
@@ -165,30 +166,6 @@ impl Server {
     }
 }
 
-fn fresh_key() -> String {
-    static N: AtomicUsize = AtomicUsize::new(0);
-    let millis = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_millis();
-    let n = N.fetch_add(1, Ordering::Relaxed);
-    format!("\"edges-{}-{millis}-{n}\"", std::process::id())
-}
-
-fn replayed(response: &reqwest::Response) -> bool {
-    response
-        .headers()
-        .get("idempotent-replayed")
-        .is_some_and(|v| v == "true")
-}
-
-fn problem_json(response: &reqwest::Response) -> bool {
-    response
-        .headers()
-        .get("content-type")
-        .is_some_and(|v| v == "application/problem+json")
-}
-
 async fn sqlite() -> (idem::SqliteStore, common::backend::Guard) {
     common::backend::sqlite_file::store(8).await
 }
@@ -200,7 +177,7 @@ async fn sqlite() -> (idem::SqliteStore, common::backend::Guard) {
 async fn disconnect_while_the_response_body_streams_then_replay() {
     let (store, _guard) = sqlite().await;
     let (server, seen) = serve(IdempotencyLayer::new(store)).await;
-    let key = fresh_key();
+    let key = fresh_key("edges");
     let gone = tokio::spawn(
         server
             .post("/streaming", &key)
@@ -227,7 +204,7 @@ async fn disconnect_while_the_response_body_streams_then_replay() {
 async fn response_body_failure_is_not_run_again(path: &str) {
     let (store, _guard) = sqlite().await;
     let (server, seen) = serve(IdempotencyLayer::new(store)).await;
-    let key = fresh_key();
+    let key = fresh_key("edges");
     let first = server.post(path, &key).send().await.unwrap();
     assert_eq!(first.status(), StatusCode::INTERNAL_SERVER_ERROR);
     assert!(problem_json(&first));
@@ -272,7 +249,7 @@ async fn response_body_panic_after_the_handler_answered_is_not_run_again() {
 async fn response_body_error_under_a_status_not_stored_frees_the_key() {
     let (store, _guard) = sqlite().await;
     let (server, seen) = serve(IdempotencyLayer::new(store)).await;
-    let key = fresh_key();
+    let key = fresh_key("edges");
     let first = server.post("/failing-503", &key).send().await.unwrap();
     assert_eq!(first.status(), StatusCode::INTERNAL_SERVER_ERROR);
     assert!(problem_json(&first));
@@ -288,7 +265,7 @@ async fn response_body_error_under_a_status_not_stored_frees_the_key() {
 async fn duplicate_waits_its_bound_then_409_then_replays() {
     let (store, _guard) = sqlite().await;
     let (server, seen) = serve(IdempotencyLayer::new(store).wait(Duration::from_millis(400))).await;
-    let key = fresh_key();
+    let key = fresh_key("edges");
     let first = tokio::spawn(server.post("/gated", &key).send());
     seen.started.notified().await;
     let asked = Instant::now();
@@ -351,7 +328,7 @@ async fn unstorable_response_does_not_leave_the_key_in_progress() {
         .lease(Duration::from_secs(3))
         .wait(Duration::from_millis(300));
     let (server, seen) = serve(layer).await;
-    let key = fresh_key();
+    let key = fresh_key("edges");
     let first = server.post("/huge", &key).send().await.unwrap();
     assert_eq!(first.status(), StatusCode::OK);
     assert_eq!(first.bytes().await.unwrap().len(), 17 * 1024 * 1024);

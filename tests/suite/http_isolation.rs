@@ -4,10 +4,11 @@
 //! principals never share or block each other's keys.
 
 use crate::common;
+use crate::common::http::{fresh_key, replayed};
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use axum::extract::{Request, State};
 use axum::http::header::HeaderName;
@@ -117,23 +118,6 @@ async fn serve(layer: IdempotencyLayer) -> (Server, Arc<Seen>) {
     (Server { base, client }, seen)
 }
 
-fn fresh_key() -> String {
-    static N: AtomicUsize = AtomicUsize::new(0);
-    let millis = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_millis();
-    let n = N.fetch_add(1, Ordering::Relaxed);
-    format!("\"isolation-{}-{millis}-{n}\"", std::process::id())
-}
-
-fn replayed(response: &reqwest::Response) -> bool {
-    response
-        .headers()
-        .get("idempotent-replayed")
-        .is_some_and(|v| v == "true")
-}
-
 async fn sqlite() -> (idem::SqliteStore, common::backend::Guard) {
     common::backend::sqlite_file::store(8).await
 }
@@ -150,7 +134,7 @@ async fn sqlite() -> (idem::SqliteStore, common::backend::Guard) {
 async fn json_duplicate_member_names_are_not_the_same_payload() {
     let (store, _guard) = sqlite().await;
     let (server, seen) = serve(IdempotencyLayer::new(store)).await;
-    let key = fresh_key();
+    let key = fresh_key("isolation");
     let send = |body: &str| {
         server
             .post("/orders", &key, body)
@@ -234,7 +218,7 @@ async fn another_principals_request_in_flight_never_blocks_the_key() {
         .fail_fast();
     let (server, seen) = serve(layer).await;
     let server = Arc::new(server);
-    let key = fresh_key();
+    let key = fresh_key("isolation");
     let started = seen.started.notified();
     let (s, k) = (server.clone(), key.clone());
     let acme = tokio::spawn(async move {
@@ -288,7 +272,7 @@ async fn another_principals_request_in_flight_never_blocks_the_key() {
 async fn shortened_and_line_feed_principals_never_share_a_response() {
     let (store, _guard) = sqlite().await;
     let (server, seen) = serve(IdempotencyLayer::new(store).principal(by_tenant)).await;
-    let key = fresh_key();
+    let key = fresh_key("isolation");
     let tokens = ["long-1", "long-2", "lf", "lf-2", "acme"];
     let mut firsts = Vec::new();
     for token in tokens {
