@@ -1253,7 +1253,7 @@ where
     // On the heap: a call whose body finishes at once (a store in
     // memory, a cached answer) neither carries nor copies the renewals'
     // timer.
-    let mut renew = Box::pin(keep_renewed(store, claim));
+    let mut renew = Box::pin(keep_renewed(store, claim, Renewing::Body));
     tokio::select! {
         biased;
         output = &mut body => output,
@@ -1261,29 +1261,53 @@ where
     }
 }
 
-/// Renews the lease for ever. A renewal that fails is tried again sooner;
-/// a claim found taken over is no longer renewed (its outcome will be
-/// refused, and the caller still gets its value).
-async fn keep_renewed<S: Store + ?Sized>(store: &S, claim: &Claim) -> Infallible {
+/// What a claim's lease is renewed for.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Renewing {
+    /// The body, which runs.
+    Body,
+    /// Its outcome, on its way to the store: a renewal that finds the
+    /// record completed by it is no news (the save says what became of
+    /// the claim).
+    Save,
+}
+
+/// Renews the lease for ever, a third of a lease apart. A renewal that
+/// fails is tried again sooner, and so is one that has not answered
+/// within a third of a lease (a stalled connection): another is sent,
+/// which the pool gives another connection, so that the lease never
+/// lapses behind one renewal that hangs. A claim found taken over is no
+/// longer renewed (its outcome will be refused, and the caller still gets
+/// its value).
+async fn keep_renewed<S: Store + ?Sized>(store: &S, claim: &Claim, what: Renewing) -> Infallible {
     let period = (claim.lease / 3).max(Duration::from_millis(1));
+    let again = (period / 4).max(Duration::from_millis(1));
     let mut next = Instant::now() + period;
     loop {
         tokio::time::sleep_until(next.into()).await;
         let sent = Instant::now();
-        match store.renew(claim).await {
-            Ok(()) => next = sent + period,
-            Err(Error::LeaseLost) => {
-                tracing::warn!(
-                    decision = "lease lost",
-                    fence = claim.fence,
-                    "the claim was taken over while the operation ran"
-                );
-                metrics::lease_lost(&claim.scope);
+        match within(period, store.renew(claim)).await {
+            Some(Ok(())) => next = sent + period,
+            Some(Err(Error::LeaseLost)) => {
+                if what == Renewing::Body {
+                    tracing::warn!(
+                        decision = "lease lost",
+                        fence = claim.fence,
+                        "the claim was taken over while the operation ran"
+                    );
+                    metrics::lease_lost(&claim.scope);
+                }
                 return std::future::pending().await;
             }
-            Err(err) => {
+            Some(Err(err)) => {
                 tracing::warn!(error = %err, "renewing the lease failed; trying again");
-                next = Instant::now() + (period / 4).max(Duration::from_millis(1));
+                next = Instant::now() + again;
+            }
+            None => {
+                tracing::warn!(
+                    "renewing the lease took longer than a third of it; sending another"
+                );
+                next = Instant::now();
             }
         }
     }
@@ -1307,10 +1331,12 @@ enum SaveFor {
     Background,
 }
 
-/// Stores the outcome, fenced by the claim's token, trying again (and
-/// renewing the lease) while the store fails. A completion whose answer
-/// was lost is accepted when sent again, so a retry never mistakes its own
-/// earlier success for a lost lease.
+/// Stores the outcome, fenced by the claim's token, trying again while
+/// the store fails, and renewing the lease all along: the key is this
+/// caller's until its outcome lands, however long a completion takes or
+/// however often it fails. A completion whose answer was lost is accepted
+/// when sent again, so a retry never mistakes its own earlier success for
+/// a lost lease.
 async fn save<S: Store + ?Sized>(
     store: &S,
     claim: &Claim,
@@ -1321,9 +1347,21 @@ async fn save<S: Store + ?Sized>(
         // Stored at once: a store in memory.
         Some(Ok(())) => Saved::Stored,
         Some(Err(Error::LeaseLost)) => lease_lost(claim),
-        // The rest (waiting on the store, timers, retries) on the heap,
-        // so that a call stored at once neither carries nor copies it.
-        first => Box::pin(save_patiently(store, claim, outcome, patience, first)).await,
+        // The rest (waiting on the store, timers, retries, renewals) on
+        // the heap, so that a call stored at once neither carries nor
+        // copies it.
+        first => {
+            Box::pin(async {
+                let saving = save_patiently(store, claim, outcome, patience, first);
+                let renewals = keep_renewed(store, claim, Renewing::Save);
+                tokio::select! {
+                    biased;
+                    saved = saving => saved,
+                    never = renewals => match never {},
+                }
+            })
+            .await
+        }
     }
 }
 
@@ -1396,22 +1434,9 @@ async fn save_patiently<S: Store + ?Sized>(
                     return Saved::NotYet;
                 }
                 tracing::warn!(error = %err, "storing the outcome failed; trying again");
+                // The lease is renewed alongside ([`save`]) meanwhile.
                 tokio::time::sleep(pause).await;
                 pause = (pause * 2).min(MAX_SAVE_PAUSE);
-                // Keep the claim while the store comes back. A renewal can
-                // block as long as the completion did (a lock on the
-                // record), so a waiting caller gives it only what is left
-                // of its time in line.
-                let renewal = store.renew(claim);
-                match patience {
-                    SaveFor::Caller => {
-                        let left = SAVE_IN_LINE.saturating_sub(since(&mut started));
-                        let _ = within(left.max(pause), renewal).await;
-                    }
-                    SaveFor::Background => {
-                        let _ = renewal.await;
-                    }
-                }
             }
         }
     }

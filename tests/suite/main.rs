@@ -59,6 +59,7 @@ mod key_parsers;
 #[cfg(feature = "uuid")]
 mod keys;
 mod late_claims;
+mod lease_upkeep;
 mod local_cache;
 mod macro_expansion;
 #[cfg(feature = "sqlite")]
