@@ -66,6 +66,7 @@ mod macro_expansion;
 mod missing_key;
 #[cfg(feature = "postgres")]
 mod network_cuts;
+mod non_finite_and_pools;
 mod observability;
 #[cfg(all(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 mod operator;
