@@ -6,7 +6,7 @@
 //! too large for the store to keep (MariaDB).
 
 use crate::common;
-use crate::common::http::{fresh_key, problem_json, replayed};
+use crate::http_support::{fresh_key, problem_json, replayed};
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -177,7 +177,7 @@ async fn sqlite() -> (idem::SqliteStore, common::backend::Guard) {
 async fn disconnect_while_the_response_body_streams_then_replay() {
     let (store, _guard) = sqlite().await;
     let (server, seen) = serve(IdempotencyLayer::new(store)).await;
-    let key = fresh_key("edges");
+    let key = fresh_key();
     let gone = tokio::spawn(
         server
             .post("/streaming", &key)
@@ -204,7 +204,7 @@ async fn disconnect_while_the_response_body_streams_then_replay() {
 async fn response_body_failure_is_not_run_again(path: &str) {
     let (store, _guard) = sqlite().await;
     let (server, seen) = serve(IdempotencyLayer::new(store)).await;
-    let key = fresh_key("edges");
+    let key = fresh_key();
     let first = server.post(path, &key).send().await.unwrap();
     assert_eq!(first.status(), StatusCode::INTERNAL_SERVER_ERROR);
     assert!(problem_json(&first));
@@ -249,7 +249,7 @@ async fn response_body_panic_after_the_handler_answered_is_not_run_again() {
 async fn response_body_error_under_a_status_not_stored_frees_the_key() {
     let (store, _guard) = sqlite().await;
     let (server, seen) = serve(IdempotencyLayer::new(store)).await;
-    let key = fresh_key("edges");
+    let key = fresh_key();
     let first = server.post("/failing-503", &key).send().await.unwrap();
     assert_eq!(first.status(), StatusCode::INTERNAL_SERVER_ERROR);
     assert!(problem_json(&first));
@@ -265,7 +265,7 @@ async fn response_body_error_under_a_status_not_stored_frees_the_key() {
 async fn duplicate_waits_its_bound_then_409_then_replays() {
     let (store, _guard) = sqlite().await;
     let (server, seen) = serve(IdempotencyLayer::new(store).wait(Duration::from_millis(400))).await;
-    let key = fresh_key("edges");
+    let key = fresh_key();
     let first = tokio::spawn(server.post("/gated", &key).send());
     seen.started.notified().await;
     let asked = Instant::now();
@@ -328,7 +328,7 @@ async fn unstorable_response_does_not_leave_the_key_in_progress() {
         .lease(Duration::from_secs(3))
         .wait(Duration::from_millis(300));
     let (server, seen) = serve(layer).await;
-    let key = fresh_key("edges");
+    let key = fresh_key();
     let first = server.post("/huge", &key).send().await.unwrap();
     assert_eq!(first.status(), StatusCode::OK);
     assert_eq!(first.bytes().await.unwrap().len(), 17 * 1024 * 1024);

@@ -4,7 +4,7 @@
 //! principals never share or block each other's keys.
 
 use crate::common;
-use crate::common::http::{fresh_key, replayed};
+use crate::http_support::{fresh_key, replayed};
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -134,7 +134,7 @@ async fn sqlite() -> (idem::SqliteStore, common::backend::Guard) {
 async fn json_duplicate_member_names_are_not_the_same_payload() {
     let (store, _guard) = sqlite().await;
     let (server, seen) = serve(IdempotencyLayer::new(store)).await;
-    let key = fresh_key("isolation");
+    let key = fresh_key();
     let send = |body: &str| {
         server
             .post("/orders", &key, body)
@@ -218,7 +218,7 @@ async fn another_principals_request_in_flight_never_blocks_the_key() {
         .fail_fast();
     let (server, seen) = serve(layer).await;
     let server = Arc::new(server);
-    let key = fresh_key("isolation");
+    let key = fresh_key();
     let started = seen.started.notified();
     let (s, k) = (server.clone(), key.clone());
     let acme = tokio::spawn(async move {
@@ -272,7 +272,7 @@ async fn another_principals_request_in_flight_never_blocks_the_key() {
 async fn shortened_and_line_feed_principals_never_share_a_response() {
     let (store, _guard) = sqlite().await;
     let (server, seen) = serve(IdempotencyLayer::new(store).principal(by_tenant)).await;
-    let key = fresh_key("isolation");
+    let key = fresh_key();
     let tokens = ["long-1", "long-2", "lf", "lf-2", "acme"];
     let mut firsts = Vec::new();
     for token in tokens {

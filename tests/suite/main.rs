@@ -38,11 +38,11 @@ mod consumer_races;
 mod default_fingerprint;
 mod entity;
 mod entity_cuts;
-#[cfg(all(feature = "axum", feature = "sqlite"))]
+#[cfg(all(feature = "axum", feature = "sqlite", feature = "postgres"))]
 mod http_edges;
 #[cfg(all(feature = "axum", feature = "sqlite", feature = "postgres"))]
 mod http_fingerprint;
-#[cfg(all(feature = "axum", feature = "sqlite"))]
+#[cfg(all(feature = "axum", feature = "sqlite", feature = "postgres"))]
 mod http_isolation;
 #[cfg(all(feature = "axum", feature = "sqlite", feature = "postgres"))]
 mod http_key_extension;

@@ -97,6 +97,14 @@ pub fn replayed(response: &reqwest::Response) -> bool {
         .is_some_and(|v| v == "true")
 }
 
+/// Whether the response is an `application/problem+json` document.
+pub fn problem_json(response: &reqwest::Response) -> bool {
+    response
+        .headers()
+        .get("content-type")
+        .is_some_and(|v| v == "application/problem+json")
+}
+
 /// How many times the handlers ran.
 #[derive(Debug, Default)]
 pub struct Runs(AtomicUsize);
