@@ -6,7 +6,7 @@
 //! too large for the store to keep (MariaDB).
 
 use crate::common;
-use crate::http_support::{fresh_key, problem_json, replayed};
+use crate::http_support::{fresh_key, problem_json, replayed, sqlite_store};
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -166,16 +166,12 @@ impl Server {
     }
 }
 
-async fn sqlite() -> (idem::SqliteStore, common::backend::Guard) {
-    common::backend::sqlite_file::store(8).await
-}
-
 /// The client goes away after the handler returned, while its response
 /// body is still being produced: the body is still collected and stored,
 /// and the retry replays it whole; the handler ran once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn disconnect_while_the_response_body_streams_then_replay() {
-    let (store, _guard) = sqlite().await;
+    let (store, _guard) = sqlite_store().await;
     let (server, seen) = serve(IdempotencyLayer::new(store)).await;
     let key = fresh_key();
     let gone = tokio::spawn(
@@ -202,7 +198,7 @@ async fn disconnect_while_the_response_body_streams_then_replay() {
 /// The answer is stored for the key: retries replay the 500, marked as a
 /// replay, and run nothing.
 async fn response_body_failure_is_not_run_again(path: &str) {
-    let (store, _guard) = sqlite().await;
+    let (store, _guard) = sqlite_store().await;
     let (server, seen) = serve(IdempotencyLayer::new(store)).await;
     let key = fresh_key();
     let first = server.post(path, &key).send().await.unwrap();
@@ -247,7 +243,7 @@ async fn response_body_panic_after_the_handler_answered_is_not_run_again() {
 /// runs the handler.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn response_body_error_under_a_status_not_stored_frees_the_key() {
-    let (store, _guard) = sqlite().await;
+    let (store, _guard) = sqlite_store().await;
     let (server, seen) = serve(IdempotencyLayer::new(store)).await;
     let key = fresh_key();
     let first = server.post("/failing-503", &key).send().await.unwrap();
@@ -263,7 +259,7 @@ async fn response_body_error_under_a_status_not_stored_frees_the_key() {
 /// `Retry-After`; once the first completes, a retry replays it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn duplicate_waits_its_bound_then_409_then_replays() {
-    let (store, _guard) = sqlite().await;
+    let (store, _guard) = sqlite_store().await;
     let (server, seen) = serve(IdempotencyLayer::new(store).wait(Duration::from_millis(400))).await;
     let key = fresh_key();
     let first = tokio::spawn(server.post("/gated", &key).send());
@@ -289,7 +285,7 @@ async fn duplicate_waits_its_bound_then_409_then_replays() {
 /// problem document, nothing run, nothing panics.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn odd_key_bytes_are_400_problems() {
-    let (store, _guard) = sqlite().await;
+    let (store, _guard) = sqlite_store().await;
     let (server, seen) = serve(IdempotencyLayer::new(store)).await;
     let values: Vec<HeaderValue> = vec![
         HeaderValue::from_bytes(b"\"k\xff\"").unwrap(),

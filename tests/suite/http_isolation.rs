@@ -4,7 +4,7 @@
 //! principals never share or block each other's keys.
 
 use crate::common;
-use crate::http_support::{fresh_key, replayed};
+use crate::http_support::{fresh_key, replayed, sqlite_store};
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -118,10 +118,6 @@ async fn serve(layer: IdempotencyLayer) -> (Server, Arc<Seen>) {
     (Server { base, client }, seen)
 }
 
-async fn sqlite() -> (idem::SqliteStore, common::backend::Guard) {
-    common::backend::sqlite_file::store(8).await
-}
-
 /// Two JSON bodies that are different requests, one of
 /// which repeats a member name, must not count as the same payload. The
 /// canonical form parses into a `serde_json::Value`, where the last
@@ -132,7 +128,7 @@ async fn sqlite() -> (idem::SqliteStore, common::backend::Guard) {
 /// (this failed before).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn json_duplicate_member_names_are_not_the_same_payload() {
-    let (store, _guard) = sqlite().await;
+    let (store, _guard) = sqlite_store().await;
     let (server, seen) = serve(IdempotencyLayer::new(store)).await;
     let key = fresh_key();
     let send = |body: &str| {
@@ -179,7 +175,7 @@ async fn key_extractor_never_reads_a_header_the_layer_does_not_read() {
             Err(_) => "no key".to_owned(),
         }
     }
-    let (store, _guard) = sqlite().await;
+    let (store, _guard) = sqlite_store().await;
     let layer = IdempotencyLayer::new(store)
         .with_header_name(HeaderName::from_static("x-idem-key"))
         .require_key(false)
@@ -212,7 +208,7 @@ async fn key_extractor_never_reads_a_header_the_layer_does_not_read() {
 /// and it runs at once, while the first is still held.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn another_principals_request_in_flight_never_blocks_the_key() {
-    let (store, _guard) = sqlite().await;
+    let (store, _guard) = sqlite_store().await;
     let layer = IdempotencyLayer::new(store)
         .principal(by_tenant)
         .fail_fast();
@@ -270,7 +266,7 @@ async fn another_principals_request_in_flight_never_blocks_the_key() {
 /// their own record: no replay crosses between them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn shortened_and_line_feed_principals_never_share_a_response() {
-    let (store, _guard) = sqlite().await;
+    let (store, _guard) = sqlite_store().await;
     let (server, seen) = serve(IdempotencyLayer::new(store).principal(by_tenant)).await;
     let key = fresh_key();
     let tokens = ["long-1", "long-2", "lf", "lf-2", "acme"];
