@@ -443,12 +443,17 @@ pub trait Codec<T> {
 }
 
 /// The default [`Codec`]: the value's JSON form, through `serde_json`.
+/// A value holding a non-finite float (NaN, +inf, -inf), which JSON has no
+/// form for and `serde_json` would write as `null`, is refused
+/// ([`Error::Serialization`]).
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Json;
 
 impl<T: Serialize + DeserializeOwned> Codec<T> for Json {
     fn encode(&self, value: &T) -> Result<Vec<u8>, Error> {
-        Ok(serde_json::to_vec(value)?)
+        // A non-finite float is refused rather than written as `null`,
+        // which would be replayed as something else, or not at all.
+        Ok(crate::finite::to_vec(value)?)
     }
 
     fn decode(&self, bytes: &[u8]) -> Result<T, Error> {

@@ -29,6 +29,8 @@ pub use crate::entity::{run as run_entity, Entity, EntityBind, RequestHash, Toke
 pub use sqlx;
 
 use crate::engine::{Codec, Json, OkOnly, Replaying};
+use crate::finite::{Checked, Floats};
+use std::cell::Cell;
 
 /// The `scope = ...` expression's value.
 #[diagnostic::on_unimplemented(
@@ -59,23 +61,50 @@ impl<T: Into<Scope>> IntoScope for T {
             with `fingerprint = ...`, as in `fingerprint = (&cmd.amount, &cmd.currency)`"
 )]
 pub trait Argument {
-    /// The argument's JSON value.
-    fn to_json(&self) -> Result<Value, Error>;
+    /// The argument, to be fingerprinted with the others by [`arguments`].
+    fn to_json(&self) -> Arg<'_>;
 }
 
 #[diagnostic::do_not_recommend]
-impl<T: Serialize + ?Sized> Argument for T {
-    fn to_json(&self) -> Result<Value, Error> {
-        Ok(serde_json::to_value(self)?)
+impl<T: Serialize> Argument for T {
+    fn to_json(&self) -> Arg<'_> {
+        Arg(self)
+    }
+}
+
+/// An argument of the default fingerprint, serialized when [`arguments`]
+/// knows how: a payload holding a non-finite float is written in a form of
+/// its own, all of it (see [`Fingerprint`]).
+pub struct Arg<'a>(&'a dyn ArgumentValue);
+
+/// An argument's JSON value, plain or marked ([`finite::Floats`]).
+trait ArgumentValue {
+    fn value(&self, floats: Floats, seen: &Cell<bool>) -> Result<Value, serde_json::Error>;
+}
+
+impl<T: Serialize> ArgumentValue for T {
+    fn value(&self, floats: Floats, seen: &Cell<bool>) -> Result<Value, serde_json::Error> {
+        serde_json::to_value(Checked::new(self, floats, seen))
     }
 }
 
 /// The default fingerprint of one or more arguments: that of the tuple of
 /// their references, whose JSON form is the array of their values (`()`,
 /// for no argument, is fingerprinted as [`Payload`]).
-pub fn arguments<const N: usize>(values: [Result<Value, Error>; N]) -> Result<Fingerprint, Error> {
-    let values = values.into_iter().collect::<Result<Vec<_>, _>>()?;
-    Fingerprint::of(&Value::Array(values))
+pub fn arguments<const N: usize>(values: [Arg<'_>; N]) -> Result<Fingerprint, Error> {
+    let seen = Cell::new(false);
+    let plain = values
+        .iter()
+        .map(|arg| arg.0.value(Floats::Refuse, &seen))
+        .collect::<Result<Vec<_>, _>>();
+    if !seen.get() {
+        return Fingerprint::of_value(&Value::Array(plain?), false);
+    }
+    let marked = values
+        .iter()
+        .map(|arg| arg.0.value(Floats::Mark, &seen))
+        .collect::<Result<Vec<_>, _>>()?;
+    Fingerprint::of_value(&Value::Array(marked), true)
 }
 
 /// The `fingerprint = ...` expression's value.

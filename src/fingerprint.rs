@@ -14,6 +14,14 @@
 //! The sorting is done here, at write time, so the digest is the same whether
 //! or not `serde_json`'s `preserve_order` feature is enabled in the final
 //! build.
+//!
+//! JSON has no form for a non-finite float (NaN, +inf, -inf), which
+//! `serde_json` writes as `null`. A payload holding one is fingerprinted in
+//! a form of its own, so that it compares equal to no payload that differs
+//! from it: each non-finite float is written as the string `"\u0000NaN"`,
+//! `"\u0000inf"` or `"\u0000-inf"`, every string that starts with NUL
+//! gets one more NUL in front, and the text is preceded by the bytes
+//! `\0non-finite\0` (which start no JSON text).
 
 use std::fmt;
 use std::io::Write;
@@ -23,7 +31,12 @@ use serde_json::Value;
 use sha2::{Digest, Sha256};
 
 use crate::error::Error;
+use crate::finite;
 use crate::key::{AsKey, Key, KeyError};
+
+/// What precedes the canonical text of a payload holding a non-finite
+/// float: no JSON text starts with NUL.
+const MARKED: &[u8] = b"\0non-finite\0";
 
 /// The SHA-256 digest of a canonical payload.
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
@@ -33,17 +46,30 @@ impl Fingerprint {
     /// The fingerprint of `payload`'s canonical JSON form (see the module
     /// documentation).
     pub fn of<T: Serialize + ?Sized>(payload: &T) -> Result<Self, Error> {
-        let value = serde_json::to_value(payload)?;
+        let (value, marked) = finite::to_value(payload)?;
+        Self::of_value(&value, marked)
+    }
+
+    /// The fingerprint of a value built by [`finite::to_value`].
+    pub(crate) fn of_value(value: &Value, marked: bool) -> Result<Self, Error> {
         // Hashed as it is written: no text is kept.
         let mut hasher = Sha256::new();
-        write_canonical(&value, &mut hasher)?;
+        if marked {
+            hasher.update(MARKED);
+        }
+        write_canonical(value, &mut hasher)?;
         Ok(Fingerprint(hasher.finalize().into()))
     }
 
-    /// The canonical JSON text of `payload`, as hashed by [`Fingerprint::of`].
+    /// The canonical JSON text of `payload`, as hashed by [`Fingerprint::of`]
+    /// (for a payload holding a non-finite float, the form the module
+    /// documentation describes, which is not JSON).
     pub fn canonical_json<T: Serialize + ?Sized>(payload: &T) -> Result<String, Error> {
-        let value = serde_json::to_value(payload)?;
+        let (value, marked) = finite::to_value(payload)?;
         let mut buf = Vec::with_capacity(128);
+        if marked {
+            buf.extend_from_slice(MARKED);
+        }
         write_canonical(&value, &mut buf)?;
         // Every byte came from serde_json's writer or from UTF-8 keys.
         String::from_utf8(buf).map_err(|e| Error::Config(e.to_string()))

@@ -56,6 +56,7 @@ pub mod entity;
 mod error;
 mod expansion;
 pub mod fingerprint;
+mod finite;
 #[cfg(feature = "http")]
 #[cfg_attr(docsrs, doc(cfg(feature = "http")))]
 pub mod http;

@@ -539,7 +539,7 @@ impl<R> Step<R> {
                     Ok(other) => return Err(changed(name, &other).into()),
                 }
                 let output = output?;
-                let bytes = serde_json::to_vec(&output).map_err(Error::from)?;
+                let bytes = crate::finite::to_vec(&output).map_err(Error::from)?;
                 counted(name, "ran", &current);
                 // Rerun when in doubt: its output is journaled while the
                 // body goes on, and before the operation ends.
@@ -549,7 +549,7 @@ impl<R> Step<R> {
         };
         let output = f(current.key.clone()).await?;
         if let Some(journal) = journal {
-            let bytes = serde_json::to_vec(&output).map_err(Error::from)?;
+            let bytes = crate::finite::to_vec(&output).map_err(Error::from)?;
             journal_output(&*journal, &current, &current.request(name), &bytes).await?;
             counted(name, "ran", &current);
         }
@@ -596,7 +596,7 @@ impl<R> Step<R> {
         let (result, conn) = f(conn, current.key.clone()).await;
         let output = result?;
         if current.journal.is_some() {
-            let bytes = serde_json::to_vec(&output).map_err(Error::from)?;
+            let bytes = crate::finite::to_vec(&output).map_err(Error::from)?;
             store
                 .complete_step_on(conn, &current.claim, &current.request(name), &bytes)
                 .await?;
@@ -690,7 +690,7 @@ impl<R> Step<R> {
                     "step in doubt: asking the downstream what happened"
                 );
                 if let Some(output) = reconcile.ask(current.key.clone()).await? {
-                    let bytes = serde_json::to_vec(&output).map_err(Error::from)?;
+                    let bytes = crate::finite::to_vec(&output).map_err(Error::from)?;
                     journal_output(&*journal, &current, &request, &bytes).await?;
                     in_doubt(&current.claim.scope, name, "reconciled");
                     return Ok(Started::Done(output));
@@ -900,7 +900,7 @@ where
 {
     let (resolution, label) = match output {
         Some(output) => (
-            StepResolution::Completed(serde_json::to_vec(output)?),
+            StepResolution::Completed(crate::finite::to_vec(output)?),
             "operator_completed",
         ),
         None => (StepResolution::Rerun, "operator_rerun"),

@@ -1,15 +1,12 @@
 //! Values `serde_json` cannot write, through `#[idempotent]`, and entity
 //! mode on a pool of one connection.
 //!
-//! - `infinities_share_one_default_fingerprint` and
-//!   `a_non_finite_output_is_stored_but_never_replayed` are ignored: they
-//!   fail, and show open defects (run them with `-- --ignored`).
-//!   `serde_json` writes every non-finite float (NaN, +inf, -inf) as
-//!   `null`, so payloads that differ only there share one fingerprint (a
-//!   reused key is replayed instead of refused), and a non-finite output
-//!   is stored as `null`, which no retry can decode. Fingerprints and the
-//!   JSON codec should refuse non-finite floats (a serializer that
-//!   forwards to serde_json's and fails on them).
+//! - `serde_json` writes every non-finite float (NaN, +inf, -inf) as
+//!   `null`. Payloads that differ only there must still get different
+//!   fingerprints (a reused key is refused, not replayed), and a non-finite
+//!   output, which JSON cannot hold, must not be stored as `null`, which
+//!   every retry would fail to decode (or decode as something else): it is
+//!   refused by the codec, and retries get `Error::Unrecorded`.
 //! - `unrelated_tokens_run_at_once_on_a_one_connection_pool`:
 //!   entity mode promises that a claim holds no connection and no lock
 //!   while the body runs, so first calls with different tokens run at once
@@ -33,12 +30,11 @@ async fn charge_amount(store: &MemoryStore, key: &str, amount: f64) -> Result<St
     Ok(format!("charged {amount}"))
 }
 
-/// Open defect. Two calls under one key whose only argument that differs is
-/// `+inf` against `-inf` (or NaN): the second must be refused as a reused
-/// key (`KeyReused`), not answered with the first call's outcome.
+/// Two calls under one key whose only argument that differs is `+inf`
+/// against `-inf` (or NaN): the second must be refused as a reused key
+/// (`KeyReused`), not answered with the first call's outcome.
 #[tokio::test]
-#[ignore = "open: non-finite floats are fingerprinted as null"]
-async fn infinities_share_one_default_fingerprint() {
+async fn infinities_share_no_default_fingerprint() {
     let store = MemoryStore::new();
     let first = charge_amount(&store, "k-inf", f64::INFINITY).await.unwrap();
     assert_eq!(first, "charged inf");
@@ -131,19 +127,58 @@ async fn rate(store: &MemoryStore, key: &str) -> Result<f64, idem::Error> {
     Ok(f64::INFINITY)
 }
 
-/// Open defect. An output the attribute's JSON codec (`Output::codec`) cannot
-/// round-trip: `serde_json` writes a non-finite float as `null`, the record
-/// is completed with it, and every retry of the very same call then fails
-/// to decode it. The body ran once, and no retry can ever get its outcome.
+/// An output the attribute's JSON codec (`Output::codec`) cannot write:
+/// `serde_json` alone writes a non-finite float as `null`, which every
+/// retry would then fail to decode. The caller gets its result, the body
+/// runs once, and every retry is told, with the reason, that the outcome
+/// was not recorded.
 #[tokio::test]
-#[ignore = "open: a non-finite output is stored as null, which no retry decodes"]
-async fn a_non_finite_output_is_stored_but_never_replayed() {
+async fn a_non_finite_output_is_refused_and_retries_are_told() {
     let store = MemoryStore::new();
     assert_eq!(rate(&store, "r-1").await.unwrap(), f64::INFINITY);
-    let retry = rate(&store, "r-1").await;
+    for _ in 0..2 {
+        let retry = rate(&store, "r-1").await;
+        assert!(
+            matches!(&retry, Err(idem::Error::Unrecorded(reason)) if reason.contains("non-finite")),
+            "the retry of the same call got {retry:?}, not Unrecorded"
+        );
+    }
     assert_eq!(RATES.load(Ordering::SeqCst), 1);
+}
+
+/// A durable step whose output holds a non-finite float: its journal entry
+/// must not be completed with `null`, which every later attempt would
+/// replay as an error (or as another value). The step's call ran, so the
+/// attempt fails with the reason and the entry stays started, in doubt,
+/// for the step's policy to decide, as any output that cannot be written.
+#[tokio::test]
+async fn a_non_finite_step_output_is_not_journaled() {
+    use idem::engine::{run, Call};
+    use idem::journal::StepState;
+    use idem::steps::step;
+    use idem::store::Store;
+    use idem::{Key, Scope};
+
+    let store = MemoryStore::new();
+    let calls = AtomicUsize::new(0);
+    let result = run(&store, Call::new("non_finite.step", "s-1", &1), async {
+        let rate: f64 = step("rate", |_key| async {
+            calls.fetch_add(1, Ordering::SeqCst);
+            Ok::<_, idem::Error>(f64::NAN)
+        })
+        .await?;
+        Ok::<_, idem::Error>(rate.is_nan())
+    })
+    .await;
     assert!(
-        matches!(retry, Ok(v) if v == f64::INFINITY),
-        "the retry of the same call got {retry:?}, not the first outcome"
+        matches!(&result, Err(idem::Error::Serialization(e)) if e.to_string().contains("non-finite")),
+        "{result:?}"
     );
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    let entries = store
+        .steps(&Scope::new("non_finite.step"), &Key::new("s-1").unwrap())
+        .await
+        .unwrap();
+    assert_eq!(entries.len(), 1);
+    assert_eq!(entries[0].state, StepState::Started, "{entries:?}");
 }
