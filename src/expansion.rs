@@ -95,7 +95,7 @@ pub fn arguments<const N: usize>(values: [Arg<'_>; N]) -> Result<Fingerprint, Er
     let seen = Cell::new(false);
     let plain = values
         .iter()
-        .map(|arg| arg.0.value(Floats::Refuse, &seen))
+        .map(|arg| arg.0.value(Floats::Plain, &seen))
         .collect::<Result<Vec<_>, _>>();
     if !seen.get() {
         return Fingerprint::of_value(&Value::Array(plain?), false);

@@ -15,13 +15,16 @@
 //! or not `serde_json`'s `preserve_order` feature is enabled in the final
 //! build.
 //!
-//! JSON has no form for a non-finite float (NaN, +inf, -inf), which
-//! `serde_json` writes as `null`. A payload holding one is fingerprinted in
-//! a form of its own, so that it compares equal to no payload that differs
-//! from it: each non-finite float is written as the string `"\u0000NaN"`,
-//! `"\u0000inf"` or `"\u0000-inf"`, every string that starts with NUL
-//! gets one more NUL in front, and the text is preceded by the bytes
-//! `\0non-finite\0` (which start no JSON text).
+//! A payload holding a value that JSON (as `serde_json` builds it) has no
+//! form for, a non-finite float (NaN, +inf, -inf, which `serde_json`
+//! writes as `null`) or an integer beyond 64 bits (a `u128` amount), is
+//! fingerprinted in a form of its own, so that it compares equal to no
+//! payload that differs from it: each non-finite float is written as the
+//! string `"\u0000NaN"`, `"\u0000inf"` or `"\u0000-inf"`, each such
+//! integer as `"\u0000int:"` and its digits, every string that starts with
+//! NUL gets one more NUL in front, and the text is preceded by the bytes
+//! `\0marked\0` (which start no JSON text). Every other payload keeps the
+//! canonical text above.
 
 use std::fmt;
 use std::io::Write;
@@ -34,9 +37,9 @@ use crate::error::Error;
 use crate::finite;
 use crate::key::{AsKey, Key, KeyError};
 
-/// What precedes the canonical text of a payload holding a non-finite
-/// float: no JSON text starts with NUL.
-const MARKED: &[u8] = b"\0non-finite\0";
+/// What precedes the canonical text of a payload holding a value marked
+/// (see the module documentation): no JSON text starts with NUL.
+const MARKED: &[u8] = b"\0marked\0";
 
 /// The SHA-256 digest of a canonical payload.
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
@@ -62,8 +65,9 @@ impl Fingerprint {
     }
 
     /// The canonical JSON text of `payload`, as hashed by [`Fingerprint::of`]
-    /// (for a payload holding a non-finite float, the form the module
-    /// documentation describes, which is not JSON).
+    /// (for a payload holding a non-finite float or an integer beyond 64
+    /// bits, the marked form the module documentation describes, which is
+    /// not JSON).
     pub fn canonical_json<T: Serialize + ?Sized>(payload: &T) -> Result<String, Error> {
         let (value, marked) = finite::to_value(payload)?;
         let mut buf = Vec::with_capacity(128);

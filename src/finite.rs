@@ -1,20 +1,22 @@
-//! JSON forms for values holding non-finite floats.
+//! JSON forms for values that `serde_json` cannot give one.
 //!
 //! `serde_json` writes every non-finite float (NaN, +inf, -inf) as `null`,
 //! silently. Stored as an outcome, that `null` is read back as something
 //! else, or not at all; in a fingerprint, payloads that differ only there
-//! compare equal. Every JSON form this crate stores or hashes goes through
-//! [`Checked`], a serializer wrapper that forwards everything to
-//! `serde_json`'s own serializers and only takes the non-finite floats:
+//! compare equal. And its `Value` has no integer beyond 64 bits, so that a
+//! payload holding one (an amount in wei, a `u128` id) could not be
+//! fingerprinted at all. Every JSON form this crate stores or hashes goes
+//! through [`Checked`], a serializer wrapper that forwards everything to
+//! `serde_json`'s own serializers and only takes those values:
 //!
-//! - [`to_vec`] (outcomes, step outputs) refuses them, with an error that
-//!   says so;
-//! - [`to_value`] (fingerprints) writes them as marks that no other value
+//! - [`to_vec`] (outcomes, step outputs) refuses non-finite floats, with an
+//!   error that says so (its writer has 128-bit integers);
+//! - [`to_value`] (fingerprints) writes both as marks that no other value
 //!   shares, and says that it did so that the caller hashes that form in a
 //!   domain of its own.
 //!
-//! A value without a non-finite float gets exactly the bytes `serde_json`
-//! gives it, so that no stored fingerprint or outcome changes.
+//! A value without either gets exactly the bytes `serde_json` gives it, so
+//! that no stored fingerprint or outcome changes.
 
 use std::cell::Cell;
 
@@ -24,14 +26,19 @@ use serde::ser::{
 };
 use serde_json::Value;
 
-/// What the wrapper does with a non-finite float.
+/// What the wrapper does with the values `serde_json` has no form for.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub(crate) enum Floats {
-    /// Fails the serialization, and notes that a non-finite float did.
+    /// For a writer: fails on a non-finite float, and notes that it did.
     Refuse,
-    /// Writes NaN, +inf and -inf as the strings `"\0NaN"`, `"\0inf"` and
-    /// `"\0-inf"`, and every string (or char) that starts with NUL with one
-    /// more NUL in front, so that no string is written as a mark.
+    /// For a `Value`: fails on a non-finite float or an integer beyond 64
+    /// bits, and notes that it did.
+    Plain,
+    /// For a `Value`: writes NaN, +inf and -inf as the strings `"\0NaN"`,
+    /// `"\0inf"` and `"\0-inf"`, an integer beyond 64 bits as `"\0int:"`
+    /// and its decimal digits, and every string (or char) that starts with
+    /// NUL with one more NUL in front, so that no string is written as a
+    /// mark.
     Mark,
 }
 
@@ -47,14 +54,14 @@ pub(crate) fn to_vec<T: Serialize + ?Sized>(value: &T) -> Result<Vec<u8>, serde_
 }
 
 /// `value`'s JSON value as `serde_json::to_value` builds it, and `false`;
-/// or, when it holds a non-finite float, its marked form (see
-/// [`Floats::Mark`]) and `true`. The marked form of one value can equal the
+/// or, when it holds a non-finite float or an integer beyond 64 bits, its
+/// marked form (see [`Floats::Mark`]) and `true`. The marked form of one value can equal the
 /// plain form of another (`"\0NaN"`): a caller hashes the two kinds apart.
 pub(crate) fn to_value<T: Serialize + ?Sized>(
     value: &T,
 ) -> Result<(Value, bool), serde_json::Error> {
     let seen = Cell::new(false);
-    let plain = serde_json::to_value(Checked::new(value, Floats::Refuse, &seen));
+    let plain = serde_json::to_value(Checked::new(value, Floats::Plain, &seen));
     // A `Serialize` implementation could swallow the refusal and go on:
     // what was seen decides, not the result.
     if !seen.get() {
@@ -125,7 +132,7 @@ impl<S: Serializer> Wrap<'_, S> {
         }
         self.seen.set(true);
         match self.floats {
-            Floats::Refuse => Err(ser::Error::custom(NON_FINITE)),
+            Floats::Refuse | Floats::Plain => Err(ser::Error::custom(NON_FINITE)),
             Floats::Mark => self.inner.serialize_str(if value.is_nan() {
                 "\0NaN"
             } else if value > 0.0 {
@@ -136,6 +143,21 @@ impl<S: Serializer> Wrap<'_, S> {
         }
     }
 }
+
+impl<S: Serializer> Wrap<'_, S> {
+    /// An integer beyond 64 bits, for a `Value`, which has no form for it.
+    fn wide(self, v: impl std::fmt::Display) -> Result<S::Ok, S::Error> {
+        self.seen.set(true);
+        match self.floats {
+            Floats::Mark => self.inner.serialize_str(&format!("\0int:{v}")),
+            Floats::Refuse | Floats::Plain => Err(ser::Error::custom(WIDE)),
+        }
+    }
+}
+
+/// The message of the error [`Floats::Plain`] fails with on an integer
+/// beyond 64 bits.
+const WIDE: &str = "an integer beyond 64 bits has no serde_json value";
 
 /// Forwards each named method to the wrapped serializer unchanged.
 macro_rules! forward {
@@ -165,14 +187,27 @@ impl<'a, S: Serializer> Serializer for Wrap<'a, S> {
         serialize_i16(i16);
         serialize_i32(i32);
         serialize_i64(i64);
-        serialize_i128(i128);
         serialize_u8(u8);
         serialize_u16(u16);
         serialize_u32(u32);
         serialize_u64(u64);
-        serialize_u128(u128);
         serialize_bytes(&[u8]);
         serialize_unit_struct(&'static str);
+    }
+
+    fn serialize_i128(self, v: i128) -> Result<S::Ok, S::Error> {
+        // A writer writes it; so does a `Value` within 64 bits.
+        if self.floats == Floats::Refuse || i64::try_from(v).is_ok() || u64::try_from(v).is_ok() {
+            return self.inner.serialize_i128(v);
+        }
+        self.wide(v)
+    }
+
+    fn serialize_u128(self, v: u128) -> Result<S::Ok, S::Error> {
+        if self.floats == Floats::Refuse || u64::try_from(v).is_ok() {
+            return self.inner.serialize_u128(v);
+        }
+        self.wide(v)
     }
 
     fn serialize_f32(self, v: f32) -> Result<S::Ok, S::Error> {
@@ -572,7 +607,52 @@ mod tests {
         assert_eq!(Fingerprint::of(&a).unwrap(), Fingerprint::of(&b).unwrap());
         assert!(Fingerprint::canonical_json(&b)
             .unwrap()
-            .starts_with("\0non-finite\0{\"x\":\"\\u0000NaN\",\"y\":\"\\u0000inf\",\"z\":1.0}"));
+            .starts_with("\0marked\0{\"x\":\"\\u0000NaN\",\"y\":\"\\u0000inf\",\"z\":1.0}"));
+    }
+
+    /// Integers beyond 64 bits: a writer writes them as numbers, as
+    /// serde_json does; a fingerprint marks them, apart from every string
+    /// and from the same digits as a float.
+    #[test]
+    fn wide_integers_are_written_and_fingerprinted() {
+        assert_eq!(
+            to_vec(&u128::MAX).unwrap(),
+            serde_json::to_vec(&u128::MAX).unwrap()
+        );
+        assert_eq!(
+            to_vec(&i128::MIN).unwrap(),
+            serde_json::to_vec(&i128::MIN).unwrap()
+        );
+        let wei: u128 = 20_000_000_000_000_000_000;
+        let (value, marked) = to_value(&(wei, "x")).unwrap();
+        assert!(marked);
+        assert_eq!(value, json!(["\0int:20000000000000000000", "x"]));
+        // Within 64 bits, as before, and the same whatever the Rust type.
+        assert_eq!(
+            to_value(&u128::from(u64::MAX)).unwrap(),
+            (json!(u64::MAX), false)
+        );
+        assert_eq!(
+            to_value(&i128::from(i64::MIN)).unwrap(),
+            (json!(i64::MIN), false)
+        );
+        let of = |v: &dyn erased::Fp| v.fp();
+        let prints = [
+            of(&wei),
+            of(&(wei + 1)),
+            of(&-(wei as i128)),
+            of(&"\0int:20000000000000000000"),
+            of(&2e19f64),
+            of(&u128::MAX),
+            of(&i128::MIN),
+        ];
+        for (i, a) in prints.iter().enumerate() {
+            for b in &prints[i + 1..] {
+                assert_ne!(a, b);
+            }
+        }
+        assert_eq!(of(&wei), of(&(wei as i128)));
+        assert_eq!(of(&wei), Fingerprint::of(&wei).unwrap());
     }
 
     mod erased {

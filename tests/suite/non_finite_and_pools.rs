@@ -1,4 +1,5 @@
-//! Values `serde_json` cannot write, through `#[idempotent]`, and entity
+//! Values `serde_json` cannot write (non-finite floats) or hold (integers
+//! beyond 64 bits), through `#[idempotent]`, and entity
 //! mode on a pool of one connection.
 //!
 //! - `serde_json` writes every non-finite float (NaN, +inf, -inf) as
@@ -181,4 +182,46 @@ async fn a_non_finite_step_output_is_not_journaled() {
         .unwrap();
     assert_eq!(entries.len(), 1);
     assert_eq!(entries[0].state, StepState::Started, "{entries:?}");
+}
+
+#[derive(serde::Serialize, serde::Deserialize)]
+struct WeiTransfer {
+    token: String,
+    /// 20 ETH in wei: past `u64::MAX` (about 18.4 ETH).
+    amount_wei: u128,
+}
+
+static SENDS: AtomicUsize = AtomicUsize::new(0);
+
+#[idempotent(key = cmd.token, store = store, scope = "non_finite.send")]
+async fn send(store: &MemoryStore, cmd: WeiTransfer) -> Result<u128, idem::Error> {
+    SENDS.fetch_add(1, Ordering::SeqCst);
+    Ok(cmd.amount_wei)
+}
+
+/// Integers beyond 64 bits, which `serde_json`'s `Value` has no number
+/// for: a payload holding one is fingerprinted (it could not be, and every
+/// call failed before its body), its retry is replayed, and another amount
+/// under the same key is refused.
+#[tokio::test]
+async fn a_u128_payload_is_fingerprinted_and_replayed() {
+    let store = MemoryStore::new();
+    let cmd = |amount_wei| WeiTransfer {
+        token: "wei-1".into(),
+        amount_wei,
+    };
+    let wei = 20_000_000_000_000_000_000;
+    assert_eq!(send(&store, cmd(wei)).await.unwrap(), wei);
+    assert_eq!(send(&store, cmd(wei)).await.unwrap(), wei);
+    assert!(matches!(
+        send(&store, cmd(wei + 1)).await,
+        Err(idem::Error::KeyReused)
+    ));
+    assert_eq!(SENDS.load(Ordering::SeqCst), 1);
+    let key = idem::key_of(&(u128::MAX,));
+    assert!(idem::AsKey::to_key(&key).is_ok());
+    assert_ne!(
+        idem::Fingerprint::of(&i128::MIN).unwrap(),
+        idem::Fingerprint::of(&(i128::MIN + 1)).unwrap()
+    );
 }
