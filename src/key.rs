@@ -250,7 +250,9 @@ const DIGEST_MARK: &str = "...sha256:";
 /// store's index whatever the operation (an HTTP layer may use a raw
 /// request path) or the principal. A part (the operation or the principal)
 /// of 255 bytes or more is shortened to exactly 255 bytes: its first bytes,
-/// then `...sha256:` and the SHA-256 of the whole part in 64 hex digits:
+/// then `...sha256:` and the SHA-256 of the whole part in 64 hex digits.
+/// So is a part holding a NUL, which PostgreSQL's text cannot hold (its
+/// NULs are written as dots in the first bytes; the digest tells it apart):
 ///
 /// ```
 /// use idem::{Scope, MAX_SCOPE_LEN};
@@ -285,7 +287,8 @@ pub struct Scope {
 impl Scope {
     /// A scope for `operation`. Line feeds in the operation are replaced by
     /// spaces so the stored form stays unambiguous; an operation of 255
-    /// bytes or more is shortened (see [Long scopes](Scope#long-scopes)).
+    /// bytes or more, or holding a NUL, is shortened (see
+    /// [Long scopes](Scope#long-scopes)).
     pub fn new(operation: impl Into<String>) -> Self {
         let mut operation: String = operation.into();
         if operation.contains('\n') {
@@ -305,7 +308,7 @@ impl Scope {
     /// made the same scope last (a scope is mostly a literal, one per
     /// operation), one copy otherwise.
     fn borrowed(operation: &str) -> Self {
-        if operation.len() >= SCOPE_PART_LEN || operation.contains('\n') {
+        if operation.len() >= SCOPE_PART_LEN || operation.contains(['\n', '\0']) {
             return Scope::new(operation);
         }
         let joined = LAST_SCOPE
@@ -325,8 +328,9 @@ impl Scope {
     }
 
     /// The same operation, narrowed to `principal` (in place of the
-    /// principal it had, if any). A principal of 255 bytes or more is
-    /// shortened (see [Long scopes](Scope#long-scopes)).
+    /// principal it had, if any). A principal of 255 bytes or more, or
+    /// holding a NUL, is shortened (see [Long scopes](Scope#long-scopes)):
+    /// any text is a principal.
     ///
     /// Two tenants sending the same key then never see each other's
     /// records. With the attribute, name the principal in `scope`:
@@ -407,25 +411,27 @@ thread_local! {
     static LAST_SCOPE: Cell<Option<Arc<str>>> = const { Cell::new(None) };
 }
 
-/// The stored form of a part of 255 bytes or more: its first bytes (cut at
-/// a character boundary, padded with dots), [`DIGEST_MARK`] and the
-/// SHA-256 of the whole part in hex, exactly [`SCOPE_PART_LEN`] bytes in
-/// all. `None` for a shorter part, which is kept as it is.
+/// The stored form of a part of 255 bytes or more, or holding a NUL (which
+/// PostgreSQL's text refuses): its first bytes (cut at a character
+/// boundary, NULs written as dots, padded with dots), [`DIGEST_MARK`] and
+/// the SHA-256 of the whole part in hex, exactly [`SCOPE_PART_LEN`] bytes
+/// in all, which no part kept as it is has. `None` for a shorter part
+/// without NUL, which is kept as it is.
 fn shortened(part: &str) -> Option<String> {
     use sha2::{Digest, Sha256};
     use std::fmt::Write;
 
-    if part.len() < SCOPE_PART_LEN {
+    if part.len() < SCOPE_PART_LEN && !part.contains('\0') {
         return None;
     }
     let digest = Sha256::digest(part.as_bytes());
     let room = SCOPE_PART_LEN - DIGEST_MARK.len() - 2 * digest.len();
-    let mut cut = room;
+    let mut cut = room.min(part.len());
     while !part.is_char_boundary(cut) {
         cut -= 1;
     }
     let mut short = String::with_capacity(SCOPE_PART_LEN);
-    short.push_str(&part[..cut]);
+    short.extend(part[..cut].chars().map(|c| if c == '\0' { '.' } else { c }));
     short.extend(std::iter::repeat_n('.', room - cut));
     short.push_str(DIGEST_MARK);
     for byte in digest {
@@ -573,6 +579,25 @@ mod tests {
             Scope::new(&exact).with_principal(&exact).as_str().len(),
             MAX_SCOPE_LEN
         );
+    }
+
+    /// PostgreSQL's text cannot hold a NUL: a part holding one is stored
+    /// shortened, without it, and still apart from every other part.
+    #[test]
+    fn parts_holding_nul_are_stored_without_it() {
+        let scope = Scope::new("pay").with_principal("t\0x");
+        assert!(!scope.as_str().contains('\0'));
+        assert_eq!(scope.principal().map(str::len), Some(SCOPE_PART_LEN));
+        assert!(scope.principal().unwrap().starts_with("t.x..."));
+        for other in ["t.x", "t\0y", "t\0x\0", "t"] {
+            assert_ne!(scope, Scope::new("pay").with_principal(other), "{other:?}");
+        }
+        assert_eq!(scope, Scope::new("pay").with_principal("t\0x"));
+        assert_eq!(Scope::from_stored(scope.as_str()), scope);
+        let op = Scope::new("pay\0");
+        assert!(!op.as_str().contains('\0'));
+        assert_ne!(op, Scope::new("pay."));
+        assert_eq!(Scope::borrowed("pay\0"), op);
     }
 
     /// Shortening never makes two scopes one: not two long parts that
