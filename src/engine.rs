@@ -80,8 +80,13 @@
 //! [`Error::InProgress`] rather than wait while its transaction may hold a
 //! lock the owner needs. A body error deletes the claim on the same
 //! connection, so a transaction committed anyway does not leave the key in
-//! progress. When storing the outcome fails, the error is returned: the
-//! transaction is to be rolled back, and the business rows with it.
+//! progress; the body's own writes are the transaction's, kept if it
+//! commits, so roll it back on an error (as dropping a sqlx `Transaction`
+//! does when the error goes up with `?`). When storing the outcome fails,
+//! the error is returned: the transaction is to be rolled back, and the
+//! business rows with it. On a connection outside a transaction, where
+//! every statement commits at once, the call runs as in record mode, the
+//! body writing on that connection.
 //!
 //! ## Outcome policies
 //!
@@ -133,6 +138,10 @@ const MAX_POLL_NOTIFIED: Duration = Duration::from_millis(500);
 const FIRST_POLL: Duration = Duration::from_millis(1);
 /// The shortest lease: it is renewed every third of it.
 const MIN_LEASE: Duration = Duration::from_millis(30);
+
+/// The longest lease or ttl: a hundred years, past which a deadline may
+/// not be representable (an `Instant`, a database timestamp).
+const MAX_SPAN: Duration = Duration::from_secs(100 * 365 * 86_400);
 /// How often a claim whose answer was lost is sent again (same token).
 const BEGIN_ATTEMPTS: u32 = 3;
 /// A claim answered after more than a lease divided by this is renewed
@@ -636,11 +645,16 @@ where
 }
 
 /// Transactional mode: like [`run`], but the claim and the completion are
-/// written on `conn`, the caller's open transaction (or connection). The
-/// body borrows the connection to write its own rows, and hands it back
-/// with its result: `|conn| async move { let r = ...; (r, conn) }`. The
-/// call's outcome policy applies as in [`run`]. The caller commits; see
-/// the [module documentation](self#transactional-mode).
+/// written on `conn`, the caller's open transaction. The body borrows the
+/// connection to write its own rows, and hands it back with its result:
+/// `|conn| async move { let r = ...; (r, conn) }`. The call's outcome
+/// policy applies as in [`run`]. The caller commits; see the
+/// [module documentation](self#transactional-mode).
+///
+/// On a connection outside a transaction (one that no `begin` of sqlx's
+/// opened: [`TransactionalStore::in_transaction`]), each statement commits
+/// as it runs, so there is nothing to commit together: the call runs as
+/// [`run`] runs it, with the body writing on `conn`.
 pub async fn run_in_transaction<'c, S, C, T, E, F, Fut, O>(
     store: &S,
     conn: &'c mut C,
@@ -657,6 +671,14 @@ where
 {
     if call.unprotected() {
         return body(conn).await.0;
+    }
+    if !store.in_transaction(conn) {
+        // Each statement commits as it runs, the claim too: everyone sees
+        // it, and it needs what record mode gives a claim (its lease
+        // renewed while the body runs, its outcome saved however long the
+        // store fails, a dropped caller's claim handed back). The body
+        // writes on the connection, and its rows commit as it goes.
+        return run(store, call, async move { body(conn).await.0 }).await;
     }
     let (call, outcomes) = call.check(Instant::now())?;
     let span = call.span();
@@ -780,6 +802,15 @@ impl<O> Call<O> {
             return Err(Error::Config(format!(
                 "the lease must be at least {MIN_LEASE:?}: it is renewed every third of it"
             )));
+        }
+        // Instants and timestamps a lease or a ttl from now must exist.
+        for (what, span) in [("lease", policy.lease), ("ttl", policy.ttl)] {
+            if span > MAX_SPAN {
+                return Err(Error::Config(format!(
+                    "the {what} must be at most {} days",
+                    MAX_SPAN.as_secs() / 86_400
+                )));
+            }
         }
         let checked = Checked {
             scope,

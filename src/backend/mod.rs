@@ -183,11 +183,16 @@ pub(crate) mod dialect {
 /// type from a transaction.)
 macro_rules! transactional_store {
     ($db:ty, $conn:ty) => {
-        $crate::backend::transactional_store!(@impl $db, $conn, [], |c| c);
-        $crate::backend::transactional_store!(@impl $db, ::sqlx::Transaction<'c, $db>, ['c], |c| &mut **c);
-        $crate::backend::transactional_store!(@impl $db, ::sqlx::pool::PoolConnection<$db>, [], |c| &mut **c);
+        // A connection is in a transaction when one was begun on it
+        // through sqlx (which is what it counts); a `Transaction` always.
+        $crate::backend::transactional_store!(@impl $db, $conn, [], |c| c,
+            |c| ::sqlx::Connection::is_in_transaction(c));
+        $crate::backend::transactional_store!(@impl $db, ::sqlx::Transaction<'c, $db>, ['c], |c| &mut **c,
+            |_c| true);
+        $crate::backend::transactional_store!(@impl $db, ::sqlx::pool::PoolConnection<$db>, [], |c| &mut **c,
+            |c| ::sqlx::Connection::is_in_transaction(&**c));
     };
-    (@impl $db:ty, $on:ty, [$($lt:lifetime)?], |$c:ident| $conn:expr) => {
+    (@impl $db:ty, $on:ty, [$($lt:lifetime)?], |$c:ident| $conn:expr, |$t:ident| $in_transaction:expr) => {
         #[::async_trait::async_trait]
         impl<$($lt)?> $crate::store::TransactionalStore<$on> for $crate::backend::SqlStore<$db> {
             async fn peek_in(
@@ -230,6 +235,9 @@ macro_rules! transactional_store {
             }
             fn claim_locks_only_its_own(&self) -> bool {
                 <$db as $crate::backend::dialect::Dialect>::CLAIM_LOCKS_ONLY_ITS_OWN
+            }
+            fn in_transaction(&self, $t: &mut $on) -> bool {
+                $in_transaction
             }
         }
     };

@@ -311,6 +311,18 @@ pub trait TransactionalStore<C: Send + ?Sized>: Store {
     fn claim_locks_only_its_own(&self) -> bool {
         false
     }
+    /// Whether `conn` is in a transaction, so that a claim written on it
+    /// is seen by no one else until the caller commits. On a connection
+    /// outside one, each statement commits as it runs, the claim too:
+    /// [`run_in_transaction`](crate::engine::run_in_transaction) then runs
+    /// the call as [`run`](crate::engine::run) does (its lease renewed
+    /// while the body runs, its outcome saved through the store), lending
+    /// the connection to the body. `true` (the default) for a store that
+    /// cannot tell.
+    fn in_transaction(&self, conn: &mut C) -> bool {
+        let _ = conn;
+        true
+    }
 }
 
 macro_rules! forward_transactional_store {
@@ -353,6 +365,9 @@ macro_rules! forward_transactional_store {
             }
             fn claim_locks_only_its_own(&self) -> bool {
                 (**self).claim_locks_only_its_own()
+            }
+            fn in_transaction(&self, conn: &mut C) -> bool {
+                (**self).in_transaction(conn)
             }
         }
     )*};

@@ -196,3 +196,53 @@ common::backends!(memory, sqlite_file, postgres, mysql, redis => {
         owner_keeps_its_claim(store, fault, LEASE * 4).await;
     }
 });
+
+/// A lease or a ttl so long that no deadline can be computed from it
+/// (`Duration::MAX`) is refused as a configuration error before anything
+/// runs, instead of overflowing (a panic in the task that hands a dropped
+/// caller's claim back); a century is accepted, and a dropped caller's
+/// claim under it is handed back so that the next call runs.
+#[tokio::test]
+async fn spans_no_deadline_fits_are_refused() {
+    let store = idem::MemoryStore::new();
+    let century = Duration::from_secs(100 * 365 * 86_400);
+    for policy in [
+        Policy::new().lease(Duration::MAX),
+        Policy::new().ttl(Duration::MAX),
+        Policy::new().lease(century + Duration::from_secs(86_400)),
+    ] {
+        let runs = AtomicUsize::new(0);
+        let call = Call::new("lease_upkeep.bounds", "k-max", &1).with_policy(policy);
+        let result = run(&store, call, async {
+            runs.fetch_add(1, Ordering::SeqCst);
+            Ok::<_, Error>(1)
+        })
+        .await;
+        assert!(
+            matches!(&result, Err(Error::Config(m)) if m.contains("at most")),
+            "{result:?}"
+        );
+        assert_eq!(runs.load(Ordering::SeqCst), 0);
+    }
+    let long = || Policy::new().lease(century).ttl(century);
+    let dropped = run(
+        &store,
+        Call::new("lease_upkeep.bounds", "k-century", &1).with_policy(long()),
+        std::future::pending::<Result<u8, Error>>(),
+    );
+    assert!(tokio::time::timeout(Duration::from_millis(20), dropped)
+        .await
+        .is_err());
+    let next = run(
+        &store,
+        Call::new("lease_upkeep.bounds", "k-century", &1).with_policy(long()),
+        async { Ok::<_, Error>(2) },
+    );
+    assert_eq!(
+        tokio::time::timeout(Duration::from_secs(5), next)
+            .await
+            .unwrap()
+            .unwrap(),
+        2
+    );
+}

@@ -110,5 +110,7 @@ mod store_faults;
 mod tracked;
 #[cfg(all(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 mod transactional;
+#[cfg(all(feature = "sqlite", feature = "postgres", feature = "mysql"))]
+mod transactional_edges;
 mod unencodable_outcomes;
 mod waiter_payloads;

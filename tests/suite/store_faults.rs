@@ -215,6 +215,9 @@ where
         self.through(Point::Release, self.inner.release_on(conn, claim))
             .await
     }
+    fn in_transaction(&self, conn: &mut C) -> bool {
+        self.inner.in_transaction(conn)
+    }
 }
 
 #[derive(Debug, Serialize, Deserialize)]
