@@ -29,7 +29,7 @@
 use std::fmt;
 use std::io::Write;
 
-use serde::Serialize;
+use serde::{ser, Serialize, Serializer};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
@@ -42,6 +42,13 @@ use crate::key::{AsKey, Key, KeyError};
 const MARKED: &[u8] = b"\0marked\0";
 
 /// The SHA-256 digest of a canonical payload.
+///
+/// Equal payloads must serialize alike: object members are sorted, but
+/// array order counts, and a `HashSet` serializes as an array in an order
+/// of its own that differs between two equal sets. Make such a field a
+/// `BTreeSet`, or mark it `#[serde(serialize_with =
+/// "idem::fingerprint::unordered")]` (see [`unordered`]); otherwise an
+/// equal retry fails with [`Error::KeyReused`].
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Fingerprint([u8; 32]);
 
@@ -173,6 +180,12 @@ fn put<W: Write>(out: &mut W, bytes: &[u8]) -> Result<(), Error> {
 /// field order of a map. For a message or a command that carries no key of
 /// its own but is identified by what it holds.
 ///
+/// Array order is part of the key, and a `HashSet` serializes as an array
+/// in an order of its own, which differs between two equal sets: a value
+/// holding one gets another key each time it is built. Make it a
+/// `BTreeSet`, or write it with [`unordered`]. (A `HashMap` is safe: its
+/// members are sorted.)
+///
 /// ```
 /// use idem::{key_of, AsKey};
 ///
@@ -198,6 +211,81 @@ impl AsKey for HashedKey {
     fn to_key(&self) -> Result<Key, KeyError> {
         self.0.clone().map_err(KeyError::Unserializable)
     }
+}
+
+/// Serializes a collection whose order means nothing, such as a `HashSet`,
+/// as a sequence sorted by each item's canonical JSON
+/// ([`Fingerprint::canonical_json`]), so that equal collections always
+/// serialize alike. For a field:
+/// `#[serde(serialize_with = "idem::fingerprint::unordered")]`.
+///
+/// The fingerprint of a payload keeps the order of its arrays, as it
+/// should for a list. But a `HashSet` serializes as an array in its
+/// iteration order, which differs from one set to another equal one (each
+/// set has a hasher of its own, and every process new ones): two equal
+/// payloads then have different fingerprints, and the retry of a call
+/// fails with [`Error::KeyReused`], or a message keyed by its content gets
+/// another key and is processed again. Nothing in `serde` tells a set from
+/// a list, so a payload holding a hash-ordered collection must say so:
+/// make it a `BTreeSet` (an `IndexSet` keeps insertion order, so two equal
+/// sets are alike only when built in one order), or write it with this
+/// function. A `HashMap` needs neither: the members of an object are
+/// sorted.
+///
+/// Items are sorted by their canonical text, whatever they hold:
+/// non-finite floats and other values in the marked forms of the
+/// [module documentation](self) have a text too. An item that cannot be
+/// serialized fails the serialization, as it would unsorted.
+///
+/// ```
+/// use std::collections::HashSet;
+///
+/// use idem::{key_of, AsKey, Fingerprint};
+/// use serde::Serialize;
+///
+/// #[derive(Serialize)]
+/// struct Grant {
+///     account: String,
+///     #[serde(serialize_with = "idem::fingerprint::unordered")]
+///     permissions: HashSet<String>,
+/// }
+///
+/// let grant = |permissions: &[&str]| Grant {
+///     account: "acct-7".into(),
+///     permissions: permissions.iter().map(|p| p.to_string()).collect(),
+/// };
+/// let a = grant(&["read", "write", "admin", "billing", "refund", "export"]);
+/// let b = grant(&["export", "refund", "billing", "admin", "write", "read"]);
+/// assert_eq!(Fingerprint::of(&a)?, Fingerprint::of(&b)?);
+/// assert_eq!(key_of(&a).to_key()?, key_of(&b).to_key()?);
+/// assert_eq!(
+///     Fingerprint::canonical_json(&grant(&["write", "read"]))?,
+///     r#"{"account":"acct-7","permissions":["read","write"]}"#
+/// );
+/// # Ok::<_, idem::Error>(())
+/// ```
+///
+/// The attribute applies to the field's own collection: a set inside an
+/// `Option`, a `Vec` or another type is written by a newtype whose
+/// `Serialize` calls this function, or is a `BTreeSet`.
+pub fn unordered<'c, C, S>(collection: &'c C, serializer: S) -> Result<S::Ok, S::Error>
+where
+    C: ?Sized,
+    &'c C: IntoIterator,
+    <&'c C as IntoIterator>::Item: Serialize,
+    S: Serializer,
+{
+    let mut items = collection
+        .into_iter()
+        .map(|item| {
+            let text = Fingerprint::canonical_json(&item).map_err(ser::Error::custom)?;
+            Ok((text, item))
+        })
+        .collect::<Result<Vec<_>, S::Error>>()?;
+    // Equal texts are equal items as far as a fingerprint goes: their
+    // relative order does not matter.
+    items.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+    serializer.collect_seq(items.iter().map(|(_, item)| item))
 }
 
 #[cfg(test)]
@@ -237,6 +325,68 @@ mod tests {
             "44136fa355b3678a1146ad16f7e8649e94fb4fc21fe77e8310c060f61caaff8a"
         );
         assert_eq!(Fingerprint::canonical_json("é\n").unwrap(), "\"é\\n\"");
+    }
+
+    #[derive(Serialize)]
+    #[serde(bound(
+        serialize = "for<'a> &'a T: IntoIterator, for<'a> <&'a T as IntoIterator>::Item: Serialize"
+    ))]
+    struct Unordered<T> {
+        #[serde(serialize_with = "unordered")]
+        items: T,
+    }
+
+    #[test]
+    fn unordered_collections_serialize_sorted_by_canonical_text() {
+        use std::collections::HashSet;
+        let set = |items: &[&'static str]| Unordered {
+            items: items.iter().copied().collect::<HashSet<_>>(),
+        };
+        assert_eq!(
+            Fingerprint::canonical_json(&set(&["b", "a", "10", "9"])).unwrap(),
+            r#"{"items":["10","9","a","b"]}"#
+        );
+        // Items sorted by their canonical text: object members sorted first.
+        let maps = Unordered {
+            items: vec![json!({"z": 1, "a": 2}), json!({"a": 1, "z": 2})],
+        };
+        assert_eq!(
+            Fingerprint::canonical_json(&maps).unwrap(),
+            r#"{"items":[{"a":1,"z":2},{"a":2,"z":1}]}"#
+        );
+        // Whatever the order of the items.
+        let list = |items: Vec<i64>| Fingerprint::of(&Unordered { items }).unwrap();
+        assert_eq!(list(vec![3, 1, 2]), list(vec![2, 3, 1]));
+        assert_ne!(list(vec![3, 1, 2]), list(vec![3, 1, 1]));
+        assert_ne!(list(vec![3, 1, 2]), list(vec![3, 1]));
+    }
+
+    #[test]
+    fn unordered_items_with_non_finite_floats_have_one_order() {
+        let of = |items: Vec<(f64, &str)>| Fingerprint::of(&Unordered { items }).unwrap();
+        let nan = f64::NAN;
+        let inf = f64::INFINITY;
+        let a = of(vec![(nan, "a"), (1.5, "b"), (inf, "c"), (-inf, "\0x")]);
+        assert_eq!(
+            a,
+            of(vec![(-inf, "\0x"), (inf, "c"), (nan, "a"), (1.5, "b")])
+        );
+        assert_ne!(
+            a,
+            of(vec![(nan, "a"), (1.5, "b"), (-inf, "c"), (-inf, "\0x")])
+        );
+        assert_ne!(a, of(vec![(nan, "a"), (1.5, "b"), (inf, "c")]));
+        // Serializing them elsewhere refuses them as before.
+        let items = vec![nan];
+        assert!(crate::finite::to_vec(&Unordered { items }).is_err());
+    }
+
+    #[test]
+    fn unordered_fails_on_an_unserializable_item() {
+        use std::collections::BTreeMap;
+        let mut item = BTreeMap::new();
+        item.insert((1, 2), 3);
+        assert!(Fingerprint::of(&Unordered { items: vec![item] }).is_err());
     }
 
     #[test]
