@@ -16,20 +16,47 @@
 //!
 //! - a natural id the message carries (`order_id`, an event id, the broker's
 //!   message id): anything [`AsKey`], such as a `String` or an integer;
-//! - when messages have none, their content: [`content_key`] is the SHA-256
-//!   of the message's canonical JSON (object members sorted at every depth,
-//!   see [`Fingerprint`]), so two encodings of one event, with their members
-//!   in another order or other whitespace, are one message. Numbers are
-//!   not brought to one form: `100`, `100.0` and `1e2` read as an integer
-//!   and as floats, which are written back as `100` and `100.0`, so a relay
-//!   that rewrites a number's form makes another message. Key such
-//!   messages by an id, or by [`key_of`](crate::key_of) on the fields that
-//!   identify them, parsed into their own types first.
+//! - when messages have none, their content. Key a JSON message by the
+//!   bytes it arrived as, with [`content_key_of_json`]: the SHA-256 of its
+//!   canonical JSON (object members sorted at every depth, see
+//!   [`Fingerprint`]), so two encodings of one event, with their members
+//!   in another order or other whitespace, are one message. That form is
+//!   taken only when reading the text loses nothing: a message holding a
+//!   number that a `serde_json::Value` cannot keep apart from its
+//!   neighbours (an integer past 64 bits, a decimal with more digits than
+//!   the double it reads as, such as `1.000000000000000001`), or an
+//!   object naming a member twice, is keyed by the SHA-256 of its bytes
+//!   as they are (in a domain of their own), so that two distinct
+//!   messages never share a key; its copies are then one message only
+//!   when they are the same bytes. Bytes that are not JSON are refused.
+//!   Numbers are not brought to one form: `100`, `100.0` and `1e2` read
+//!   as an integer and as floats, which are written back as `100` and
+//!   `100.0`, so a relay that rewrites a number's form makes another
+//!   message. Key such messages by an id, or by [`key_of`](crate::key_of)
+//!   on the fields that identify them, parsed into their own types first.
+//!
+//! [`content_key`] keys any `Serialize` value by its canonical JSON: a
+//! typed event, to make only the fields it models part of its identity.
+//! Do not give it a `serde_json::Value` parsed from the message: the parse
+//! has already merged distinct messages (`1.000000000000000001` and
+//! `1.000000000000000002` read as one `f64`, and so do
+//! `18446744073709551616` and `18446744073709551617`;
+//! `{"to":"mallory","to":"alice"}` reads as `{"to":"alice"}`), and the
+//! second of two such messages would be acknowledged as a
+//! [`Handled::Duplicate`] without ever being processed. A value holding a
+//! hash-ordered collection (a `HashSet`) must make it a `BTreeSet`, or
+//! write it with [`unordered`](crate::fingerprint::unordered)
+//! (`#[serde(serialize_with = "idem::fingerprint::unordered")]`): a
+//! `HashSet` serializes in an order of its own, which differs from one
+//! set to an equal one, so a redelivery would get another key and be
+//! processed again. (A `HashMap` is safe: object members are sorted.)
 //!
 //! The message itself is fingerprinted too. A key that comes back with
 //! another payload is [`Error::KeyReused`]: a producer bug to dead-letter
 //! rather than a duplicate to drop silently. Pass `&()` as the message to
-//! compare keys only.
+//! compare keys only, as a content key wants (the key already is the
+//! content; the raw bytes as the message would make a copy re-encoded in
+//! another member order a `KeyReused`).
 //!
 //! ## What the consumer does with the answer
 //!
@@ -79,7 +106,7 @@
 //! ## Example
 //!
 //! ```
-//! use idem::consumer::{content_key, Deduplicator, Handled};
+//! use idem::consumer::{content_key_of_json, Deduplicator, Handled};
 //! use idem::MemoryStore;
 //! use serde::{Deserialize, Serialize};
 //!
@@ -103,41 +130,120 @@
 //! let again = orders.process(&event.order_id, &event, reserve(&event)).await?;
 //! assert_eq!(again, Handled::Duplicate(3));
 //!
-//! // Keyed by content: the same event encoded in another member order.
-//! let a: serde_json::Value = serde_json::from_str(r#"{"sku":"pear","qty":1}"#)?;
-//! let b: serde_json::Value = serde_json::from_str(r#"{ "qty": 1, "sku": "pear" }"#)?;
-//! assert_eq!(content_key(&a)?, content_key(&b)?);
+//! // Keyed by content, from the bytes received: the same event encoded in
+//! // another member order is a duplicate...
+//! let pears = Deduplicator::new(MemoryStore::new(), "pears.ship");
+//! let first = br#"{"sku":"pear","qty":1}"#;
+//! let copy = br#"{ "qty": 1, "sku": "pear" }"#;
+//! let ship = || async { Ok::<_, idem::Error>(1) };
+//! let key = content_key_of_json(first)?;
+//! assert_eq!(pears.process(&key, &(), ship()).await?, Handled::Processed(1));
+//! let key = content_key_of_json(copy)?;
+//! assert_eq!(pears.process(&key, &(), ship()).await?, Handled::Duplicate(1));
+//! // ...and messages that only a lossy parse would merge are not.
+//! assert_ne!(
+//!     content_key_of_json(br#"{"sku":"pear","qty":1.000000000000000001}"#)?,
+//!     content_key_of_json(br#"{"sku":"pear","qty":1.000000000000000002}"#)?,
+//! );
 //! # Ok::<_, idem::Error>(())
 //! # }).unwrap();
 //! ```
 //!
 //! The `#[idempotent]` attribute of the `idem` crate works on a consumer's
 //! handler too, with `key = event.order_id` or, since the key expression is
-//! evaluated in the function, `key = idem::consumer::content_key(&event)?`;
-//! it does not say whether the call was a duplicate, which `Deduplicator`
-//! does.
+//! evaluated in the function, `key = idem::consumer::content_key_of_json(&body)?`
+//! (with `fingerprint = ()`, as the key is the content); it does not say
+//! whether the call was a duplicate, which `Deduplicator` does.
 
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use serde::de::DeserializeOwned;
+use serde::de::{DeserializeOwned, IgnoredAny};
 use serde::Serialize;
+use sha2::{Digest, Sha256};
 
 use crate::engine::Call;
 use crate::engine::{run, run_in_transaction};
 use crate::error::Error;
 use crate::fingerprint::Fingerprint;
+use crate::json_exact;
 use crate::key::{AsKey, Key, Scope};
 use crate::policy::Policy;
 use crate::store::{Store, TransactionalStore};
 
+/// The key of a message without a natural id, from the JSON bytes it
+/// arrived as: the SHA-256 of its canonical JSON, as 64 lowercase hex
+/// digits, when reading the text loses nothing; otherwise the SHA-256 of
+/// the bytes themselves (see the [module documentation](self)). This is how
+/// to key a JSON message by its content.
+///
+/// Two encodings of one message (members in another order, other
+/// whitespace, other string escapes) get one key, the key [`content_key`]
+/// gives the parsed `serde_json::Value`. A message holding a number that
+/// such a value cannot hold exactly (an integer past 64 bits, a decimal
+/// with more digits than the double it reads as), or an object that names
+/// a member twice, is keyed by its bytes,
+/// prefixed by a tag that starts no canonical text: distinct messages
+/// never share a key, and copies of such a message share one only when
+/// they are byte for byte the same.
+///
+/// # Errors
+///
+/// [`Error::Serialization`] when `message` is not one JSON text (as
+/// `serde_json` reads it: UTF-8 without a byte order mark, whitespace
+/// around it allowed), for the consumer to dead-letter
+/// ([`Error::is_retryable`] is `false`). Key other formats by an id, or by
+/// [`Fingerprint::of_bytes`]. A JSON text nested deeper than a
+/// `serde_json::Value` is read (128 levels) is keyed by its bytes.
+///
+/// ```
+/// use idem::consumer::content_key_of_json;
+///
+/// let key = content_key_of_json(br#"{"sku":"pear","qty":1}"#)?;
+/// assert_eq!(key, content_key_of_json(b"{ \"qty\": 1, \"sku\": \"pear\" }\n")?);
+/// // Kept apart, though a `serde_json::Value` reads them as one.
+/// assert_ne!(
+///     content_key_of_json(br#"{"to":"mallory","to":"alice"}"#)?,
+///     content_key_of_json(br#"{"to":"alice"}"#)?,
+/// );
+/// assert!(content_key_of_json(b"not json").is_err());
+/// # Ok::<_, idem::Error>(())
+/// ```
+pub fn content_key_of_json(message: &[u8]) -> Result<Key, Error> {
+    // Whether it is JSON, reading numbers of any size.
+    serde_json::from_slice::<IgnoredAny>(message)?;
+    if let Some(value) = json_exact::exact_value(message) {
+        return content_key(&value);
+    }
+    let digest = Sha256::new()
+        .chain_update(RAW_JSON)
+        .chain_update(message)
+        .finalize();
+    Ok(Key::new(Fingerprint::from_digest(digest.into()).to_hex())?)
+}
+
+/// What precedes the bytes of a JSON message keyed by its bytes: no JSON
+/// text starts with NUL, and a canonical text marked by
+/// [`Fingerprint`] (which starts with NUL) does not start with these bytes.
+const RAW_JSON: &[u8] = b"\0raw-json\0";
+
 /// The key of a message without a natural id: the SHA-256 of its canonical
 /// JSON, as 64 lowercase hex digits (see the [module documentation](self)).
 ///
-/// Pass the message as received (a `serde_json::Value`) to make every field
-/// part of its identity, or the typed event to make only the fields it
-/// models part of it.
+/// Pass the typed event to make the fields it models its identity. For a
+/// JSON message keyed by all it holds, use [`content_key_of_json`] on the
+/// bytes received, not this function on a `serde_json::Value` parsed from
+/// them: the parse loses what tells some distinct messages apart (numbers
+/// past 64 bits or past a double's digits, a member named twice), and the
+/// second of two such messages would be acknowledged as a duplicate
+/// without being processed.
+///
+/// A hash-ordered collection in `message` (a `HashSet`) must be a
+/// `BTreeSet` or be written with
+/// `#[serde(serialize_with = "idem::fingerprint::unordered")]`: otherwise
+/// equal sets serialize in different orders, and a redelivery gets another
+/// key (see [`unordered`](crate::fingerprint::unordered)).
 pub fn content_key<M: Serialize + ?Sized>(message: &M) -> Result<Key, Error> {
     Ok(Key::new(Fingerprint::of(message)?.to_hex())?)
 }
@@ -414,6 +520,77 @@ mod tests {
         assert_ne!(
             content_key(&json!([1, 2])).unwrap(),
             content_key(&json!([2, 1])).unwrap()
+        );
+    }
+
+    #[test]
+    fn content_key_of_json_is_the_content_key_of_what_reads_exactly() {
+        let a = br#"{"order":{"id":7,"lines":[{"sku":"a","qty":2.5}]},"v":"\u0065"}"#;
+        let b = b"{ \"v\": \"e\", \"order\": { \"lines\": [ { \"qty\": 2.5, \"sku\": \"a\" } ], \"id\": 7 } }\n";
+        let key = content_key_of_json(a).unwrap();
+        assert_eq!(key, content_key_of_json(b).unwrap());
+        let value: serde_json::Value = serde_json::from_slice(a).unwrap();
+        assert_eq!(key, content_key(&value).unwrap());
+        assert_ne!(key, content_key_of_json(br#"{"order":{"id":8}}"#).unwrap());
+        assert_ne!(
+            content_key_of_json(b"[1,2]").unwrap(),
+            content_key_of_json(b"[2,1]").unwrap()
+        );
+    }
+
+    #[test]
+    fn content_key_of_json_keeps_apart_what_a_value_merges() {
+        let pairs: [(&[u8], &[u8]); 5] = [
+            (
+                br#"{"amount":1.000000000000000001}"#,
+                br#"{"amount":1.000000000000000002}"#,
+            ),
+            (
+                br#"{"id":18446744073709551616}"#,
+                br#"{"id":18446744073709551617}"#,
+            ),
+            (br#"{"to":"mallory","to":"alice"}"#, br#"{"to":"alice"}"#),
+            (
+                br#"{"to":"alice","to":"mallory"}"#,
+                br#"{"to":"mallory","to":"alice"}"#,
+            ),
+            (b"[1e400]", b"[2e400]"),
+        ];
+        for (a, b) in pairs {
+            let (key_a, key_b) = (
+                content_key_of_json(a).unwrap(),
+                content_key_of_json(b).unwrap(),
+            );
+            assert_ne!(key_a, key_b, "{}", String::from_utf8_lossy(a));
+            // The same bytes, the same key.
+            assert_eq!(key_a, content_key_of_json(a).unwrap());
+            // Keyed by the bytes, in a domain of their own.
+            assert_ne!(key_a.as_str(), Fingerprint::of_bytes(a).to_hex());
+        }
+    }
+
+    #[test]
+    fn content_key_of_json_refuses_what_is_not_json() {
+        for bytes in [
+            &b"not json"[..],
+            b"",
+            b"{",
+            b"{\"a\":1} x",
+            b"[1,]",
+            b"\xef\xbb\xbf{}",
+        ] {
+            let err = content_key_of_json(bytes).unwrap_err();
+            assert!(matches!(err, Error::Serialization(_)), "{err:?}");
+            assert!(!err.is_retryable());
+        }
+        // Nested deeper than a `Value` is read: keyed by its bytes, and no
+        // stack overflow.
+        let deep = format!("{}{}", "[".repeat(100_000), "]".repeat(100_000));
+        let key = content_key_of_json(deep.as_bytes()).unwrap();
+        assert_eq!(key, content_key_of_json(deep.as_bytes()).unwrap());
+        assert_ne!(
+            key,
+            content_key_of_json(format!(" {deep}").as_bytes()).unwrap()
         );
     }
 

@@ -61,6 +61,7 @@ mod finite;
 #[cfg_attr(docsrs, doc(cfg(feature = "http")))]
 pub mod http;
 pub mod journal;
+mod json_exact;
 mod key;
 pub mod metrics;
 mod policy;

@@ -70,11 +70,18 @@
 //! (JSON pointers such as `/sent_at`) are left out, so a retry in which
 //! only they differ is the same payload too. A JSON body counts by its
 //! bytes instead, as every other body does, when it is not valid JSON,
-//! nests deeper than 128 levels, or holds a number that a 64-bit float
-//! could confuse with another (one of more than 15 significant digits
-//! that is not a 64-bit integer, or of a magnitude beyond 1e±300); and
+//! nests deeper than 128 levels, names a member twice in one object, or
+//! holds a number that a 64-bit float could confuse with another; and
 //! with
-//! [`canonical_json(false)`](IdempotencyLayer::canonical_json).
+//! [`canonical_json(false)`](IdempotencyLayer::canonical_json). A number
+//! keeps the body canonical when it is a 64-bit integer, or when its
+//! double's shortest text (the one serde_json, ryu and JavaScript's
+//! `JSON.stringify` write, such as `59.97000000000001` for `19.99 * 3`)
+//! has its value, in any spelling (`1e+21`, `1.5E-7`, `0.00000015`):
+//! the canonical JSON then writes it as that shortest text, which no
+//! other number is written as. `0.10000000000000001`, another text of
+//! 0.1's double, and `18446744073709551616`, past 64 bits and not its
+//! double's shortest text, make a body count by its bytes.
 //!
 //! **The scope** of a key is the method plus the route
 //! (`POST /orders/{id}`). The route is the first answer of:

@@ -23,7 +23,7 @@ use std::time::Duration;
 
 use common::backend::Guard;
 use common::broker;
-use idem::consumer::{content_key, Deduplicator, Handled};
+use idem::consumer::{content_key_of_json, Deduplicator, Handled};
 use idem::{idempotent, AsKey, Key};
 use serde::{Deserialize, Serialize};
 
@@ -547,12 +547,13 @@ common::backends!(sqlite_file, postgres => {
     impl Shop for SqlShop {
         async fn handle(&self, body: &[u8], key_by: KeyBy) -> Result<Handled<i64>, ShopError> {
             // The message as received is what identifies it: every
-            // member, in canonical form.
+            // member, in canonical form, keyed from its bytes (a parsed
+            // `Value` could merge two messages).
             let message: serde_json::Value = serde_json::from_slice(body)?;
             let event: OrderPlaced = serde_json::from_value(message.clone())?;
             let key = match key_by {
                 KeyBy::OrderId => event.order_id.to_key().map_err(idem::Error::from)?,
-                KeyBy::Content => content_key(&message)?,
+                KeyBy::Content => content_key_of_json(body)?,
             };
             let mut tx = self.begin().await?;
             let handled = self

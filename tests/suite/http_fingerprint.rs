@@ -23,6 +23,7 @@ on_each_store!(
     other_media_types_compare_bytes,
     invalid_json_compares_bytes,
     canonical_json_off_compares_bytes,
+    js_shortest_doubles_keep_json_canonical,
 );
 
 /// `POST /orders`, whatever the body: 201 with the run's number.
@@ -170,4 +171,47 @@ async fn canonical_json_off_compares_bytes<S: Store + 'static>(store: S) {
     let reordered =
         r#"{"sent_at":"10:00:00","lines":[{"n":1,"sku":"a"}],"quantity":2,"item":"apple"}"#;
     reused(&server, "application/json", ORDER, reordered).await;
+}
+
+/// A browser's amount, as `JSON.stringify` writes a computed number (the
+/// shortest text that reads back as its double, such as
+/// `59.97000000000001` for `19.99 * 3`), keeps the body canonical: a retry
+/// with a new ignored field, its members in another order, or the amount
+/// in another spelling is a replay. Another amount is a 422, even one that
+/// reads as the same double (`0.10000000000000001` and `0.1`) or that
+/// serde_json reads as the same double (`1945349.4000000001` and
+/// `1945349.4`).
+async fn js_shortest_doubles_keep_json_canonical<S: Store + 'static>(store: S) {
+    let layer = IdempotencyLayer::new(store)
+        .ignore_fields(["/sent_at"])
+        .expect("a JSON pointer");
+    let (server, runs) = serve(layer).await;
+    for (total, respelled) in [
+        ("59.97", "5997e-2"),
+        ("59.97000000000001", "5.997000000000001e1"),
+        ("0.30000000000000004", "3.0000000000000004E-1"),
+        ("1e+21", "1000000000000000000000"),
+        ("1.5e-7", "0.00000015"),
+        ("-0.7000000000000001", "-7.000000000000001e-1"),
+    ] {
+        let bodies = [
+            format!(r#"{{"total":{total},"sent_at":"10:00:00"}}"#),
+            format!(r#"{{"total":{total},"sent_at":"10:00:05"}}"#),
+            format!(r#"{{"sent_at":"10:00:09","total":{total}}}"#),
+            format!(r#"{{ "total": {respelled} }}"#),
+        ];
+        let bodies: Vec<&str> = bodies.iter().map(String::as_str).collect();
+        all_replayed(&server, &runs, "application/json", &bodies).await;
+    }
+    for (first, second) in [
+        ("59.97000000000001", "59.97"),
+        ("59.97000000000001", "59.970000000000006"),
+        ("0.10000000000000001", "0.1"),
+        ("1945349.4000000001", "1945349.4"),
+        ("18446744073709551616", "18446744073709552000"),
+    ] {
+        let body = |total: &str| format!(r#"{{"total":{total},"sent_at":"10:00:00"}}"#);
+        reused(&server, "application/json", &body(first), &body(second)).await;
+        reused(&server, "application/json", &body(second), &body(first)).await;
+    }
 }

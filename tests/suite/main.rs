@@ -35,6 +35,7 @@ mod cache_expiry;
 mod consumer;
 #[cfg(all(feature = "postgres", feature = "mysql"))]
 mod consumer_races;
+mod content_keys;
 mod default_fingerprint;
 mod entity;
 mod entity_cuts;
