@@ -33,7 +33,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use futures::StreamExt;
-use idem::consumer::{content_key, Deduplicator, Handled};
+use idem::consumer::{content_key_of_json, Deduplicator, Handled};
 use idem::{AsKey, Key};
 use lapin::options::{
     BasicAckOptions, BasicConsumeOptions, BasicNackOptions, BasicPublishOptions, BasicQosOptions,
@@ -532,7 +532,9 @@ async fn consume<S: Shop>(
             };
             let key = match key_by {
                 KeyBy::OrderId => order.order_id.to_key().map_err(idem::Error::from),
-                KeyBy::Content => content_key(&message),
+                // By the bytes received: a Value parsed from them could
+                // merge two distinct messages (see content_key_of_json).
+                KeyBy::Content => content_key_of_json(&delivery.data),
             };
             // A message that makes no valid key (an order id with a space,
             // say) cannot be processed as sent, by any consumer.
