@@ -85,8 +85,10 @@
 //! does when the error goes up with `?`). When storing the outcome fails,
 //! the error is returned: the transaction is to be rolled back, and the
 //! business rows with it. On a connection outside a transaction, where
-//! every statement commits at once, the call runs as in record mode, the
-//! body writing on that connection.
+//! every statement commits at once, the claim is seen by all as soon as
+//! it is written, and is kept as in record mode: its lease renewed
+//! through the store while the body runs, its outcome stored through the
+//! store should the connection fail to.
 //!
 //! ## Outcome policies
 //!
@@ -653,8 +655,10 @@ where
 ///
 /// On a connection outside a transaction (one that no `begin` of sqlx's
 /// opened: [`TransactionalStore::in_transaction`]), each statement commits
-/// as it runs, so there is nothing to commit together: the call runs as
-/// [`run`] runs it, with the body writing on `conn`.
+/// as it runs, the claim too, so that everyone sees it: its lease is then
+/// renewed through the store while the body runs, as in [`run`], and an
+/// outcome that the connection fails to store is stored through the
+/// store.
 pub async fn run_in_transaction<'c, S, C, T, E, F, Fut, O>(
     store: &S,
     conn: &'c mut C,
@@ -672,14 +676,9 @@ where
     if call.unprotected() {
         return body(conn).await.0;
     }
-    if !store.in_transaction(conn) {
-        // Each statement commits as it runs, the claim too: everyone sees
-        // it, and it needs what record mode gives a claim (its lease
-        // renewed while the body runs, its outcome saved however long the
-        // store fails, a dropped caller's claim handed back). The body
-        // writes on the connection, and its rows commit as it goes.
-        return run(store, call, async move { body(conn).await.0 }).await;
-    }
+    // Outside a transaction each statement commits as it runs, the claim
+    // too: everyone sees it (see below).
+    let hidden = store.in_transaction(conn);
     let (call, outcomes) = call.check(Instant::now())?;
     let span = call.span();
     async move {
@@ -694,13 +693,27 @@ where
             Ok(claim) => claim,
             Err(answer) => return answer,
         };
-        // The claim is written in the caller's open transaction: nobody
-        // else sees it, and a competing claim waits for the transaction to
-        // end, so the lease needs no renewal.
         guard.running(claim.clone());
         // Nothing outlives the caller's transaction to journal steps in:
         // they run with their keys, unjournaled.
         let operation = Operation::new(None, claim.clone(), call.steps_as());
+        if !hidden {
+            // A claim committed at once: it needs what a claim gets in
+            // record mode, its lease renewed while the body runs (on the
+            // store's pool), its outcome saved however long the store
+            // fails, a dropped caller's claim handed back.
+            let body = std::pin::pin!(operation.scope(body(records.conn)));
+            let (result, conn) = renewing(store, &claim, body).await;
+            let records = OnConnection {
+                store,
+                conn,
+                locked: false,
+            };
+            return settle_committed(store, records, &mut guard, &claim, &outcomes, result).await;
+        }
+        // The claim is written in the caller's open transaction: nobody
+        // else sees it, and a competing claim waits for the transaction to
+        // end, so the lease needs no renewal.
         let (result, conn) = operation.scope(body(records.conn)).await;
         // Whatever happens next happens on the caller's transaction: if it
         // fails, the caller's transaction fails with it and rolls back.
@@ -731,6 +744,51 @@ where
     }
     .instrument(span)
     .await
+}
+
+/// The end of a call in transactional mode whose claim committed at once
+/// (on a connection outside a transaction): the outcome is stored (or the
+/// key released) on the caller's connection, which needs no connection of
+/// the store's pool (a pool of one may have lent it to the caller); should
+/// that fail, as record mode does it, through the store, the guard handing
+/// on what is left should the caller be dropped.
+async fn settle_committed<S, C, T, E, O>(
+    store: &S,
+    mut records: OnConnection<'_, '_, S, C>,
+    guard: &mut Guard<'_, '_, S>,
+    claim: &Claim,
+    outcomes: &O,
+    result: Result<T, E>,
+) -> Result<T, E>
+where
+    S: TransactionalStore<C> + ?Sized,
+    C: Send + ?Sized,
+    E: From<Error>,
+    O: OutcomePolicy<T, E>,
+{
+    let Some(encoded) = outcomes.encode(&result) else {
+        if release(&mut records, claim).await || release(&mut Pooled(store), claim).await {
+            guard.disarm();
+        }
+        return result;
+    };
+    let outcome = recorded(encoded);
+    match complete_or_refuse(&mut records, claim, outcome.clone()).await {
+        Ok(()) => guard.disarm(),
+        Err(Error::LeaseLost) => {
+            lease_lost(claim);
+            guard.disarm();
+        }
+        Err(err) => {
+            tracing::warn!(error = %err, "storing the outcome on the connection failed; storing it through the store");
+            let outcome = guard.saving(outcome);
+            match save(store, claim, outcome, SaveFor::Caller).await {
+                Saved::NotYet => {}
+                Saved::Stored | Saved::Lost => guard.disarm(),
+            }
+        }
+    }
+    result
 }
 
 /// The outcome to store for a result the body returned: its encoding, or,

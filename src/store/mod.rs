@@ -314,11 +314,11 @@ pub trait TransactionalStore<C: Send + ?Sized>: Store {
     /// Whether `conn` is in a transaction, so that a claim written on it
     /// is seen by no one else until the caller commits. On a connection
     /// outside one, each statement commits as it runs, the claim too:
-    /// [`run_in_transaction`](crate::engine::run_in_transaction) then runs
-    /// the call as [`run`](crate::engine::run) does (its lease renewed
-    /// while the body runs, its outcome saved through the store), lending
-    /// the connection to the body. `true` (the default) for a store that
-    /// cannot tell.
+    /// [`run_in_transaction`](crate::engine::run_in_transaction) then keeps
+    /// it as [`run`](crate::engine::run) does, its lease renewed through
+    /// the store while the body runs, and its outcome stored through the
+    /// store should the connection fail to. `true` (the default) for a
+    /// store that cannot tell.
     fn in_transaction(&self, conn: &mut C) -> bool {
         let _ = conn;
         true

@@ -459,6 +459,20 @@ common::backends!(memory, sqlite_file, postgres, mysql, redis, redis_cluster => 
         /// every client's answer is its value.
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn every_transactional_fault_point() {
+            transactional_fault_points(false).await;
+        }
+
+        /// The same matrix on pooled connections outside a transaction,
+        /// where each statement, the claim's and the body's row's, commits
+        /// at once: an outcome the connection failed to store is stored
+        /// through the store, and the body runs once all the same. (A
+        /// failing first run fails before it writes: its row would commit.)
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn every_fault_point_on_a_plain_connection() {
+            transactional_fault_points(true).await;
+        }
+
+        async fn transactional_fault_points(plain: bool) {
             let (store, mut guard) = backend::store(40).await;
             let pool = store.pool().clone();
             let rows = guard.table("faultrows");
@@ -474,9 +488,12 @@ common::backends!(memory, sqlite_file, postgres, mysql, redis, redis_cluster => 
             let mut points = Vec::new();
             for point in [Point::Begin, Point::Peek, Point::Complete, Point::Release] {
                 for kind in KINDS {
-                    let store = Arc::new(Faulty::new(store.clone(), point, kind));
+                    // Outside a transaction, a claim whose answer was lost
+                    // committed: the caller hands it back through the store.
+                    let faulty = Faulty::new(store.clone(), point, kind);
+                    let store = Arc::new(if plain { faulty.detachable() } else { faulty });
                     let (pool, insert) = (pool.clone(), insert.clone());
-                    let key = format!("tx-{point:?}-{kind:?}-{}", std::process::id());
+                    let key = format!("tx-{point:?}-{kind:?}-{plain}-{}", std::process::id());
                     let runs = Arc::new(AtomicUsize::new(0));
                     let fail_first = point == Point::Release;
                     let started = Instant::now();
@@ -496,17 +513,29 @@ common::backends!(memory, sqlite_file, postgres, mysql, redis, redis_cluster => 
                                     started.elapsed() < Duration::from_secs(20),
                                     "{point:?} {kind:?}: the key stayed blocked"
                                 );
-                                let mut tx = pool.begin().await.unwrap();
+                                let (mut tx, mut held) = match plain {
+                                    false => (Some(pool.begin().await.unwrap()), None),
+                                    true => (None, Some(pool.acquire().await.unwrap())),
+                                };
+                                let conn: &mut <backend::Database as sqlx::Database>::Connection =
+                                    match (&mut tx, &mut held) {
+                                        (Some(tx), _) => tx,
+                                        (_, Some(held)) => held,
+                                        _ => unreachable!(),
+                                    };
                                 let (insert, key2) = (insert.clone(), key.clone());
                                 let runs = runs.clone();
                                 let result = idem::run_in_transaction(
                                     &*store,
-                                    &mut *tx,
+                                    conn,
                                     Call::new("faults.tx", key.as_str(), &7)
                                         .with_policy(Policy::new().wait(Duration::from_secs(10))),
                                     |conn| async move {
                                         let n = runs.fetch_add(1, Ordering::SeqCst) as i64 + 1;
                                         let value = n * 1000 + 7;
+                                        if plain && fail_first && n == 1 {
+                                            return (Err(TestError::Transient), conn);
+                                        }
                                         let written = sqlx::query(&insert)
                                             .bind(&key2)
                                             .bind(value)
@@ -522,12 +551,17 @@ common::backends!(memory, sqlite_file, postgres, mysql, redis, redis_cluster => 
                                 )
                                 .await;
                                 match result {
-                                    Ok(value) => match tx.commit().await {
-                                        Ok(()) => return value,
-                                        Err(_) => continue,
+                                    Ok(value) => match tx.map(|tx| tx.commit()) {
+                                        None => return value,
+                                        Some(commit) => match commit.await {
+                                            Ok(()) => return value,
+                                            Err(_) => continue,
+                                        },
                                     },
                                     Err(TestError::Transient) | Err(TestError::Idem(_, true)) => {
-                                        let _ = tx.rollback().await;
+                                        if let Some(tx) = tx {
+                                            let _ = tx.rollback().await;
+                                        }
                                         tokio::time::sleep(Duration::from_millis(30)).await;
                                     }
                                     Err(err) => {

@@ -264,3 +264,28 @@ async fn a_principal_holding_nul_is_stored_on_postgres() {
     assert_ne!(call("tenant.evil").await.unwrap(), first);
     assert_eq!(runs.count(), 2);
 }
+
+/// A plain connection that is the only one of its store's pool (SQLite in
+/// memory): the claim and the outcome go on that connection, and nothing
+/// waits for a second one (a renewal through the pool may wait: none is
+/// due in so short a body). The retry replays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plain_connection_of_a_pool_of_one() {
+    let store = idem::SqliteStore::connect("sqlite::memory:").await.unwrap();
+    let runs = common::Runs::default();
+    for _ in 0..2 {
+        let mut conn = store.pool().acquire().await.unwrap();
+        let runs = runs.clone();
+        let call = idem::Call::new("tx_edges.one", "k-1", &1);
+        let answer = tokio::time::timeout(
+            Duration::from_secs(5),
+            idem::run_in_transaction(&store, &mut *conn, call, |conn| async move {
+                (Ok::<_, idem::Error>(runs.next()), conn)
+            }),
+        )
+        .await
+        .expect("the call waited for a second connection");
+        assert_eq!(answer.unwrap(), 1);
+    }
+    assert_eq!(runs.count(), 1);
+}
