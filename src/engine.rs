@@ -624,7 +624,7 @@ where
     let operation = Operation::new(store.detach(), claim.clone(), call.steps_as());
     guard.journal_first(operation.clone());
     let body = std::pin::pin!(operation.scope(body));
-    let result = renewing(store, claim, body).await;
+    let result = renewing(store, claim, Some(call), body).await;
     let stored = match outcomes.encode(&result) {
         Some(encoded) => recorded(encoded),
         // Nothing to store: release the key. Should that fail, the
@@ -703,7 +703,8 @@ where
             // store's pool), its outcome saved however long the store
             // fails, a dropped caller's claim handed back.
             let body = std::pin::pin!(operation.scope(body(records.conn)));
-            let (result, conn) = renewing(store, &claim, body).await;
+            // Its steps are not journaled: nothing to keep but the lease.
+            let (result, conn) = renewing(store, &claim, None, body).await;
             let records = OnConnection {
                 store,
                 conn,
@@ -1332,8 +1333,14 @@ fn in_progress(call: &Checked, waited: bool) -> Error {
 }
 
 /// Runs `body` while renewing the claim's lease every third of it, so a
-/// body slower than its lease is never taken over while it runs.
-async fn renewing<S, F>(store: &S, claim: &Claim, mut body: Pin<&mut F>) -> F::Output
+/// body slower than its lease is never taken over while it runs, and with
+/// it the live entries of the step journal of `journaled`'s operation.
+async fn renewing<S, F>(
+    store: &S,
+    claim: &Claim,
+    journaled: Option<&Checked>,
+    mut body: Pin<&mut F>,
+) -> F::Output
 where
     S: Store + ?Sized,
     F: Future,
@@ -1347,7 +1354,8 @@ where
     // On the heap: a call whose body finishes at once (a store in
     // memory, a cached answer) neither carries nor copies the renewals'
     // timer.
-    let mut renew = Box::pin(keep_renewed(store, claim, Renewing::Body));
+    let steps = journaled.map(Checked::steps_as);
+    let mut renew = Box::pin(keep_renewed(store, claim, Renewing::Body(steps)));
     tokio::select! {
         biased;
         output = &mut body => output,
@@ -1356,10 +1364,10 @@ where
 }
 
 /// What a claim's lease is renewed for.
-#[derive(Clone, Copy, PartialEq, Eq)]
 enum Renewing {
-    /// The body, which runs.
-    Body,
+    /// The body, which runs, and whose step journal (its scope and how
+    /// long its entries are kept), if any, is kept as long as the lease.
+    Body(Option<StepsAs>),
     /// Its outcome, on its way to the store: a renewal that finds the
     /// record completed by it is no news (the save says what became of
     /// the claim).
@@ -1381,9 +1389,27 @@ async fn keep_renewed<S: Store + ?Sized>(store: &S, claim: &Claim, what: Renewin
         tokio::time::sleep_until(next.into()).await;
         let sent = Instant::now();
         match within(period, store.renew(claim)).await {
-            Some(Ok(())) => next = sent + period,
+            Some(Ok(())) => {
+                next = sent + period;
+                if let Renewing::Body(Some(steps)) = &what {
+                    // Entries are kept for a ttl from their last write: a
+                    // body that runs longer must keep them, or an attempt
+                    // taking over after a crash would find them expired,
+                    // and run completed steps again.
+                    let kept = store.keep_steps(&steps.scope, &claim.key, steps.ttl);
+                    match within(period, kept).await {
+                        Some(Ok(())) => {}
+                        Some(Err(err)) => {
+                            tracing::warn!(error = %err, "keeping the step journal failed; trying again at the next renewal");
+                        }
+                        None => tracing::warn!(
+                            "keeping the step journal took longer than a third of the lease"
+                        ),
+                    }
+                }
+            }
             Some(Err(Error::LeaseLost)) => {
-                if what == Renewing::Body {
+                if matches!(what, Renewing::Body(_)) {
                     tracing::warn!(
                         decision = "lease lost",
                         fence = claim.fence,

@@ -435,6 +435,14 @@ impl<S: Store + Clone + 'static> Store for Claims<S> {
     async fn steps(&self, scope: &Scope, key: &Key) -> Result<Vec<StepRecord>, Error> {
         self.store.steps(scope, key).await
     }
+    async fn keep_steps(
+        &self,
+        scope: &Scope,
+        key: &Key,
+        ttl: std::time::Duration,
+    ) -> Result<(), Error> {
+        self.store.keep_steps(scope, key, ttl).await
+    }
     async fn resolve_step(
         &self,
         scope: &Scope,

@@ -63,6 +63,9 @@ pub struct StepStatements {
     complete_fenced: String,
     /// Deletes an operation's entries: scope, key.
     pub(crate) forget: String,
+    /// Keeps an operation's live entries until at least a ttl from now:
+    /// ttl, scope, key, ttl.
+    pub(crate) keep: String,
     /// Deletes at most a batch of expired entries: batch.
     pub(crate) purge: String,
 }
@@ -146,6 +149,10 @@ impl StepStatements {
                  AND state <> 'completed' AND expires_at > {{now}} AND {STARTER_GONE}"
             )),
             forget: fill("DELETE FROM {steps} WHERE scope = ? AND {key} = ?"),
+            keep: fill(
+                "UPDATE {steps} SET expires_at = {now} + ? WHERE scope = ? AND {key} = ? \
+                 AND expires_at > {now} AND expires_at < {now} + ?",
+            ),
             purge: fill(purge),
         }
     }

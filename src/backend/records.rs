@@ -554,6 +554,21 @@ impl<DB: Backend> Store for SqlStore<DB> {
         self.get_on(&mut conn, scope, key).await
     }
 
+    async fn keep_steps(&self, scope: &Scope, key: &Key, ttl: Duration) -> Result<(), Error> {
+        let ttl = duration_millis(ttl);
+        let _turn = self.gate.enter().await;
+        on_pool!(self, |conn| async {
+            let values = vec![
+                Value::Int(ttl),
+                Value::Text(scope.as_str()),
+                Value::Text(key.as_str()),
+                Value::Int(ttl),
+            ];
+            DB::execute(&mut conn, &self.sql.steps.keep, values).await?;
+            Ok::<_, Error>(())
+        })
+    }
+
     async fn forget(&self, scope: &Scope, key: &Key) -> Result<bool, Error> {
         let bound = Bound::key(scope, key);
         let forget = &self.sql.forget;

@@ -765,6 +765,19 @@ impl Store for RedisStore {
         Ok(int(&value) == Some(1))
     }
 
+    async fn keep_steps(&self, scope: &Scope, key: &Key, ttl: Duration) -> Result<(), Error> {
+        let keys = self.keys(scope, key);
+        self.invoke(
+            SCRIPTS
+                .keep_steps
+                .on(&keys.record)
+                .key(&keys.journal)
+                .arg(duration_millis(ttl)),
+        )
+        .await?;
+        Ok(())
+    }
+
     /// Nothing to do: Redis deletes expired records and journals itself.
     async fn purge_expired(&self, batch: usize) -> Result<u64, Error> {
         let _ = batch;

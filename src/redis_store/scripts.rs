@@ -117,6 +117,7 @@ pub(super) struct Scripts {
     pub begin_step: Lua,
     pub complete_step: Lua,
     pub resolve_step: Lua,
+    pub keep_steps: Lua,
 }
 
 pub(super) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
@@ -130,7 +131,31 @@ pub(super) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     begin_step: script(BEGIN_STEP),
     complete_step: script(COMPLETE_STEP),
     resolve_step: script(RESOLVE_STEP),
+    keep_steps: script(KEEP_STEPS),
 });
+
+/// Keeps every live entry of the journal `KEYS[2]` until at least
+/// `ARGV[1]` ms from now, and the journal key with them. Answers 1.
+const KEEP_STEPS: &str = r#"
+local jrn = KEYS[2]
+local until_ = now + tonumber(ARGV[1])
+local fields = redis.call('HGETALL', jrn)
+local kept = false
+for i = 1, #fields, 2 do
+  local name = fields[i]
+  if string.sub(name, -2) == ':e' then
+    local e = tonumber(fields[i + 1])
+    if e > now and e < until_ then
+      redis.call('HSET', jrn, name, int(until_))
+      kept = true
+    end
+  end
+end
+if kept and redis.call('PEXPIRETIME', jrn) < until_ then
+  redis.call('PEXPIREAT', jrn, int(until_))
+end
+return 1
+"#;
 
 /// Answers `{'claimed', fence}` when this request holds the key now (a
 /// fresh record, fence 1, also in place of an expired one; a takeover of

@@ -304,6 +304,9 @@ impl<S: Store> Store for CachedStore<S> {
     async fn steps(&self, scope: &Scope, key: &Key) -> Result<Vec<StepRecord>, Error> {
         self.inner.steps(scope, key).await
     }
+    async fn keep_steps(&self, scope: &Scope, key: &Key, ttl: Duration) -> Result<(), Error> {
+        self.inner.keep_steps(scope, key, ttl).await
+    }
     async fn resolve_step(
         &self,
         scope: &Scope,

@@ -424,6 +424,18 @@ impl Store for Shared {
         })?
     }
 
+    async fn keep_steps(&self, scope: &Scope, key: &Key, ttl: Duration) -> Result<(), Error> {
+        let _records = self.records();
+        let now = now_millis();
+        let until = now.saturating_add(duration_millis(ttl));
+        if let Some(steps) = self.journal().get_mut(&At::of(scope, key).slot()) {
+            for step in steps.values_mut().filter(|step| step.expires_at > now) {
+                step.expires_at = step.expires_at.max(until);
+            }
+        }
+        Ok(())
+    }
+
     async fn steps(&self, scope: &Scope, key: &Key) -> Result<Vec<StepRecord>, Error> {
         let _records = self.records();
         Ok(self

@@ -202,6 +202,18 @@ pub trait Store: Send + Sync {
         Err(no_journal())
     }
 
+    /// Keeps every live entry of the journal of `(scope, key)` until at
+    /// least `ttl` from now (an expired one stays expired). An operation
+    /// in progress does so each time its lease is renewed, so that a body
+    /// that runs longer than its entries were kept for does not outlive
+    /// its journal: after a crash, the attempt that takes over still finds
+    /// the steps that completed. A store without a journal has nothing to
+    /// keep (the default).
+    async fn keep_steps(&self, scope: &Scope, key: &Key, ttl: Duration) -> Result<(), Error> {
+        let _ = (scope, key, ttl);
+        Ok(())
+    }
+
     /// An operator settles step `seq` (named `name`) of the operation
     /// `(scope, key)`, which is started and has no outcome (in doubt, or
     /// still running): with its output, replayed by the next attempt, or by
@@ -436,6 +448,9 @@ macro_rules! forward_store {
                 output: &[u8],
             ) -> Result<(), Error> {
                 ({ let $this = self; $to }).complete_step(claim, step, output).await
+            }
+            async fn keep_steps(&self, scope: &Scope, key: &Key, ttl: Duration) -> Result<(), Error> {
+                ({ let $this = self; $to }).keep_steps(scope, key, ttl).await
             }
             async fn steps(&self, scope: &Scope, key: &Key) -> Result<Vec<StepRecord>, Error> {
                 ({ let $this = self; $to }).steps(scope, key).await

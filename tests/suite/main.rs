@@ -61,6 +61,7 @@ mod key_parsers;
 mod keys;
 mod late_claims;
 mod lease_upkeep;
+mod live_journals;
 mod local_cache;
 mod macro_expansion;
 #[cfg(feature = "sqlite")]
