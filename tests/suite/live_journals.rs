@@ -17,17 +17,6 @@ use idem::{
     run, Begin, BeginRequest, Call, Claim, Error, Key, Outcome, Policy, Record, Scope, Store,
 };
 
-fn fresh(tag: &str) -> String {
-    format!(
-        "{tag}-{}-{}",
-        std::process::id(),
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_nanos()
-    )
-}
-
 /// A store handle of a process that can be killed: once `dead`, every
 /// call on it hangs for ever (a SIGKILLed or SIGSTOPped process sends
 /// nothing more), its detached handles too (nothing is handed back for a
@@ -191,7 +180,7 @@ async fn pay<S: Store + ?Sized>(
 /// charged once.
 async fn journal_outlives_live_owner<S: Store>(store: S) {
     let store = Arc::new(store);
-    let key = fresh("journal-expiry");
+    let key = common::fresh("journal-expiry");
     let gateway = Arc::new(Gateway::default());
     let dead = Arc::new(AtomicBool::new(false));
     let a_store = Killable {
@@ -243,7 +232,7 @@ async fn journal_outlives_live_owner<S: Store>(store: S) {
 /// Expected: the live operation's journal is kept (`Store::steps` still
 /// lists the completed step).
 async fn purge_keeps_live_journal<S: Store>(store: S) {
-    let key = fresh("purge-live");
+    let key = common::fresh("purge-live");
     let (scope, k) = (Scope::new(SCOPE), Key::new(key.as_str()).unwrap());
     let gateway = Gateway::default();
     let a = pay(&store, &key, &gateway, Duration::from_millis(1500), TTL);
@@ -278,7 +267,7 @@ async fn purge_keeps_live_journal<S: Store>(store: S) {
 /// was reused, but is never answered with C's outcome, and A's late
 /// completion is refused, not stored over C's.
 async fn forget_while_waiting<S: Store>(store: S) {
-    let key = fresh("forget-wait");
+    let key = common::fresh("forget-wait");
     let (scope, k) = (
         Scope::new("live_journals.forget"),
         Key::new(key.as_str()).unwrap(),

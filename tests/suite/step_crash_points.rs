@@ -290,14 +290,7 @@ async fn check_recovered(
 }
 
 fn fresh_key(kind: &str, point: &str) -> String {
-    format!(
-        "crash-{kind}-{point}-{}-{}",
-        std::process::id(),
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_nanos()
-    )
+    common::fresh(&format!("crash-{kind}-{point}"))
 }
 
 /// Every point, interrupted by dropping the operation's future.

@@ -22,21 +22,13 @@ use idem::{
     run, Begin, BeginRequest, Call, ClaimToken, Error, Fingerprint, Key, Policy, Scope, Store,
 };
 
-fn fresh(tag: &str) -> String {
-    format!(
-        "{tag}-{}-{}",
-        std::process::id(),
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_nanos()
-    )
-}
-
 /// One race of a stopped owner's step completion against a successor's
 /// takeover and step begin. Returns what each got.
 async fn one_race<S: Store>(store: &S) -> (Result<(), Error>, StepBegin) {
-    let (scope, key) = (Scope::new("journal.race"), Key::new(fresh("race")).unwrap());
+    let (scope, key) = (
+        Scope::new("journal.race"),
+        Key::new(common::fresh("race")).unwrap(),
+    );
     let fingerprint = Fingerprint::of(&1).unwrap();
     let lease = Duration::from_millis(100);
     let ttl = Duration::from_secs(60);
@@ -108,7 +100,7 @@ async fn completion_races_a_forget<S: Store>(store: S) {
     for _ in 0..20 {
         let (scope, key) = (
             Scope::new("journal.forget"),
-            Key::new(fresh("forget")).unwrap(),
+            Key::new(common::fresh("forget")).unwrap(),
         );
         let request = BeginRequest {
             scope: &scope,
@@ -147,7 +139,7 @@ async fn completion_races_a_forget<S: Store>(store: S) {
 
 async fn steps_begun_at_once_replay<S: Store>(store: S) {
     let calls = Arc::new(AtomicUsize::new(0));
-    let key = fresh("join");
+    let key = common::fresh("join");
     let attempt = |fail: bool| {
         let (store, calls, key) = (&store, calls.clone(), key.clone());
         async move {
@@ -226,7 +218,7 @@ common::backends!(memory, sqlite_file, sqlite_memory, postgres, mysql => {
             .execute(&pool)
             .await
             .unwrap();
-        let key = super::fresh("phase");
+        let key = crate::common::fresh("phase");
         let count = || async {
             let n: i64 = sqlx::query_scalar(&format!(
                 "SELECT COUNT(*) FROM {rows} WHERE k = {}",

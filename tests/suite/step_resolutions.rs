@@ -13,17 +13,6 @@ use idem::steps::{self, Step};
 use idem::{run, Call, Error, Key, Policy, Scope, Store};
 use tokio::sync::Notify;
 
-fn fresh(tag: &str) -> String {
-    format!(
-        "{tag}-{}-{}",
-        std::process::id(),
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_nanos()
-    )
-}
-
 /// A downstream that neither dedupes by key nor can be asked (why the
 /// step refuses when in doubt): counts its charges.
 #[derive(Default)]
@@ -94,7 +83,7 @@ async fn charge_then_drop<S: Store, F: Future<Output = ()>>(
 ///    step again without any operator having looked at C's charge:
 ///    charge 3. The second resolution now answers `false`.
 async fn resolve_lands_on_a_live_rerun<S: Store>(store: S) {
-    let key = fresh("resolve-live");
+    let key = common::fresh("resolve-live");
     let (scope, k) = (
         Scope::new("step_resolutions.pay"),
         Key::new(key.as_str()).unwrap(),

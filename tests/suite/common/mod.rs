@@ -139,3 +139,16 @@ pub(crate) use backends;
 pub fn test_name(path: &'static str) -> &'static str {
     path.split_once("::").map_or(path, |(_crate, test)| test)
 }
+
+/// A key no other run has used: `tag`, this process and the time in
+/// nanoseconds.
+pub fn fresh(tag: &str) -> String {
+    format!(
+        "{tag}-{}-{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos()
+    )
+}
