@@ -863,13 +863,16 @@ impl<O> Call<O> {
             )));
         }
         // Instants and timestamps a lease or a ttl from now must exist.
-        for (what, span) in [("lease", policy.lease), ("ttl", policy.ttl)] {
-            if span > MAX_SPAN {
-                return Err(Error::Config(format!(
-                    "the {what} must be at most {} days",
-                    MAX_SPAN.as_secs() / 86_400
-                )));
-            }
+        if policy.lease > MAX_SPAN || policy.ttl > MAX_SPAN {
+            let what = if policy.lease > MAX_SPAN {
+                "lease"
+            } else {
+                "ttl"
+            };
+            return Err(Error::Config(format!(
+                "the {what} must be at most {} days",
+                MAX_SPAN.as_secs() / 86_400
+            )));
         }
         let checked = Checked {
             scope,

@@ -308,19 +308,28 @@ impl Scope {
     /// made the same scope last (a scope is mostly a literal, one per
     /// operation), one copy otherwise.
     fn borrowed(operation: &str) -> Self {
-        if operation.len() >= SCOPE_PART_LEN || operation.contains(['\n', '\0']) {
+        // Only an operation kept as it is is remembered, so the one found
+        // there needs no check again.
+        let last = LAST_SCOPE
+            .try_with(|last| {
+                let joined = last.take()?;
+                last.set(Some(joined.clone()));
+                (*joined == *operation).then_some(joined)
+            })
+            .ok()
+            .flatten();
+        if let Some(joined) = last {
+            return Scope {
+                operation_len: operation.len(),
+                joined,
+            };
+        }
+        if operation.len() >= SCOPE_PART_LEN || operation.contains('\n') || operation.contains('\0')
+        {
             return Scope::new(operation);
         }
-        let joined = LAST_SCOPE
-            .try_with(|last| {
-                let joined = match last.take() {
-                    Some(joined) if *joined == *operation => joined,
-                    _ => Arc::from(operation),
-                };
-                last.set(Some(joined.clone()));
-                joined
-            })
-            .unwrap_or_else(|_| Arc::from(operation));
+        let joined: Arc<str> = Arc::from(operation);
+        let _ = LAST_SCOPE.try_with(|last| last.set(Some(joined.clone())));
         Scope {
             operation_len: operation.len(),
             joined,
