@@ -768,7 +768,10 @@ where
     O: OutcomePolicy<T, E>,
 {
     let Some(encoded) = outcomes.encode(&result) else {
-        if release(&mut records, claim).await || release(&mut Pooled(store), claim).await {
+        // Should that fail, the guard hands the key back through the
+        // store in the background as it drops, as in record mode: the
+        // caller may hold the pool's only connection.
+        if release(&mut records, claim).await {
             guard.disarm();
         }
         return result;
