@@ -29,7 +29,7 @@ pub use crate::entity::{run as run_entity, Entity, EntityBind, RequestHash, Toke
 pub use sqlx;
 
 use crate::engine::{Codec, Json, OkOnly, Replaying};
-use crate::finite::{Checked, Floats};
+use crate::finite::{plain_or_marked, Checked, Floats};
 use std::cell::Cell;
 
 /// The `scope = ...` expression's value.
@@ -92,19 +92,10 @@ impl<T: Serialize> ArgumentValue for T {
 /// their references, whose JSON form is the array of their values (`()`,
 /// for no argument, is fingerprinted as [`Payload`]).
 pub fn arguments<const N: usize>(values: [Arg<'_>; N]) -> Result<Fingerprint, Error> {
-    let seen = Cell::new(false);
-    let plain = values
-        .iter()
-        .map(|arg| arg.0.value(Floats::Plain, &seen))
-        .collect::<Result<Vec<_>, _>>();
-    if !seen.get() {
-        return Fingerprint::of_value(&Value::Array(plain?), false);
-    }
-    let marked = values
-        .iter()
-        .map(|arg| arg.0.value(Floats::Mark, &seen))
-        .collect::<Result<Vec<_>, _>>()?;
-    Fingerprint::of_value(&Value::Array(marked), true)
+    let (values, marked) = plain_or_marked(|floats, seen| {
+        values.iter().map(|arg| arg.0.value(floats, seen)).collect()
+    })?;
+    Fingerprint::of_value(&Value::Array(values), marked)
 }
 
 /// The `fingerprint = ...` expression's value.

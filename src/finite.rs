@@ -55,20 +55,29 @@ pub(crate) fn to_vec<T: Serialize + ?Sized>(value: &T) -> Result<Vec<u8>, serde_
 
 /// `value`'s JSON value as `serde_json::to_value` builds it, and `false`;
 /// or, when it holds a non-finite float or an integer beyond 64 bits, its
-/// marked form (see [`Floats::Mark`]) and `true`. The marked form of one value can equal the
-/// plain form of another (`"\0NaN"`): a caller hashes the two kinds apart.
+/// marked form (see [`Floats::Mark`]) and `true`. The marked form of one
+/// value can equal the plain form of another (`"\0NaN"`): a caller hashes
+/// the two kinds apart.
 pub(crate) fn to_value<T: Serialize + ?Sized>(
     value: &T,
 ) -> Result<(Value, bool), serde_json::Error> {
+    plain_or_marked(|floats, seen| serde_json::to_value(Checked::new(value, floats, seen)))
+}
+
+/// What `build` makes with [`Floats::Plain`], and `false`; or, when that
+/// met a value to mark, what it makes with [`Floats::Mark`], and `true`:
+/// one form for the whole of what is fingerprinted.
+pub(crate) fn plain_or_marked<T>(
+    build: impl Fn(Floats, &Cell<bool>) -> Result<T, serde_json::Error>,
+) -> Result<(T, bool), serde_json::Error> {
     let seen = Cell::new(false);
-    let plain = serde_json::to_value(Checked::new(value, Floats::Plain, &seen));
+    let plain = build(Floats::Plain, &seen);
     // A `Serialize` implementation could swallow the refusal and go on:
     // what was seen decides, not the result.
     if !seen.get() {
-        return plain.map(|value| (value, false));
+        return plain.map(|plain| (plain, false));
     }
-    let marked = serde_json::to_value(Checked::new(value, Floats::Mark, &seen))?;
-    Ok((marked, true))
+    Ok((build(Floats::Mark, &seen)?, true))
 }
 
 /// A value serialized through the wrapper.
