@@ -211,11 +211,12 @@ use crate::store::{Store, TransactionalStore};
 /// # Ok::<_, idem::Error>(())
 /// ```
 pub fn content_key_of_json(message: &[u8]) -> Result<Key, Error> {
-    // Whether it is JSON, reading numbers of any size.
-    serde_json::from_slice::<IgnoredAny>(message)?;
     if let Some(value) = json_exact::exact_value(message) {
         return content_key(&value);
     }
+    // Not read exactly: whether it is JSON at all, reading numbers of any
+    // size.
+    serde_json::from_slice::<IgnoredAny>(message)?;
     let digest = Sha256::new()
         .chain_update(RAW_JSON)
         .chain_update(message)
