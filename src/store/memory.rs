@@ -1,15 +1,12 @@
 //! A store in process memory, for tests and single-process tools.
 
-use std::hash::{BuildHasher, Hash, Hasher};
+use std::hash::{Hash, Hasher};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use foldhash::fast::RandomState;
-use indexmap::map::raw_entry_v1::{RawEntryMut, RawOccupiedEntryMut};
-use indexmap::map::RawEntryApiV1;
-use indexmap::{Equivalent, IndexMap};
 
+use super::memory_records::Records;
 use super::{BeginRequest, Look, Store, Waiters};
 use crate::error::Error;
 use crate::fingerprint::Fingerprint;
@@ -70,22 +67,8 @@ fn journal_entry(
     }
 }
 
-/// The records by slot, in the order they were written (a removal moves
-/// the last one into the gap): the hashed index holds only positions, and
-/// each record sits with its slot and hash, so a look-up reads one small
-/// index entry, then the record, and growing the map hashes nothing again.
-/// Records written together, which are read together again when their
-/// calls are retried, are found side by side.
-///
-/// Hashed with foldhash, seeded at random per map: SipHash, the standard
-/// map's, was a tenth of a replay's instructions. Foldhash resists only
-/// the simplest flooding of one bucket, which is enough for a store that
-/// lives in one process (for tests and tools), not for a server's map of
-/// untrusted keys.
-type Records = IndexMap<Slot, Record, RandomState>;
-
-/// Where a record is kept: its scope and key, shared with the record (a
-/// clone only counts a reference).
+/// Whose steps a journal holds: an operation's scope and key, shared with
+/// its record (a clone only counts a reference).
 #[derive(Clone, Debug, PartialEq, Eq)]
 struct Slot {
     scope: Scope,
@@ -123,12 +106,6 @@ impl Hash for At<'_> {
         // The stored form of the scope says all of it.
         self.scope.as_str().hash(state);
         self.key.as_str().hash(state);
-    }
-}
-
-impl Equivalent<Slot> for At<'_> {
-    fn equivalent(&self, slot: &Slot) -> bool {
-        *self.key == slot.key && *self.scope == slot.scope
     }
 }
 
@@ -173,7 +150,7 @@ impl Shared {
         write: impl FnOnce(&mut std::collections::BTreeMap<u32, StepRecord>, Millis) -> T,
     ) -> Result<T, Error> {
         let records = self.records();
-        match records.get(&At::of(&claim.scope, &claim.key)) {
+        match records.get(&claim.scope, &claim.key) {
             Some(r) if r.token == Some(claim.token) && r.state == State::InProgress => {}
             _ => return Err(Error::LeaseLost),
         }
@@ -202,25 +179,21 @@ impl Shared {
                 .saturating_add(duration_millis(req.ttl))
                 .max(lease_until),
         };
-        let at = At::of(req.scope, req.key);
         let mut records = self.records();
         // Hashed once, for the look-up and the insert.
-        let hash = records.hasher().hash_one(at);
-        let fence = match records
-            .raw_entry_mut_v1()
-            .from_key_hashed_nocheck(hash, &at)
-        {
-            RawEntryMut::Vacant(slot) => {
-                slot.insert_hashed_nocheck(hash, at.slot(), claimed(1))
-                    .1
-                    .fence
+        let hash = records.hash(req.scope, req.key);
+        let fence = match records.find(hash, req.scope, req.key) {
+            None => {
+                records.push(hash, claimed(1))?;
+                1
             }
-            RawEntryMut::Occupied(mut slot) => match decide(req, slot.get(), now).answer()? {
+            Some(at) => match decide(req, records.at(at), now).answer()? {
                 Some(answer) => return Ok(answer),
                 // Free under the lock: this is the atomic takeover.
                 None => {
-                    let fence = slot.get().fence + 1;
-                    slot.insert(claimed(fence));
+                    let record = records.at_mut(at);
+                    let fence = record.fence + 1;
+                    *record = claimed(fence);
                     fence
                 }
             },
@@ -233,8 +206,8 @@ impl Shared {
         self.fenced(
             claim,
             |r| r.outcome.as_ref() == Some(outcome),
-            |mut slot, now| {
-                let r = slot.get_mut();
+            |records, at, now| {
+                let r = records.at_mut(at);
                 r.state = State::Completed;
                 r.outcome = Some(outcome.clone());
                 r.lease_until = None;
@@ -262,7 +235,7 @@ impl Shared {
     /// payload: `None`) holds `(scope, key)` now, and which.
     fn look(&self, scope: &Scope, key: &Key, fingerprint: Option<&Fingerprint>) -> Look {
         let now = now_millis();
-        Look::at(self.records().get(&At::of(scope, key)), now, fingerprint)
+        Look::at(self.records().get(scope, key), now, fingerprint)
     }
 
     /// Runs `write` on the record if it is in progress under `claim`'s
@@ -271,17 +244,17 @@ impl Shared {
         &self,
         claim: &Claim,
         also: impl Fn(&Record) -> bool,
-        write: impl FnOnce(RawOccupiedEntryMut<'_, Slot, Record, RandomState>, Millis),
+        write: impl FnOnce(&mut Records, usize, Millis),
     ) -> Result<(), Error> {
-        let at = At::of(&claim.scope, &claim.key);
         let now = now_millis();
         let mut records = self.records();
-        match records.raw_entry_mut_v1().from_key(&at) {
-            RawEntryMut::Occupied(entry)
-                if entry.get().token == Some(claim.token)
-                    && (entry.get().state == State::InProgress || also(entry.get())) =>
+        let hash = records.hash(&claim.scope, &claim.key);
+        match records.find(hash, &claim.scope, &claim.key) {
+            Some(at)
+                if records.at(at).token == Some(claim.token)
+                    && (records.at(at).state == State::InProgress || also(records.at(at))) =>
             {
-                write(entry, now);
+                write(&mut records, at, now);
                 Ok(())
             }
             _ => Err(Error::LeaseLost),
@@ -301,7 +274,7 @@ impl Store for Shared {
 
     async fn peek(&self, req: &BeginRequest<'_>) -> Result<Option<Begin>, Error> {
         let now = now_millis();
-        match self.records().get(&At::of(req.scope, req.key)) {
+        match self.records().get(req.scope, req.key) {
             None => Ok(None),
             Some(record) => decide(req, record, now).answer(),
         }
@@ -311,8 +284,8 @@ impl Store for Shared {
         self.fenced(
             claim,
             |_| false,
-            |mut slot, now| {
-                let r = slot.get_mut();
+            |records, at, now| {
+                let r = records.at_mut(at);
                 let lease_until = now.saturating_add(duration_millis(claim.lease));
                 r.lease_until = Some(lease_until);
                 r.expires_at = r.expires_at.max(lease_until);
@@ -332,8 +305,8 @@ impl Store for Shared {
         self.fenced(
             claim,
             |_| false,
-            |slot, _| {
-                slot.swap_remove();
+            |records, at, _| {
+                records.swap_remove(at);
             },
         )?;
         self.waiters.wake(&claim.scope, &claim.key);
@@ -341,12 +314,12 @@ impl Store for Shared {
     }
 
     async fn get(&self, scope: &Scope, key: &Key) -> Result<Option<Record>, Error> {
-        Ok(self.records().get(&At::of(scope, key)).cloned())
+        Ok(self.records().get(scope, key).cloned())
     }
 
     async fn forget(&self, scope: &Scope, key: &Key) -> Result<bool, Error> {
         let mut records = self.records();
-        let removed = records.swap_remove(&At::of(scope, key)).is_some();
+        let removed = records.remove(scope, key).is_some();
         self.journal().remove(&At::of(scope, key).slot());
         drop(records);
         self.waiters.wake(scope, key);
@@ -362,12 +335,12 @@ impl Store for Shared {
             let mut records = self.records();
             let expired: Vec<_> = records
                 .iter()
-                .filter(|(_, r)| r.expires_at <= now)
-                .map(|(slot, _)| slot.clone())
+                .filter(|r| r.expires_at <= now)
+                .map(|r| At::of(&r.scope, &r.key).slot())
                 .take(batch)
                 .collect();
             for slot in &expired {
-                records.swap_remove(slot);
+                records.remove(&slot.scope, &slot.key);
             }
             total += expired.len() as u64;
             if expired.len() < batch {
@@ -459,7 +432,7 @@ impl Store for Shared {
         // The attempt that started the step, if it still holds the
         // operation: its step is running, not in doubt.
         let running = records
-            .get(&At::of(scope, key))
+            .get(scope, key)
             .filter(|r| r.state == State::InProgress && r.lease_until.is_some_and(|l| l > now))
             .and_then(|r| r.token);
         let Some(entry) = journal

@@ -24,6 +24,7 @@ use crate::record::{Begin, Claim, Outcome, Record};
 
 mod cached;
 mod memory;
+mod memory_records;
 mod pass_through;
 mod waiters;
 
