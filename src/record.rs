@@ -38,8 +38,9 @@ use crate::key::{Key, Scope};
 /// stores read it from the database's clock, never from the process's.
 pub type Millis = i64;
 
-/// This process's clock in [`Millis`]: the time of the in-memory store (the
-/// process is its database). The SQL stores never use it for a lease or an
+/// This process's wall clock in [`Millis`]: where the in-memory store's
+/// time starts (the process is its database; it counts on from there on
+/// the monotonic clock). The SQL stores never use it for a lease or an
 /// expiry.
 pub(crate) fn now_millis() -> Millis {
     SystemTime::now()

@@ -2,7 +2,7 @@
 
 use std::hash::{Hash, Hasher};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 
@@ -33,6 +33,7 @@ pub struct MemoryStore {
 /// ([`Store::detach`], once per execution) allocates nothing.
 #[derive(Debug, Default)]
 struct Shared {
+    clock: Clock,
     records: Mutex<Records>,
     /// The step journal, by operation, then by `seq`. Taken only under
     /// the records' lock, which fences it.
@@ -109,6 +110,38 @@ impl Hash for At<'_> {
     }
 }
 
+/// The store's time: this process's wall clock when the store was made,
+/// then its monotonic clock.
+///
+/// A step of the wall clock (a correction by NTP, an operator's `date`)
+/// moves neither a lease nor an expiry: read from the wall clock, a step
+/// forward past a lease would let a duplicate take over a body still
+/// running in this process, and run it twice, and one back would keep a
+/// record past its TTL. The records' times stay near the wall clock's
+/// (apart by what the wall clock was corrected since).
+#[derive(Debug)]
+struct Clock {
+    /// The wall clock's [`Millis`] at `start`.
+    wall: Millis,
+    start: Instant,
+}
+
+impl Default for Clock {
+    fn default() -> Self {
+        Clock {
+            wall: now_millis(),
+            start: Instant::now(),
+        }
+    }
+}
+
+impl Clock {
+    fn now(&self) -> Millis {
+        self.wall
+            .saturating_add(duration_millis(self.start.elapsed()))
+    }
+}
+
 impl MemoryStore {
     /// An empty store.
     pub fn new() -> Self {
@@ -158,12 +191,12 @@ impl Shared {
         let steps = journal
             .entry(At::of(&claim.scope, &claim.key).slot())
             .or_default();
-        Ok(write(steps, now_millis()))
+        Ok(write(steps, self.clock.now()))
     }
 
     /// The claim: [`Store::begin`], which never waits here.
     fn claim(&self, req: &BeginRequest<'_>) -> Result<Begin, Error> {
-        let now = now_millis();
+        let now = self.clock.now();
         let lease_until = now.saturating_add(duration_millis(req.lease));
         let claimed = |fence| Record {
             scope: req.scope.clone(),
@@ -234,7 +267,7 @@ impl Shared {
     /// Whether a live claim of the payload of `fingerprint` (of any
     /// payload: `None`) holds `(scope, key)` now, and which.
     fn look(&self, scope: &Scope, key: &Key, fingerprint: Option<&Fingerprint>) -> Look {
-        let now = now_millis();
+        let now = self.clock.now();
         Look::at(self.records().get(scope, key), now, fingerprint)
     }
 
@@ -246,7 +279,7 @@ impl Shared {
         also: impl Fn(&Record) -> bool,
         write: impl FnOnce(&mut Records, usize, Millis),
     ) -> Result<(), Error> {
-        let now = now_millis();
+        let now = self.clock.now();
         let mut records = self.records();
         let hash = records.hash(&claim.scope, &claim.key);
         match records.find(hash, &claim.scope, &claim.key) {
@@ -273,7 +306,7 @@ impl Store for Shared {
     }
 
     async fn peek(&self, req: &BeginRequest<'_>) -> Result<Option<Begin>, Error> {
-        let now = now_millis();
+        let now = self.clock.now();
         match self.records().get(req.scope, req.key) {
             None => Ok(None),
             Some(record) => decide(req, record, now).answer(),
@@ -330,7 +363,7 @@ impl Store for Shared {
         let batch = batch.max(1);
         let mut total = 0u64;
         loop {
-            let now = now_millis();
+            let now = self.clock.now();
             // One lock per batch, like one statement per batch in SQL.
             let mut records = self.records();
             let expired: Vec<_> = records
@@ -347,7 +380,7 @@ impl Store for Shared {
                 break;
             }
         }
-        let now = now_millis();
+        let now = self.clock.now();
         let mut journal = self.journal();
         for steps in journal.values_mut() {
             let before = steps.len();
@@ -399,7 +432,7 @@ impl Store for Shared {
 
     async fn keep_steps(&self, scope: &Scope, key: &Key, ttl: Duration) -> Result<(), Error> {
         let _records = self.records();
-        let now = now_millis();
+        let now = self.clock.now();
         let until = now.saturating_add(duration_millis(ttl));
         if let Some(steps) = self.journal().get_mut(&At::of(scope, key).slot()) {
             for step in steps.values_mut().filter(|step| step.expires_at > now) {
@@ -427,7 +460,7 @@ impl Store for Shared {
         resolution: &StepResolution,
     ) -> Result<bool, Error> {
         let records = self.records();
-        let now = now_millis();
+        let now = self.clock.now();
         let mut journal = self.journal();
         // The attempt that started the step, if it still holds the
         // operation: its step is running, not in doubt.

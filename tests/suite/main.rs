@@ -64,6 +64,7 @@ mod lease_upkeep;
 mod live_journals;
 mod local_cache;
 mod macro_expansion;
+mod memory_clock;
 #[cfg(feature = "sqlite")]
 mod missing_key;
 #[cfg(feature = "postgres")]
