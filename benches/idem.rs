@@ -2347,16 +2347,26 @@ fn keys_per_round(tag: &str, n: usize) -> Vec<Vec<String>> {
 
 /// B6's measurement, one caller: the time per call in ns of `plain` calls,
 /// of first executions (`idem`, given the round's index and the key) and
-/// of their replays (`idem` again on the same keys), each the mean over a
-/// round's keys, in the same rounds; their medians over the rounds.
-async fn cost_per_call<'a, P, PF, I, IF>(keys: &'a [Vec<String>], plain: P, idem: I) -> [f64; 3]
+/// of their replays (`idem` again on the same keys), and the same of
+/// `reference` if there is one, each the mean over a round's keys, in
+/// the same rounds; their medians over the rounds, as `[plain, first,
+/// replay]` and the reference's `[first, replay]`.
+async fn cost_per_call<'a, P, PF, I, IF, R, RF>(
+    keys: &'a [Vec<String>],
+    plain: P,
+    idem: I,
+    reference: Option<R>,
+) -> ([f64; 3], Option<[f64; 2]>)
 where
     P: Fn(&'a str) -> PF,
     PF: Future<Output = ()>,
     I: Fn(usize, &'a str) -> IF,
     IF: Future<Output = ()>,
+    R: Fn(usize, &'a str) -> RF,
+    RF: Future<Output = ()>,
 {
     let mut times = [Vec::new(), Vec::new(), Vec::new()];
+    let mut beside = [Vec::new(), Vec::new()];
     for (round, keys) in keys.iter().enumerate() {
         let per_call = |t: Instant| t.elapsed().as_secs_f64() * 1e9 / keys.len() as f64;
         let t = Instant::now();
@@ -2371,8 +2381,23 @@ where
             }
             times.push(per_call(t));
         }
+        if let Some(reference) = &reference {
+            for times in &mut beside {
+                let t = Instant::now();
+                for k in keys {
+                    reference(round, k).await;
+                }
+                times.push(per_call(t));
+            }
+        }
     }
-    times.map(median)
+    let beside = reference.map(|_| beside.map(median));
+    (times.map(median), beside)
+}
+
+/// No reference for [`cost_per_call`].
+fn no_reference<'a>() -> Option<fn(usize, &'a str) -> std::future::Ready<()>> {
+    None
 }
 
 /// B6's rows: the cost per call of a first execution and of a replay,
@@ -2430,7 +2455,15 @@ async fn b6(report: &mut Report) {
     // time grows with the records held is B5's to show).
     let stores: Vec<_> = keys.iter().map(|_| idem::MemoryStore::new()).collect();
     let stores = &stores;
-    let times = cost_per_call(
+    // The reference, in the same rounds on the same keys: the records
+    // alone, in a bare map behind a mutex, as a store in memory needs
+    // them at the least (a first execution: one lock, one hash, one
+    // insert; a replay: one lock, one hash, one look-up, the outcome
+    // copied out). What it costs at this many records is the memory's
+    // (cache and TLB misses), whatever the engine does.
+    let bare: Vec<_> = keys.iter().map(|_| BareMap::default()).collect();
+    let bare = &bare;
+    let (times, reference) = cost_per_call(
         &keys,
         |_| async {
             std::hint::black_box(plain(500).await.unwrap());
@@ -2441,27 +2474,14 @@ async fn b6(report: &mut Report) {
                 idem::run(store, idem::Call::new("bench.mem", k, &500i64), plain(500)).await;
             std::hint::black_box(r.unwrap());
         },
-    )
-    .await;
-    // The reference, in the same rounds on the same keys: the records
-    // alone, in a bare map behind a mutex, as a store in memory needs
-    // them at the least (a first execution: one lock, one hash, one
-    // insert; a replay: one lock, one hash, one look-up, the outcome
-    // copied out). What it costs at this many records is the memory's
-    // (cache and TLB misses), whatever the engine does.
-    let bare: Vec<_> = keys.iter().map(|_| BareMap::default()).collect();
-    let bare = &bare;
-    let reference = cost_per_call(
-        &keys,
-        |_| async {
-            std::hint::black_box(plain(500).await.unwrap());
-        },
-        |round, k| async move {
+        Some(|round: usize, k: &str| {
             std::hint::black_box(bare[round].call(k));
-        },
+            std::future::ready(())
+        }),
     )
     .await;
-    let beside = [reference[1] - reference[0], reference[2] - reference[0]];
+    let [first, replay] = reference.expect("measured beside");
+    let beside = [first - times[0], replay - times[0]];
     let goals = [Goal::AtMost(1.0), Goal::AtMost(0.5)];
     cost_rows(
         "memory",
@@ -2517,10 +2537,11 @@ impl BareMap {
 /// against plain calls (the body's write alone), one caller.
 async fn b6_on<B: Calls>(b: &Arc<B>, report: &mut Report) {
     let keys = keys_per_round("b6", if quick() { 20 } else { 100 });
-    let times = cost_per_call(
+    let (times, _) = cost_per_call(
         &keys,
         |k| b.call_key(Mode::Plain, k),
         |_, k| b.call_key(Mode::Record, k),
+        no_reference(),
     )
     .await;
     let baseline = format!(
