@@ -196,6 +196,9 @@ impl Shared {
 
     /// The claim: [`Store::begin`], which never waits here.
     fn claim(&self, req: &BeginRequest<'_>) -> Result<Begin, Error> {
+        let mut records = self.records();
+        // Read under the lock: a lease counts from when it is written, not
+        // from before a wait for the lock, which could eat all of it.
         let now = self.clock.now();
         let lease_until = now.saturating_add(duration_millis(req.lease));
         let claimed = |fence| Record {
@@ -212,7 +215,6 @@ impl Shared {
                 .saturating_add(duration_millis(req.ttl))
                 .max(lease_until),
         };
-        let mut records = self.records();
         // Hashed once, for the look-up and the insert.
         let hash = records.hash(req.scope, req.key);
         let fence = match records.find(hash, req.scope, req.key) {
@@ -267,8 +269,8 @@ impl Shared {
     /// Whether a live claim of the payload of `fingerprint` (of any
     /// payload: `None`) holds `(scope, key)` now, and which.
     fn look(&self, scope: &Scope, key: &Key, fingerprint: Option<&Fingerprint>) -> Look {
-        let now = self.clock.now();
-        Look::at(self.records().get(scope, key), now, fingerprint)
+        let records = self.records();
+        Look::at(records.get(scope, key), self.clock.now(), fingerprint)
     }
 
     /// Runs `write` on the record if it is in progress under `claim`'s
@@ -279,8 +281,10 @@ impl Shared {
         also: impl Fn(&Record) -> bool,
         write: impl FnOnce(&mut Records, usize, Millis),
     ) -> Result<(), Error> {
-        let now = self.clock.now();
         let mut records = self.records();
+        // Under the lock, as in `claim`: a renewal's lease counts from when
+        // it is written.
+        let now = self.clock.now();
         let hash = records.hash(&claim.scope, &claim.key);
         match records.find(hash, &claim.scope, &claim.key) {
             Some(at)
@@ -306,10 +310,10 @@ impl Store for Shared {
     }
 
     async fn peek(&self, req: &BeginRequest<'_>) -> Result<Option<Begin>, Error> {
-        let now = self.clock.now();
-        match self.records().get(req.scope, req.key) {
+        let records = self.records();
+        match records.get(req.scope, req.key) {
             None => Ok(None),
-            Some(record) => decide(req, record, now).answer(),
+            Some(record) => decide(req, record, self.clock.now()).answer(),
         }
     }
 
@@ -363,9 +367,9 @@ impl Store for Shared {
         let batch = batch.max(1);
         let mut total = 0u64;
         loop {
-            let now = self.clock.now();
             // One lock per batch, like one statement per batch in SQL.
             let mut records = self.records();
+            let now = self.clock.now();
             let expired: Vec<_> = records
                 .iter()
                 .filter(|r| r.expires_at <= now)

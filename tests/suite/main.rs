@@ -65,6 +65,7 @@ mod live_journals;
 mod local_cache;
 mod macro_expansion;
 mod memory_clock;
+mod memory_store;
 #[cfg(feature = "sqlite")]
 mod missing_key;
 #[cfg(feature = "postgres")]
