@@ -58,6 +58,12 @@ pub trait Store: Send + Sync {
     /// cannot, and the call then sends `begin`. A store in memory answers
     /// every call here: `begin`'s future is boxed (an `async` trait
     /// method), an allocation that was a tenth of a replay's cost.
+    ///
+    /// The engine takes a claim answered here to hold its whole lease: it
+    /// renews a claim answered late by [`begin`](Store::begin) before the
+    /// body runs, but not one answered here. So the lease must count from
+    /// when the claim is written: read the time after any lock the claim
+    /// waits for, not before.
     fn begin_now(&self, request: &BeginRequest<'_>) -> Option<Result<Begin, Error>> {
         let _ = request;
         None
@@ -77,7 +83,8 @@ pub trait Store: Send + Sync {
     /// Extends the claim's lease to the claim's lease duration from now (and
     /// the record's expiry with it), while the operation still runs. Fails
     /// with [`Error::LeaseLost`] unless the record is in progress under this
-    /// claim's token.
+    /// claim's token. "Now" is when the lease is written, after any lock
+    /// the renewal waited for.
     async fn renew(&self, claim: &Claim) -> Result<(), Error>;
 
     /// Stores the outcome and marks the record completed, kept for the
