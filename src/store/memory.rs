@@ -1,6 +1,5 @@
 //! A store in process memory, for tests and single-process tools.
 
-use std::hash::{Hash, Hasher};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -70,43 +69,18 @@ fn journal_entry(
 
 /// Whose steps a journal holds: an operation's scope and key, shared with
 /// its record (a clone only counts a reference).
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 struct Slot {
     scope: Scope,
     key: Key,
 }
 
-impl Hash for Slot {
-    fn hash<H: Hasher>(&self, state: &mut H) {
-        At::of(&self.scope, &self.key).hash(state);
-    }
-}
-
-/// A slot by reference, to look a record up without a clone.
-#[derive(Clone, Copy)]
-struct At<'a> {
-    scope: &'a Scope,
-    key: &'a Key,
-}
-
-impl<'a> At<'a> {
-    fn of(scope: &'a Scope, key: &'a Key) -> Self {
-        At { scope, key }
-    }
-
-    fn slot(self) -> Slot {
+impl Slot {
+    fn of(scope: &Scope, key: &Key) -> Self {
         Slot {
-            scope: self.scope.clone(),
-            key: self.key.clone(),
+            scope: scope.clone(),
+            key: key.clone(),
         }
-    }
-}
-
-impl Hash for At<'_> {
-    fn hash<H: Hasher>(&self, state: &mut H) {
-        // The stored form of the scope says all of it.
-        self.scope.as_str().hash(state);
-        self.key.as_str().hash(state);
     }
 }
 
@@ -189,7 +163,7 @@ impl Shared {
         }
         let mut journal = self.journal();
         let steps = journal
-            .entry(At::of(&claim.scope, &claim.key).slot())
+            .entry(Slot::of(&claim.scope, &claim.key))
             .or_default();
         Ok(write(steps, self.clock.now()))
     }
@@ -357,7 +331,7 @@ impl Store for Shared {
     async fn forget(&self, scope: &Scope, key: &Key) -> Result<bool, Error> {
         let mut records = self.records();
         let removed = records.remove(scope, key).is_some();
-        self.journal().remove(&At::of(scope, key).slot());
+        self.journal().remove(&Slot::of(scope, key));
         drop(records);
         self.waiters.wake(scope, key);
         Ok(removed)
@@ -373,7 +347,7 @@ impl Store for Shared {
             let expired: Vec<_> = records
                 .iter()
                 .filter(|r| r.expires_at <= now)
-                .map(|r| At::of(&r.scope, &r.key).slot())
+                .map(|r| Slot::of(&r.scope, &r.key))
                 .take(batch)
                 .collect();
             for slot in &expired {
@@ -438,7 +412,7 @@ impl Store for Shared {
         let _records = self.records();
         let now = self.clock.now();
         let until = now.saturating_add(duration_millis(ttl));
-        if let Some(steps) = self.journal().get_mut(&At::of(scope, key).slot()) {
+        if let Some(steps) = self.journal().get_mut(&Slot::of(scope, key)) {
             for step in steps.values_mut().filter(|step| step.expires_at > now) {
                 step.expires_at = step.expires_at.max(until);
             }
@@ -450,7 +424,7 @@ impl Store for Shared {
         let _records = self.records();
         Ok(self
             .journal()
-            .get(&At::of(scope, key).slot())
+            .get(&Slot::of(scope, key))
             .map(|steps| steps.values().cloned().collect())
             .unwrap_or_default())
     }
@@ -473,7 +447,7 @@ impl Store for Shared {
             .filter(|r| r.state == State::InProgress && r.lease_until.is_some_and(|l| l > now))
             .and_then(|r| r.token);
         let Some(entry) = journal
-            .get_mut(&At::of(scope, key).slot())
+            .get_mut(&Slot::of(scope, key))
             .and_then(|steps| steps.get_mut(&seq))
             .filter(|entry| {
                 entry.name == name
