@@ -14,10 +14,13 @@
 //! PATH), a bare sqlx loop on MariaDB. It runs in the same rounds as the
 //! plain call and idem, and is reported as a ratio to the same plain call.
 //!
-//! Redis and Redis Cluster have no reference, no transactional mode and
-//! no SQL: B1 (record mode), B2, B4 and the store's cost per call run on
-//! them ([`Calls`]), with a plain call that is the body's own write, one
-//! `INCRBY` (see [`RedisPayments`]).
+//! Redis and Redis Cluster have no transactional mode and no SQL: B1
+//! (record mode), B2, B4 and the store's cost per call run on them
+//! ([`Calls`]), with a plain call that is the body's own write, one
+//! `INCRBY` (see [`RedisPayments`]). Their reference is a loop of the
+//! scripts the store sends, through the store's own connection (from
+//! `RedisStore::__reference_first_execution` and `__reference_replay`),
+//! around the same `INCRBY`.
 //!
 //! Servers: `IDEM_POSTGRES_URL`, `IDEM_MYSQL_URL`, `IDEM_REDIS_URL` and
 //! `IDEM_REDIS_CLUSTER_URL` (local defaults as in the tests); SQLite is a
@@ -1382,6 +1385,53 @@ impl RedisPayments {
             .await
             .unwrap();
     }
+
+    /// The reference's call: a first execution's scripts around the same
+    /// write as idem's body, on a key of its own, or a replay's read of a
+    /// record that one of them wrote.
+    async fn reference_call(&self, script: Script) {
+        let scope = idem::Scope::from("bench.ref");
+        let fingerprint = Fingerprint::of(&500i64).unwrap();
+        let outcome = idem::Outcome {
+            kind: idem::OutcomeKind::Ok,
+            body: b"500".to_vec(),
+        };
+        let request = |key| idem::BeginRequest {
+            scope: &scope,
+            key,
+            fingerprint: &fingerprint,
+            token: idem::ClaimToken::new(),
+            lease: Duration::from_secs(60),
+            ttl: idem::Policy::DEFAULT_TTL,
+        };
+        match script {
+            Script::Record(body) => {
+                let key = idem::Key::try_from(unique("ref").as_str()).unwrap();
+                let write = async {
+                    self.incr(key.as_str(), 500, body).await.unwrap();
+                };
+                self.store
+                    .__reference_first_execution(&request(&key), write, &outcome)
+                    .await
+                    .unwrap();
+            }
+            Script::Replay => {
+                let key = idem::Key::try_from(REPLAY_KEY).unwrap();
+                let request = request(&key);
+                // Written once, by the first replay of a run.
+                if self.store.__reference_replay(&request).await.is_err() {
+                    self.store
+                        .__reference_first_execution(&request, async {}, &outcome)
+                        .await
+                        .unwrap();
+                    self.store.__reference_replay(&request).await.unwrap();
+                }
+            }
+            Script::Tx(_) | Script::TxWithoutRead(_) => {
+                unreachable!("Redis has no transactional mode")
+            }
+        }
+    }
 }
 
 impl Calls for RedisPayments {
@@ -1399,6 +1449,21 @@ impl Calls for RedisPayments {
     }
     fn transactional(&self) -> bool {
         false
+    }
+    fn reference_status(&self) -> Option<Result<(), &'static str>> {
+        Some(Ok(()))
+    }
+    fn reference(
+        self: &Arc<Self>,
+        script: Script,
+        tasks: usize,
+        window: Duration,
+    ) -> impl Future<Output = f64> + Send {
+        let this = self.clone();
+        throughput_of(tasks, Span::For(window), move || {
+            let this = this.clone();
+            async move { this.reference_call(script).await }
+        })
     }
     fn call(self: &Arc<Self>, mode: Mode, body: Duration) -> impl Future<Output = ()> + Send {
         let this = self.clone();
@@ -2736,7 +2801,7 @@ async fn main_async() {
     );
     let _ = writeln!(
         md,
-        "- Redis and Redis Cluster: the plain call, the baseline of B1 and B6, is the body's own write alone, one `INCRBY` on a key of its own (where the SQL backends' is their business INSERT), so that a ratio shows idem's cost on top of one round trip; record mode only (a Redis body has no transaction to be in), no reference\n"
+        "- Redis and Redis Cluster: the plain call, the baseline of B1 and B6, is the body's own write alone, one `INCRBY` on a key of its own (where the SQL backends' is their business INSERT), so that a ratio shows idem's cost on top of one round trip; record mode only (a Redis body has no transaction to be in); the reference is the scripts the store sends (claim, completion; a replay's read) in a loop through the store's own connection, around the same `INCRBY`\n"
     );
     let chart_written = chart(&report, Path::new(CHART));
     match &chart_written {

@@ -484,6 +484,51 @@ async fn an_unreplicated_claim_runs_nothing(redis: Redis) {
     assert_eq!(charge(&plain, redis, "lonely").await.unwrap(), 1);
 }
 
+/// The benchmark's reference sends the store's own scripts: the record a
+/// reference first execution writes is one the store replays (the body
+/// does not run again, and its outcome comes back), and the reference's
+/// replay reads it; a second reference claim of the key is refused.
+async fn the_reference_writes_what_the_store_reads(redis: Redis) {
+    let prefix = unique_prefix("reference");
+    let _keys = DeleteKeys {
+        redis,
+        prefix: prefix.clone(),
+    };
+    let store = redis.store(&prefix).await;
+    let (scope, key) = (Scope::new(SCOPE), Key::new("ref-1").unwrap());
+    let fingerprint = idem::Fingerprint::of(&1).unwrap();
+    let request = || idem::BeginRequest {
+        scope: &scope,
+        key: &key,
+        fingerprint: &fingerprint,
+        token: idem::ClaimToken::new(),
+        lease: Policy::DEFAULT_LEASE,
+        ttl: Policy::DEFAULT_TTL,
+    };
+    assert!(store.__reference_replay(&request()).await.is_err());
+    let outcome = idem::Outcome {
+        kind: idem::OutcomeKind::Ok,
+        body: b"41".to_vec(),
+    };
+    let mut ran = false;
+    store
+        .__reference_first_execution(&request(), async { ran = true }, &outcome)
+        .await
+        .unwrap();
+    assert!(ran);
+    store.__reference_replay(&request()).await.unwrap();
+    assert!(store
+        .__reference_first_execution(&request(), async {}, &outcome)
+        .await
+        .is_err());
+    let replayed = run::<_, i64, Error, _, _>(&store, Call::new(SCOPE, "ref-1", &1), async {
+        panic!("the reference's record was not replayed")
+    })
+    .await
+    .unwrap();
+    assert_eq!(replayed, 41);
+}
+
 /// The tests that kill this process's connections run one at a time, and
 /// not beside the others of this binary, whose connections they would
 /// kill too.
@@ -528,6 +573,12 @@ macro_rules! on_redis {
             async fn an_unreplicated_claim_runs_nothing() {
                 let _shared = EXCLUSIVE.read().await;
                 super::an_unreplicated_claim_runs_nothing(REDIS).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn the_benchmark_reference_writes_what_the_store_reads() {
+                let _shared = EXCLUSIVE.read().await;
+                the_reference_writes_what_the_store_reads(REDIS).await;
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
