@@ -213,8 +213,9 @@ pub struct Call<O = OkOnly<Json>> {
     outcomes: O,
     /// What the body's durable steps journal and derive their keys under,
     /// where it is not the claim's own (entity mode's claim is per table,
-    /// for any payload, and kept one lease).
-    steps: Option<StepsAs>,
+    /// for any payload, and kept one lease). On the heap: rare, and the
+    /// call is moved (copied whole) as it is built and run.
+    steps: Option<Box<StepsAs>>,
 }
 
 /// What a [`Call`] does when its key is missing: an `Option` key that is
@@ -351,7 +352,7 @@ impl<O> Call<O> {
     /// The same call, whose body's steps journal as `steps` says.
     #[cfg(feature = "_sql")]
     pub(crate) fn with_steps_as(mut self, steps: StepsAs) -> Self {
-        self.steps = Some(steps);
+        self.steps = Some(Box::new(steps));
         self
     }
 
@@ -841,7 +842,7 @@ struct Checked {
     policy: Policy,
     token: ClaimToken,
     started: Instant,
-    steps: Option<StepsAs>,
+    steps: Option<Box<StepsAs>>,
 }
 
 impl<O> Call<O> {
@@ -906,7 +907,7 @@ impl Checked {
     /// fingerprint and ttl (at least a lease, so that an entry outlives a
     /// crashed attempt's lease), unless the call says otherwise.
     fn steps_as(&self) -> StepsAs {
-        self.steps.clone().unwrap_or_else(|| StepsAs {
+        self.steps.as_deref().cloned().unwrap_or_else(|| StepsAs {
             scope: self.scope.clone(),
             fingerprint: self.fingerprint,
             ttl: self.policy.ttl.max(self.policy.lease),
@@ -1032,25 +1033,25 @@ struct Pooled<'a, S: ?Sized>(&'a S);
 impl<S: Store + ?Sized> Records for Pooled<'_, S> {
     async fn begin(&mut self, request: &BeginRequest<'_>) -> Result<Begin, Error> {
         // Answered at once (a store in memory): the lease it wrote starts
-        // now, whole.
-        if let Some(answer) = self.0.begin_now(request) {
-            return match answer {
-                answer @ Err(Error::Store(_)) => {
-                    Box::pin(claim_again(self.0, request, Instant::now(), answer)).await
-                }
-                answer => answer,
-            };
+        // now, whole. Nothing is held across an await here, and the
+        // claim sent to a server is a future of its own, on the heap: this
+        // future stays a few pointers, and so do the call's, which is
+        // moved (copied whole) as it is built and awaited. A round trip
+        // dwarfs the allocation.
+        // (An answer is moved out of its local before any await, or that
+        // local is kept across it.)
+        let now = self.0.begin_now(request);
+        if now.is_none() {
+            drop(now);
+            return Box::pin(begin_sent(self.0, request)).await;
         }
-        let sent = Instant::now();
-        match self.0.begin(request).await {
-            Ok(Begin::Claimed(claim)) if sent.elapsed() < request.lease / LEASE_SPENT => {
-                Ok(Begin::Claimed(claim))
+        match now {
+            Some(answer @ Err(Error::Store(_))) => {
+                let again = claim_again(self.0, request, Instant::now(), answer);
+                Box::pin(again).await
             }
-            // Rare, and its timers large: on the heap.
-            answer @ (Ok(Begin::Claimed(_)) | Err(Error::Store(_))) => {
-                Box::pin(claim_again(self.0, request, sent, answer)).await
-            }
-            answer => answer,
+            Some(answer) => answer,
+            None => unreachable!("sent above"),
         }
     }
     async fn peek(&mut self, request: &BeginRequest<'_>) -> Result<Option<Begin>, Error> {
@@ -1078,6 +1079,25 @@ impl<S: Store + ?Sized> Records for Pooled<'_, S> {
     }
     fn may_wait(&self) -> bool {
         true
+    }
+}
+
+/// The claim sent to the store, and sent again or renewed where its
+/// answer was lost or came late ([`claim_again`]).
+async fn begin_sent<S: Store + ?Sized>(
+    store: &S,
+    request: &BeginRequest<'_>,
+) -> Result<Begin, Error> {
+    let sent = Instant::now();
+    match store.begin(request).await {
+        Ok(Begin::Claimed(claim)) if sent.elapsed() < request.lease / LEASE_SPENT => {
+            Ok(Begin::Claimed(claim))
+        }
+        // Rare, and its timers large: on the heap.
+        answer @ (Ok(Begin::Claimed(_)) | Err(Error::Store(_))) => {
+            Box::pin(claim_again(store, request, sent, answer)).await
+        }
+        answer => answer,
     }
 }
 
@@ -1235,13 +1255,18 @@ where
     R: Records,
     O: OutcomePolicy<T, E>,
 {
-    let mut answer = records.begin(request).await?;
-    if let Begin::InProgress { .. } = answer {
+    let first = records.begin(request).await?;
+    let answer = if let Begin::InProgress { .. } = first {
         // Waiting is the rare path, and its state (timers, reads) large:
         // it is a future of its own, on the heap, so that a call that
-        // claims or replays at once neither carries nor copies it.
-        answer = Box::pin(wait_out(records, call, request)).await?;
-    }
+        // claims or replays at once neither carries nor copies it (nor
+        // the first answer, dropped before).
+        drop(first);
+        let waited = Box::pin(wait_out(records, call, request)).await;
+        waited?
+    } else {
+        first
+    };
     let claim = match answer {
         Begin::Claimed(claim) => claim,
         Begin::Replay(outcome) => {
