@@ -326,13 +326,25 @@ impl Row {
         (goal, unit): (Goal, &str),
         (value, reference): (f64, Option<f64>),
     ) -> Row {
+        let met = goal.met(value, reference);
+        // A miss that rounds to its goal (0.966 against 0.97) shows its
+        // third digit, so that "0.97, >= 0.97, no" never reads as a
+        // contradiction.
+        let measured = match goal {
+            Goal::AtLeast(g) | Goal::AtMost(g) | Goal::Above(g)
+                if met == Some(false) && format!("{value:.2}") == format!("{g:.2}") =>
+            {
+                measured.replacen(&format!("{value:.2}"), &format!("{value:.3}"), 1)
+            }
+            _ => measured,
+        };
         Row {
             id,
             backend,
             what,
             measured,
             goal: goal.text(unit),
-            met: goal.met(value, reference),
+            met,
         }
     }
 }
