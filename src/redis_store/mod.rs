@@ -641,6 +641,19 @@ fn status(items: &[Value]) -> Result<&str, Error> {
         .ok_or_else(|| Error::store("unexpected reply from an idem journal script"))
 }
 
+/// The claim script's call for `request` on the record at `keys`.
+fn claim_call(keys: &Keys, request: &BeginRequest<'_>) -> Invocation<'static> {
+    SCRIPTS
+        .claim
+        .on(&keys.record)
+        .arg(request.scope.as_str())
+        .arg(request.key.as_str())
+        .arg(&request.fingerprint.as_bytes()[..])
+        .arg(&request.token.as_bytes()[..])
+        .arg(millis(request.lease))
+        .arg(millis(request.ttl))
+}
+
 #[async_trait]
 impl Store for RedisStore {
     async fn begin(&self, request: &BeginRequest<'_>) -> Result<Begin, Error> {
@@ -648,19 +661,7 @@ impl Store for RedisStore {
         // A record found free that the script did not claim changed in
         // between: impossible in one script, so a few rounds at most.
         for _ in 0..3 {
-            let (value, acknowledged) = self
-                .invoke_replicated(
-                    SCRIPTS
-                        .claim
-                        .on(&keys.record)
-                        .arg(request.scope.as_str())
-                        .arg(request.key.as_str())
-                        .arg(&request.fingerprint.as_bytes()[..])
-                        .arg(&request.token.as_bytes()[..])
-                        .arg(millis(request.lease))
-                        .arg(millis(request.ttl)),
-                )
-                .await?;
+            let (value, acknowledged) = self.invoke_replicated(claim_call(&keys, request)).await?;
             let mut items = array(value)?;
             match status(&items)? {
                 "claimed" => {

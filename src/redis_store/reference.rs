@@ -28,17 +28,7 @@ impl RedisStore {
     ) -> Result<(), Error> {
         let keys = self.keys(request.scope, request.key);
         let (value, _) = self
-            .invoke_replicated(
-                SCRIPTS
-                    .claim
-                    .on(&keys.record)
-                    .arg(request.scope.as_str())
-                    .arg(request.key.as_str())
-                    .arg(&request.fingerprint.as_bytes()[..])
-                    .arg(&request.token.as_bytes()[..])
-                    .arg(super::millis(request.lease))
-                    .arg(super::millis(request.ttl)),
-            )
+            .invoke_replicated(super::claim_call(&keys, request))
             .await?;
         let items = array(value)?;
         if status(&items)? != "claimed" {
