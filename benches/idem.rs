@@ -1092,6 +1092,10 @@ macro_rules! backend {
                         }
                     }
                 }
+                fn tx_reference(self: &Arc<Self>) -> impl Future<Output = ()> + Send {
+                    let this = self.clone();
+                    async move { this.reference_call(Script::Tx(Duration::ZERO)).await }
+                }
                 fn fresh(&self, tag: &str) -> impl Future<Output = Self> + Send {
                     let tag = tag.to_owned();
                     let pool = self.pool.clone();
@@ -1566,6 +1570,10 @@ trait Bench: Calls {
     /// record mode, without idem's engine, on one connection held for the
     /// call as check-then-act holds its own.
     fn held_reference(self: &Arc<Self>) -> impl Future<Output = ()> + Send;
+    /// B3's reference for transactional mode: B1's (the store's
+    /// statements in a transaction, after the read of the record the
+    /// store sends before its claim there), by a sqlx loop.
+    fn tx_reference(self: &Arc<Self>) -> impl Future<Output = ()> + Send;
     /// The same backend with tables of its own.
     fn fresh(&self, tag: &str) -> impl Future<Output = Self> + Send;
     /// Bulk-loads `n` completed records `k1..=kn` of `scope`.
@@ -1887,22 +1895,26 @@ async fn b3<B: Bench>(b: &Arc<B>, report: &mut Report) {
     ];
     if b.transactional() {
         measures.push(measure(idem(Mode::Tx)));
+        measures.push(measure(move || {
+            let b = b.clone();
+            throughput(ops, move || {
+                let b = b.clone();
+                async move { b.tx_reference().await }
+            })
+        }));
     }
     let found = interleave_all(&measures).await;
     let recipe = found[0].1;
-    let (reference, reference_calls) = found[1];
-    let modes = [
-        ("record mode", Some(reference)),
-        ("transactional mode", None),
-    ];
-    for ((mode, reference), (ratio, calls)) in modes.into_iter().zip(found.into_iter().skip(2)) {
-        let (note, also) = match reference {
-            Some(r) => (
-                format!(" (reference {r:.2})"),
-                format!("; reference {reference_calls:.0} calls/s"),
-            ),
-            None => (String::new(), String::new()),
-        };
+    // (mode, idem's measure, its reference's)
+    let mut modes = vec![("record mode", found[2], found[1])];
+    if b.transactional() {
+        modes.push(("transactional mode", found[3], found[4]));
+    }
+    for (mode, (ratio, calls), (reference, reference_calls)) in modes {
+        let (note, also) = (
+            format!(" (reference {reference:.2})"),
+            format!("; reference {reference_calls:.0} calls/s"),
+        );
         report.rows.push(Row::judged(
             ("B3", b.label()),
             format!(
@@ -2809,7 +2821,7 @@ async fn main_async() {
     let pgbench = cmd("pgbench", &["--version"]);
     let _ = writeln!(
         md,
-        "- reference: the statements the store sends for the same call, without idem's engine, in the same rounds, as a ratio to the same plain call: on PostgreSQL {pgbench} (`-M prepared -c <tasks> -j 2 -T 1`), and in B1 and B7 also the same statements sent by a sqlx loop on the pool, the client of the plain call and of idem (\"by a sqlx loop\"), on MariaDB and SQLite a sqlx loop on the pool (as long as idem's measurement), which in transactional mode reads the record beside the transaction before the claim, on another connection of the pool, as the store does there, and is measured without that read too (\"without the read beside\"); a body that takes time (B1's 20 ms) waits after the business INSERT there too (pgbench's `\\sleep`); a replay's reference is the one read by key (B2: its latency against the reference's first execution, one client); B3's is the record mode's statements by a sqlx loop on one connection held for the call, as check-then-act holds its own, as a ratio to check-then-act"
+        "- reference: the statements the store sends for the same call, without idem's engine, in the same rounds, as a ratio to the same plain call: on PostgreSQL {pgbench} (`-M prepared -c <tasks> -j 2 -T 1`), and in B1 and B7 also the same statements sent by a sqlx loop on the pool, the client of the plain call and of idem (\"by a sqlx loop\"), on MariaDB and SQLite a sqlx loop on the pool (as long as idem's measurement), which in transactional mode reads the record beside the transaction before the claim, on another connection of the pool, as the store does there, and is measured without that read too (\"without the read beside\"); a body that takes time (B1's 20 ms) waits after the business INSERT there too (pgbench's `\\sleep`); a replay's reference is the one read by key (B2: its latency against the reference's first execution, one client); B3's is the record mode's statements by a sqlx loop on one connection held for the call, as check-then-act holds its own, and transactional mode's B1's, each as a ratio to check-then-act"
     );
     let _ = writeln!(
         md,
