@@ -1033,26 +1033,16 @@ struct Pooled<'a, S: ?Sized>(&'a S);
 impl<S: Store + ?Sized> Records for Pooled<'_, S> {
     async fn begin(&mut self, request: &BeginRequest<'_>) -> Result<Begin, Error> {
         // Answered at once (a store in memory): the lease it wrote starts
-        // now, whole. Nothing is held across an await here, and the
-        // claim sent to a server is a future of its own, on the heap: this
-        // future stays a few pointers, and so do the call's, which is
-        // moved (copied whole) as it is built and awaited. A round trip
-        // dwarfs the allocation.
-        // (An answer is moved out of its local before any await, or that
-        // local is kept across it.)
-        let now = self.0.begin_now(request);
-        if now.is_none() {
-            drop(now);
-            return Box::pin(begin_sent(self.0, request)).await;
-        }
-        match now {
-            Some(answer @ Err(Error::Store(_))) => {
-                let again = claim_again(self.0, request, Instant::now(), answer);
-                Box::pin(again).await
-            }
-            Some(answer) => answer,
-            None => unreachable!("sent above"),
-        }
+        // now, whole. The claim sent to a server is a future of its own,
+        // on the heap, so that this future, and the call's, which is moved
+        // (copied whole) as it is built and awaited, do not carry it: a
+        // round trip dwarfs the allocation.
+        let answer = match self.0.begin_now(request) {
+            None => return Box::pin(begin_sent(self.0, request)).await,
+            Some(answer @ Err(Error::Store(_))) => answer,
+            Some(answer) => return answer,
+        };
+        Box::pin(claim_again(self.0, request, Instant::now(), answer)).await
     }
     async fn peek(&mut self, request: &BeginRequest<'_>) -> Result<Option<Begin>, Error> {
         self.0.peek(request).await
