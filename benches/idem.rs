@@ -1364,6 +1364,9 @@ struct RedisPayments {
     /// The same records behind a local replay cache.
     cached: CachedStore<idem::RedisStore>,
     conn: Conn,
+    /// What the reference's calls send beside their key, made once: the
+    /// reference fingerprints nothing, as idem's engine does per call.
+    reference: (idem::Scope, Fingerprint, idem::Outcome),
     _keys: DeleteKeys,
 }
 
@@ -1375,6 +1378,14 @@ impl RedisPayments {
             cached: CachedStore::new(store.clone(), 100_000).unwrap(),
             store,
             conn: redis.conn().await,
+            reference: (
+                idem::Scope::from("bench.ref"),
+                Fingerprint::of(&500i64).unwrap(),
+                idem::Outcome {
+                    kind: idem::OutcomeKind::Ok,
+                    body: b"500".to_vec(),
+                },
+            ),
             redis,
             _keys: DeleteKeys { redis, prefix },
         }
@@ -1406,16 +1417,11 @@ impl RedisPayments {
     /// write as idem's body, on a key of its own, or a replay's read of a
     /// record that one of them wrote.
     async fn reference_call(&self, script: Script) {
-        let scope = idem::Scope::from("bench.ref");
-        let fingerprint = Fingerprint::of(&500i64).unwrap();
-        let outcome = idem::Outcome {
-            kind: idem::OutcomeKind::Ok,
-            body: b"500".to_vec(),
-        };
+        let (scope, fingerprint, outcome) = &self.reference;
         let request = |key| idem::BeginRequest {
-            scope: &scope,
+            scope,
             key,
-            fingerprint: &fingerprint,
+            fingerprint,
             token: idem::ClaimToken::new(),
             lease: Duration::from_secs(60),
             ttl: idem::Policy::DEFAULT_TTL,
@@ -1427,7 +1433,7 @@ impl RedisPayments {
                     self.incr(key.as_str(), 500, body).await.unwrap();
                 };
                 self.store
-                    .__reference_first_execution(&request(&key), write, &outcome)
+                    .__reference_first_execution(&request(&key), write, outcome)
                     .await
                     .unwrap();
             }
@@ -1437,7 +1443,7 @@ impl RedisPayments {
                 // Written once, by the first replay of a run.
                 if self.store.__reference_replay(&request).await.is_err() {
                     self.store
-                        .__reference_first_execution(&request, async {}, &outcome)
+                        .__reference_first_execution(&request, async {}, outcome)
                         .await
                         .unwrap();
                     self.store.__reference_replay(&request).await.unwrap();
