@@ -1375,8 +1375,8 @@ where
     // On the heap: a call whose body finishes at once (a store in
     // memory, a cached answer) neither carries nor copies the renewals'
     // timer.
-    let steps = journaled.map(Checked::steps_as);
-    let mut renew = Box::pin(keep_renewed(store, claim, Renewing::Body(steps)));
+    let journal_ttl = journaled.map(|call| call.steps_as().ttl);
+    let mut renew = Box::pin(keep_renewed(store, claim, Renewing::Body(journal_ttl)));
     tokio::select! {
         biased;
         output = &mut body => output,
@@ -1386,9 +1386,12 @@ where
 
 /// What a claim's lease is renewed for.
 enum Renewing {
-    /// The body, which runs, and whose step journal (its scope and how
-    /// long its entries are kept), if any, is kept as long as the lease.
-    Body(Option<StepsAs>),
+    /// The body, which runs, and whose step journal, if any, is kept as
+    /// long as the lease: for this long from each renewal. The journal is
+    /// the claim's (its scope and key, which every journal write names),
+    /// so it is kept under the claim's scope and key, whatever the scope
+    /// the steps derive their keys from (entity mode's claim is per table).
+    Body(Option<Duration>),
     /// Its outcome, on its way to the store: a renewal that finds the
     /// record completed by it is no news (the save says what became of
     /// the claim).
@@ -1412,12 +1415,12 @@ async fn keep_renewed<S: Store + ?Sized>(store: &S, claim: &Claim, what: Renewin
         match within(period, store.renew(claim)).await {
             Some(Ok(())) => {
                 next = sent + period;
-                if let Renewing::Body(Some(steps)) = &what {
+                if let Renewing::Body(Some(ttl)) = &what {
                     // Entries are kept for a ttl from their last write: a
                     // body that runs longer must keep them, or an attempt
                     // taking over after a crash would find them expired,
                     // and run completed steps again.
-                    let kept = store.keep_steps(&steps.scope, &claim.key, steps.ttl);
+                    let kept = store.keep_steps(&claim.scope, &claim.key, *ttl);
                     match within(period, kept).await {
                         Some(Ok(())) => {}
                         Some(Err(err)) => {

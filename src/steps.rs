@@ -139,10 +139,14 @@ tokio::task_local! {
     static OPERATION: Operation;
 }
 
-/// What an operation's durable steps journal and derive their keys under.
+/// What an operation's durable steps derive their keys from, and how
+/// their journal entries are checked and kept. The journal itself is the
+/// claim's: every entry is written, read and kept under the claim's scope
+/// and key (see `Operation::new`), the one place that chooses it.
 #[derive(Clone, Debug)]
 pub(crate) struct StepsAs {
-    /// Derives the steps' keys.
+    /// Derives the steps' keys (entity mode: the operation's, not its
+    /// per-table claim's).
     pub(crate) scope: Scope,
     /// The payload's: a journal of another payload is refused.
     pub(crate) fingerprint: Fingerprint,

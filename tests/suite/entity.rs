@@ -446,6 +446,55 @@ common::backends!(sqlite_file, postgres, mysql => {
         assert_eq!(service.gateway.runs("t-other"), 1);
     }
 
+    /// A body that outlives its journal's ttl, then fails: the journal is
+    /// kept while the body runs (under the claim's scope, where its entries
+    /// are written, not the operation's), so the retry replays the
+    /// completed step that refuses when in doubt instead of charging again.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_journal_outlives_its_ttl_while_the_body_runs() {
+        let ns = namespace().await;
+        let pool = backend::pool(&ns, 4).await;
+        let gateway = Gateway::default();
+        let fail = AtomicBool::new(true);
+        let call = || {
+            idem::Call::new(concat!(module_path!(), "::slow"), "t-slow", &500).with_policy(
+                idem::Policy::new()
+                    .lease(Duration::from_millis(120))
+                    .ttl(Duration::from_millis(300)),
+            )
+        };
+        let attempt = || {
+            idem::entity::run(&pool, call(), async {
+                let charge: i64 = idem::steps::Step::new("charge")
+                    .refuse()
+                    .run(|_key| gateway.charge("t-slow"))
+                    .await?;
+                // Three ttls of work, the lease renewed all along.
+                tokio::time::sleep(Duration::from_millis(900)).await;
+                if fail.swap(false, Ordering::SeqCst) {
+                    return Err(PayError::Unavailable);
+                }
+                Ok::<_, PayError>(Payment {
+                    id: 0,
+                    token: "t-slow".into(),
+                    amount: 500,
+                    charge,
+                    request_hash: None,
+                })
+            })
+        };
+        let failed = attempt().await;
+        assert!(matches!(failed, Err(PayError::Unavailable)), "{failed:?}");
+        let paid = attempt().await;
+        assert_eq!(
+            gateway.runs("t-slow"),
+            1,
+            "the retry charged again (it answered {paid:?}): the completed step's entry \
+             expired while the body that wrote it still ran"
+        );
+        assert_eq!(paid.unwrap().charge, 1);
+    }
+
     #[tokio::test]
     async fn a_stored_token_is_returned_without_running_the_body() {
         let ns = namespace().await;
