@@ -40,11 +40,15 @@
 //!
 //! Once the body has run, its effect has happened: the caller gets the
 //! body's value, whatever happens to the record. Storing the outcome is
-//! tried again (renewing the lease meanwhile) while the store fails; after
-//! two seconds the caller gets its value and the storing goes on in the
-//! background until it lands or another caller took the key over (only
-//! possible after an outage longer than the lease). A duplicate arriving
-//! meanwhile waits, then replays.
+//! tried again (renewing the lease meanwhile) while the store fails. A
+//! caller waits for that at most two seconds, whatever the store: then it
+//! gets its value, and the storing goes on in the background until it
+//! lands or another caller took the key over (only possible after an
+//! outage longer than the lease). A duplicate arriving meanwhile waits,
+//! then replays. A store of your own that cannot work in the background
+//! ([`Store::detach`] answers `None`) leaves the key claimed, no longer
+//! renewed, once its caller has its value: after the lease a retry runs
+//! the operation again (its durable steps replay what they journaled).
 //!
 //! ## Cancellation
 //!
@@ -1468,8 +1472,9 @@ enum Saved {
 
 /// How long [`save`] tries before it gives the caller its value.
 enum SaveFor {
-    /// The caller waits: up to [`SAVE_IN_LINE`], then the rest is done in
-    /// the background (when the store can be detached).
+    /// The caller waits up to [`SAVE_IN_LINE`], whatever the store, then
+    /// gets its value; the rest is done in the background when the store
+    /// can be detached.
     Caller,
     /// In the background, until the outcome lands or the claim is lost.
     Background,
@@ -1545,15 +1550,8 @@ async fn save_patiently<S: Store + ?Sized>(
                             ))
                         })
                     }
-                    SaveFor::Caller if store.detach().is_some() => {
-                        tracing::warn!(
-                            "returning the value and storing the outcome in the background"
-                        );
-                        return Saved::NotYet;
-                    }
-                    // A store that cannot work in the background keeps its
-                    // caller until the outcome lands.
-                    _ => attempt.await,
+                    SaveFor::Caller => return not_yet(store, None),
+                    SaveFor::Background => attempt.await,
                 }
             }
         };
@@ -1567,23 +1565,45 @@ async fn save_patiently<S: Store + ?Sized>(
             }
             Err(err) => {
                 metrics::store_retried(&claim.scope);
-                if matches!(patience, SaveFor::Caller)
-                    && since(&mut started) >= SAVE_IN_LINE
-                    && store.detach().is_some()
-                {
-                    tracing::warn!(
-                        error = %err,
-                        "storing the outcome failed; returning the value and storing it in the background"
-                    );
-                    return Saved::NotYet;
+                let mut nap = pause;
+                if let SaveFor::Caller = patience {
+                    let left = SAVE_IN_LINE.saturating_sub(since(&mut started));
+                    if left.is_zero() {
+                        return not_yet(store, Some(&err));
+                    }
+                    // The caller's wait ends on time, not a pause later.
+                    nap = nap.min(left);
                 }
                 tracing::warn!(error = %err, "storing the outcome failed; trying again");
                 // The lease is renewed alongside ([`save`]) meanwhile.
-                tokio::time::sleep(pause).await;
+                tokio::time::sleep(nap).await;
                 pause = (pause * 2).min(MAX_SAVE_PAUSE);
             }
         }
     }
+}
+
+/// A caller's wait for its outcome to be stored is over
+/// ([`SAVE_IN_LINE`]): it gets its value now. A store that can work in
+/// the background ([`Store::detach`]) goes on storing it there (the
+/// call's guard hands it on); one that cannot leaves the key claimed, no
+/// longer renewed, until its lease runs out.
+fn not_yet<S: Store + ?Sized>(store: &S, err: Option<&Error>) -> Saved {
+    let error = err.map(tracing::field::display);
+    if store.detach().is_some() {
+        tracing::warn!(
+            error,
+            "the outcome is not stored yet; returning the value and storing it in the background"
+        );
+    } else {
+        tracing::error!(
+            error,
+            "the outcome is not stored yet and this store cannot store it in the background; \
+             returning the value: the key stays claimed until its lease runs out, then a retry \
+             runs the operation again"
+        );
+    }
+    Saved::NotYet
 }
 
 /// The time since `started`, which is now if it was not set.

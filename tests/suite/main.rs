@@ -30,6 +30,7 @@ mod payments;
 mod payments_app;
 
 mod attribute;
+mod bounded_saves;
 mod cache_expiry;
 #[cfg(all(feature = "sqlite", feature = "postgres"))]
 mod consumer;
