@@ -215,6 +215,8 @@ pub struct Call<O = OkOnly<Json>> {
     policy: Policy,
     missing_key: MissingKey,
     outcomes: O,
+    /// The largest outcome stored, in bytes ([`Call::max_outcome`]).
+    max_outcome: usize,
     /// What the body's durable steps journal and derive their keys under,
     /// where it is not the claim's own (entity mode's claim is per table,
     /// for any payload, and kept one lease). On the heap: rare, and the
@@ -291,9 +293,17 @@ impl Call {
             policy,
             missing_key: MissingKey::Reject,
             outcomes: OkOnly(Json),
+            max_outcome: Call::DEFAULT_MAX_OUTCOME,
             steps: None,
         }
     }
+
+    /// The default [`max_outcome`](Call::max_outcome): 4 MiB, which every
+    /// built-in store holds at its default configuration (MariaDB's and
+    /// MySQL's `max_allowed_packet` of 16 MiB or more carries a completion,
+    /// which names its outcome twice; Redis's `proto-max-bulk-len` is
+    /// 512 MiB; PostgreSQL's and SQLite's values, 1 GB).
+    pub const DEFAULT_MAX_OUTCOME: usize = 4 << 20;
 }
 
 impl<O> Call<O> {
@@ -316,6 +326,32 @@ impl<O> Call<O> {
     /// their key.
     pub fn on_missing_key(mut self, missing_key: MissingKey) -> Self {
         self.missing_key = missing_key;
+        self
+    }
+
+    /// The largest outcome (the encoded `Ok` value or replayable error)
+    /// stored, in bytes; [`DEFAULT_MAX_OUTCOME`](Call::DEFAULT_MAX_OUTCOME)
+    /// unless set. It is checked before anything is sent to the store. A
+    /// larger one is not stored: its caller gets the body's value as it
+    /// is, and every later call with the key gets [`Error::Unrecorded`]
+    /// (the body ran: it is not run again), as for a value its codec
+    /// cannot encode. Raise it only as far as the store can hold.
+    ///
+    /// ```
+    /// use idem::{run, Call, Error, MemoryStore};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// let store = MemoryStore::new();
+    /// let call = || Call::new("reports.export", "r-1", &()).max_outcome(1024);
+    /// let report = run(&store, call(), async { Ok::<_, Error>("x".repeat(4096)) }).await;
+    /// assert_eq!(report.unwrap().len(), 4096); // the caller gets its value
+    /// let retry = run(&store, call(), async { Ok::<_, Error>(String::new()) }).await;
+    /// assert!(matches!(retry, Err(Error::Unrecorded(_)))); // never run again
+    /// # }
+    /// ```
+    pub fn max_outcome(mut self, bytes: usize) -> Self {
+        self.max_outcome = bytes;
         self
     }
 
@@ -369,6 +405,7 @@ impl<O> Call<O> {
             policy: self.policy,
             missing_key: self.missing_key,
             outcomes: change(self.outcomes),
+            max_outcome: self.max_outcome,
             steps: self.steps,
         }
     }
@@ -631,7 +668,7 @@ where
     let body = std::pin::pin!(operation.scope(body));
     let result = renewing(store, claim, Some(call), body).await;
     let stored = match outcomes.encode(&result) {
-        Some(encoded) => recorded(encoded),
+        Some(encoded) => recorded(encoded, call.max_outcome),
         // Nothing to store: release the key. Should that fail, the
         // guard hands it back in the background as it drops.
         None => {
@@ -715,7 +752,16 @@ where
                 conn,
                 locked: false,
             };
-            return settle_committed(store, records, &mut guard, &claim, &outcomes, result).await;
+            return settle_committed(
+                store,
+                records,
+                &mut guard,
+                &claim,
+                &outcomes,
+                call.max_outcome,
+                result,
+            )
+            .await;
         }
         // The claim is written in the caller's open transaction: nobody
         // else sees it, and a competing claim waits for the transaction to
@@ -730,7 +776,7 @@ where
             locked: false,
         };
         match outcomes.encode(&result) {
-            Some(encoded) => match complete_or_refuse(&mut records, &claim, recorded(encoded)).await {
+            Some(encoded) => match complete_or_refuse(&mut records, &claim, recorded(encoded, call.max_outcome)).await {
                 Ok(()) => {}
                 Err(err) => {
                     tracing::error!(
@@ -764,6 +810,7 @@ async fn settle_committed<S, C, T, E, O>(
     guard: &mut Guard<'_, '_, S>,
     claim: &Claim,
     outcomes: &O,
+    max_outcome: usize,
     result: Result<T, E>,
 ) -> Result<T, E>
 where
@@ -781,7 +828,7 @@ where
         }
         return result;
     };
-    let outcome = recorded(encoded);
+    let outcome = recorded(encoded, max_outcome);
     match complete_or_refuse(&mut records, claim, outcome.clone()).await {
         Ok(()) => guard.disarm(),
         Err(Error::LeaseLost) => {
@@ -801,25 +848,34 @@ where
 }
 
 /// The outcome to store for a result the body returned: its encoding, or,
-/// when its codec failed, the [`Outcome::unrecorded`] that answers
+/// when its codec failed or it is longer than `max` bytes
+/// ([`Call::max_outcome`]), the [`Outcome::unrecorded`] that answers
 /// [`Error::Unrecorded`] to every later call. The body ran, so the key is
 /// not handed back for a retry to run it again.
-fn recorded(encoded: Result<Outcome, Error>) -> Outcome {
-    encoded.unwrap_or_else(|err| {
-        tracing::error!(
-            error = %err,
-            "the result could not be encoded; the key answers Unrecorded from now on"
-        );
-        Outcome::unrecorded(&err.to_string())
-    })
+fn recorded(encoded: Result<Outcome, Error>, max: usize) -> Outcome {
+    match encoded {
+        Ok(outcome) if outcome.body.len() <= max => outcome,
+        Ok(outcome) => refused(&format!(
+            "an outcome of {} bytes is longer than the call's max_outcome of {max} bytes",
+            outcome.body.len()
+        )),
+        Err(err) => {
+            tracing::error!(
+                error = %err,
+                "the result could not be encoded; the key answers Unrecorded from now on"
+            );
+            Outcome::unrecorded(&err.to_string())
+        }
+    }
 }
 
-/// The outcome stored when the store refused the result's as one it can
-/// never hold (`reason` says why).
+/// The outcome stored in place of one that can never be stored (`reason`
+/// says why: over the call's limit, or refused by the store as one it can
+/// never hold).
 fn refused(reason: &str) -> Outcome {
     tracing::error!(
         reason,
-        "the store cannot hold the outcome; the key answers Unrecorded from now on"
+        "the outcome cannot be stored; the key answers Unrecorded from now on"
     );
     Outcome::unrecorded(reason)
 }
@@ -846,6 +902,7 @@ struct Checked {
     policy: Policy,
     token: ClaimToken,
     started: Instant,
+    max_outcome: usize,
     steps: Option<Box<StepsAs>>,
 }
 
@@ -859,6 +916,7 @@ impl<O> Call<O> {
             policy,
             missing_key: _,
             outcomes,
+            max_outcome,
             steps,
         } = self;
         let (key, fingerprint) = (key?, fingerprint?);
@@ -889,6 +947,7 @@ impl<O> Call<O> {
             policy,
             token: ClaimToken::new(),
             started,
+            max_outcome,
             steps,
         };
         Ok((checked, outcomes))

@@ -141,17 +141,34 @@ pub(crate) mod dialect {
             false
         }
 
+        /// The most bytes of outcome one completion can carry, all its
+        /// copies of the outcome together: a fixed limit of the database's
+        /// protocol or value types, which no setting raises. None by
+        /// default.
+        const MAX_OUTCOME_BYTES: usize = usize::MAX;
+
+        /// What [`MAX_OUTCOME_BYTES`](Dialect::MAX_OUTCOME_BYTES) is, for
+        /// the error that names it.
+        const MAX_OUTCOME_LIMIT: &'static str = "";
+
         /// Refuses an outcome that `statement` (a completion) could never
         /// carry to the server, with [`Error::Unrecorded`] saying why; it
         /// may ask the server on `conn`. Such a statement would fail the
         /// same way every time it was sent, keeping its key in progress.
+        /// By default, checks [`MAX_OUTCOME_BYTES`](Dialect::MAX_OUTCOME_BYTES).
         fn check_outcome(
             conn: &mut Self::Connection,
             statement: &Statement,
             outcome: &Outcome,
         ) -> impl Future<Output = Result<(), Error>> + Send {
-            let _ = (conn, statement, outcome);
-            async { Ok(()) }
+            let _ = conn;
+            let checked = over_fixed_limit(
+                statement,
+                outcome,
+                Self::MAX_OUTCOME_BYTES,
+                Self::MAX_OUTCOME_LIMIT,
+            );
+            async move { checked }
         }
 
         /// The database file whose writes this process queues for
@@ -243,3 +260,60 @@ macro_rules! transactional_store {
     };
 }
 pub(crate) use transactional_store;
+
+/// Refuses an outcome that `statement` names so many times that together
+/// they exceed `max` bytes, the database's fixed `limit`.
+fn over_fixed_limit(
+    statement: &statements::Statement,
+    outcome: &crate::record::Outcome,
+    max: usize,
+    limit: &str,
+) -> Result<(), Error> {
+    let copies = statement
+        .params
+        .iter()
+        .filter(|p| matches!(p, statements::Param::Outcome))
+        .count();
+    let len = copies.saturating_mul(outcome.body.len());
+    if len > max {
+        return Err(Error::Unrecorded(format!(
+            "an outcome of {} bytes makes a completion carrying {len} bytes of outcome, over \
+             {limit}",
+            outcome.body.len()
+        )));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::statements::{Param, Statement};
+    use super::*;
+    use crate::record::{Outcome, OutcomeKind};
+
+    /// A completion names its outcome twice (the value to write, and the
+    /// one a completion sent again compares with): both count.
+    #[test]
+    fn a_fixed_limit_counts_every_copy_of_the_outcome() {
+        let complete = Statement::new(
+            "UPDATE t SET outcome = ?1 WHERE outcome = ?2",
+            "t",
+            "now()",
+            &[Param::Outcome, Param::Outcome, Param::Token],
+        );
+        let outcome = |len| Outcome {
+            kind: OutcomeKind::Ok,
+            body: vec![b'x'; len],
+        };
+        assert!(over_fixed_limit(&complete, &outcome(50), 100, "a limit").is_ok());
+        match over_fixed_limit(&complete, &outcome(51), 100, "a limit of 100 bytes") {
+            Err(Error::Unrecorded(why)) => {
+                assert!(
+                    why.contains("51 bytes") && why.contains("a limit of 100"),
+                    "{why}"
+                )
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+}

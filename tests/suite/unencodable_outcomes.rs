@@ -145,6 +145,88 @@ async fn waiting_duplicates_are_not_run<S: Store + 'static>(store: S) {
     assert_eq!(values, 1, "the caller that ran the body gets its value");
 }
 
+/// A replayable error that encodes.
+#[derive(Debug, Serialize, Deserialize)]
+enum Refusal {
+    Declined(String),
+    #[serde(skip)]
+    Idem(Error),
+}
+
+impl From<Error> for Refusal {
+    fn from(err: Error) -> Self {
+        Refusal::Idem(err)
+    }
+}
+
+impl PartialEq for Refusal {
+    fn eq(&self, other: &Self) -> bool {
+        matches!((self, other), (Refusal::Declined(a), Refusal::Declined(b)) if a == b)
+    }
+}
+
+/// An outcome longer than the call's `max_outcome` is never sent to the
+/// store (where it could be refused for ever, each refusal taken for a
+/// passing failure, and the key kept in progress): the caller gets its
+/// value at once, and every retry `Unrecorded`, in record mode.
+async fn an_outcome_over_the_limit_is_not_run_again<S: Store>(store: S) {
+    let key = common::servers::unique_table("limit");
+    let runs = common::Runs::default();
+    let large = || "z".repeat(Call::DEFAULT_MAX_OUTCOME + 1);
+    let attempt = |runs: common::Runs| {
+        run(&store, call(&key), async move {
+            runs.next();
+            Ok::<_, Error>(large())
+        })
+    };
+    let first = tokio::time::timeout(Duration::from_secs(10), attempt(runs.clone()))
+        .await
+        .expect("the first call returns");
+    assert_eq!(first.unwrap().len(), Call::DEFAULT_MAX_OUTCOME + 1);
+    let retry = tokio::time::timeout(Duration::from_secs(5), attempt(runs.clone()))
+        .await
+        .expect("a retry is answered, not held as in progress");
+    match retry {
+        Err(Error::Unrecorded(why)) => assert!(why.contains("max_outcome"), "{why}"),
+        other => panic!("a retry got {:?}", other.map(|v| v.len())),
+    }
+    assert_eq!(runs.count(), 1, "the body ran again");
+    // A limit set on the call applies as well, to replayable errors too.
+    let key = common::servers::unique_table("limit-err");
+    let declined = |runs: common::Runs| {
+        let call = call(&key)
+            .max_outcome(8)
+            .replaying(|err: &Refusal| matches!(err, Refusal::Declined(_)));
+        run(&store, call, async move {
+            runs.next();
+            Err::<u32, _>(Refusal::Declined("insufficient funds".into()))
+        })
+    };
+    let runs = common::Runs::default();
+    assert_eq!(
+        declined(runs.clone()).await,
+        Err(Refusal::Declined("insufficient funds".into()))
+    );
+    let retry = declined(runs.clone()).await;
+    assert!(
+        matches!(&retry, Err(Refusal::Idem(Error::Unrecorded(_)))),
+        "{retry:?}"
+    );
+    assert_eq!(runs.count(), 1, "the body ran again");
+}
+
+mod over_the_limit {
+    use super::*;
+
+    common::backends!(memory, sqlite_file, postgres, mysql, redis, redis_cluster => {
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn an_outcome_over_the_limit() {
+            let (store, _guard) = backend::store(8).await;
+            an_outcome_over_the_limit_is_not_run_again(store).await;
+        }
+    });
+}
+
 common::backends!(memory, sqlite_file, postgres, mysql, redis => {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn unencodable_value() {
@@ -194,6 +276,37 @@ mod transactional {
             assert!(matches!(answers[0], Ok(Receipt(3))), "{answers:?}");
             assert!(answers[1..].iter().all(unrecorded), "{answers:?}");
         }
+
+        /// An outcome over the call's limit, in the caller's transaction.
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn an_outcome_over_the_limit_in_a_transaction() {
+            let (store, _guard) = backend::store(8).await;
+            let key = common::servers::unique_table("txlimit");
+            let runs = common::Runs::default();
+            let mut answers = Vec::new();
+            for _ in 0..2 {
+                let mut tx = store.pool().begin().await.unwrap();
+                let runs = runs.clone();
+                let got: Result<String, Error> = idem::run_in_transaction(
+                    &store,
+                    &mut *tx,
+                    call(&key).max_outcome(16),
+                    |conn| async move {
+                        runs.next();
+                        (Ok("a receipt longer than sixteen bytes".to_owned()), conn)
+                    },
+                )
+                .await;
+                tx.commit().await.unwrap();
+                answers.push(got);
+            }
+            assert_eq!(runs.count(), 1, "the body ran again: {answers:?}");
+            assert!(answers[0].is_ok(), "{answers:?}");
+            assert!(
+                matches!(&answers[1], Err(Error::Unrecorded(why)) if why.contains("max_outcome")),
+                "{answers:?}"
+            );
+        }
     });
 }
 
@@ -204,6 +317,11 @@ mod transactional {
 #[cfg(feature = "mysql")]
 mod too_large_for_mariadb {
     use super::*;
+
+    /// Above the engine's default limit, so that the server's own is met.
+    fn call(key: &str) -> Call {
+        super::call(key).max_outcome(64 << 20)
+    }
 
     fn huge() -> String {
         "x".repeat(17 * 1024 * 1024)

@@ -274,6 +274,12 @@ impl Dialect for Postgres {
     const LOCK_UPDATE: &'static str = " FOR UPDATE";
     const PEEK_IN_CALLER: bool = true;
     const CLAIM_LOCKS_ONLY_ITS_OWN: bool = true;
+    /// A `bytea` value, and the whole message that binds the completion's
+    /// values, hold less than 1 GiB (the server's `MaxAllocSize`); some
+    /// room is left for the statement's other values.
+    const MAX_OUTCOME_BYTES: usize = (1 << 30) - 1 - (1 << 16);
+    const MAX_OUTCOME_LIMIT: &'static str =
+        "PostgreSQL's limit of 1 GiB on a value and on a message";
     type Wake = Listener;
 
     fn param(n: usize) -> String {

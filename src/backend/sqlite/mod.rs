@@ -158,6 +158,10 @@ impl Dialect for Sqlite {
     const WRITES_IN_PARALLEL: bool = false;
     const SMALL_OUTCOME_KIND: bool = false;
     const READ_FIRST: ReadFirst = ReadFirst::WhileDuplicates;
+    /// A blob holds at most `SQLITE_MAX_LENGTH` bytes, 10^9 as SQLite is
+    /// built by default (and by sqlx's bundled build).
+    const MAX_OUTCOME_BYTES: usize = 1_000_000_000;
+    const MAX_OUTCOME_LIMIT: &'static str = "SQLite's limit of 10^9 bytes on a value";
     type Wake = ();
 
     fn param(n: usize) -> String {
