@@ -120,7 +120,8 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::Poll;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use tokio::time::Instant;
 
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -1473,7 +1474,7 @@ async fn keep_renewed<S: Store + ?Sized>(store: &S, claim: &Claim, what: Renewin
     let again = (period / 4).max(Duration::from_millis(1));
     let mut next = Instant::now() + period;
     loop {
-        tokio::time::sleep_until(next.into()).await;
+        tokio::time::sleep_until(next).await;
         let sent = Instant::now();
         match within(period, store.renew(claim)).await {
             Some(Ok(())) => {

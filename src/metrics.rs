@@ -19,7 +19,7 @@
 //! principal or the key, so that label sets stay small.
 
 use std::cell::RefCell;
-use std::time::Instant;
+use tokio::time::Instant;
 
 use indexmap::IndexMap;
 

@@ -110,7 +110,8 @@
 //! is bound.
 
 use std::future::Future;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use tokio::time::Instant;
 
 use sqlx::{FromRow, Pool};
 use tracing::Instrument;

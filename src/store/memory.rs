@@ -1,7 +1,8 @@
 //! A store in process memory, for tests and single-process tools.
 
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use tokio::time::Instant;
 
 use async_trait::async_trait;
 
