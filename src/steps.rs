@@ -513,7 +513,7 @@ impl<R> Step<R> {
         R: Reconcile<T, E>,
     {
         let name = self.name;
-        let (journal, current) = match self.start(true).await? {
+        let (journal, current) = match self.start(true, &mut ThroughStore).await? {
             Started::Done(output) => return Ok(output),
             Started::Run(current) => (current.journal.clone(), current),
             Started::Beside { current, journal } => {
@@ -564,8 +564,18 @@ impl<R> Step<R> {
     /// writes its rows on `conn`, your open transaction, and hands it back
     /// with its result; the step's journal entry is written there too, so
     /// that the rows and the entry commit together when you commit, right
-    /// after. Until then the step is in doubt for another attempt, and
-    /// rerun (its rows rolled back with the entry) by default.
+    /// after.
+    ///
+    /// Where the step's start is written depends on the database:
+    ///
+    /// - PostgreSQL, MariaDB/MySQL: through the store, committed at once.
+    ///   Until your commit the step is in doubt for another attempt, and
+    ///   rerun (its rows rolled back with the entry) by default.
+    /// - SQLite, which takes one write at a time: on `conn`, since your
+    ///   transaction may hold the database's write lock (`BEGIN IMMEDIATE`)
+    ///   and a write through the store would wait for it. The start then
+    ///   commits or rolls back with your rows: a phase whose transaction
+    ///   never committed left nothing, and runs again, under any policy.
     ///
     /// Storing the entry fails (and the error is returned) when the
     /// operation's claim was lost: roll the transaction back.
@@ -585,13 +595,24 @@ impl<R> Step<R> {
         R: Reconcile<T, E>,
     {
         let name = self.name;
-        // The entry is started before the call: written beside it, it
-        // could wait for a lock the caller's transaction holds (SQLite's).
-        let current = match self.start(false).await? {
+        // The entry is started before the call, where the store says: on
+        // `conn` where the database takes one write at a time (a write
+        // through the store would wait for the lock the caller's
+        // transaction holds: SQLite's), through the store elsewhere.
+        let mut on = OnConnection {
+            store,
+            conn: &mut *conn,
+            on_conn: None,
+        };
+        let current = match self.start(false, &mut on).await? {
             Started::Done(output) => return Ok(output),
             Started::Run(current) => current,
+            // Not asked for (`start(false)`); started as any other.
             Started::Beside { current, journal } => {
-                match begin(&*journal, &current.claim, &current.request(name)).await? {
+                match on
+                    .begin(&*journal, &current.claim, &current.request(name))
+                    .await?
+                {
                     StepBegin::Run(_) => current,
                     other => return Err(changed(name, &other).into()),
                 }
@@ -611,7 +632,7 @@ impl<R> Step<R> {
 
     /// Everything before the step's own call: its place, its journal
     /// entry, and what to do when it is in doubt.
-    async fn start<T, E>(self, beside: bool) -> Result<Started<T>, E>
+    async fn start<T, E, J: StartOn>(self, beside: bool, on: &mut J) -> Result<Started<T>, E>
     where
         T: Serialize + DeserializeOwned,
         E: From<Error>,
@@ -654,7 +675,7 @@ impl<R> Step<R> {
         }
         let mut request = current.request(name);
         request.adopt = policy == InDoubt::Rerun;
-        let run = match begin(&*journal, &current.claim, &request).await? {
+        let run = match on.begin(&*journal, &current.claim, &request).await? {
             StepBegin::Run(run) => run,
             StepBegin::Replay(bytes) => {
                 counted(name, "replayed", &current);
@@ -695,12 +716,12 @@ impl<R> Step<R> {
                 );
                 if let Some(output) = reconcile.ask(current.key.clone()).await? {
                     let bytes = crate::finite::to_vec(&output).map_err(Error::from)?;
-                    journal_output(&*journal, &current, &request, &bytes).await?;
+                    on.complete(&*journal, &current, &request, &bytes).await?;
                     in_doubt(&current.claim.scope, name, "reconciled");
                     return Ok(Started::Done(output));
                 }
                 request.adopt = true;
-                match begin(&*journal, &current.claim, &request).await? {
+                match on.begin(&*journal, &current.claim, &request).await? {
                     StepBegin::Run(_) => {
                         in_doubt(&current.claim.scope, name, "reconciled_none");
                         StepRun::Fresh
@@ -724,6 +745,98 @@ impl<R> Step<R> {
             StepRun::Fresh | StepRun::Again => {}
         }
         Ok(Started::Run(Box::new(current)))
+    }
+}
+
+/// Where the journal writes before a step's own call go.
+trait StartOn {
+    /// Begins the step.
+    async fn begin(
+        &mut self,
+        journal: &dyn Store,
+        claim: &Claim,
+        request: &StepRequest<'_>,
+    ) -> Result<StepBegin, Error>;
+    /// Journals the output a reconciliation found.
+    async fn complete(
+        &mut self,
+        journal: &dyn Store,
+        current: &Current,
+        request: &StepRequest<'_>,
+        bytes: &[u8],
+    ) -> Result<(), Error>;
+}
+
+/// Through the store's own connections.
+struct ThroughStore;
+
+impl StartOn for ThroughStore {
+    async fn begin(
+        &mut self,
+        journal: &dyn Store,
+        claim: &Claim,
+        request: &StepRequest<'_>,
+    ) -> Result<StepBegin, Error> {
+        begin(journal, claim, request).await
+    }
+    async fn complete(
+        &mut self,
+        journal: &dyn Store,
+        current: &Current,
+        request: &StepRequest<'_>,
+        bytes: &[u8],
+    ) -> Result<(), Error> {
+        journal_output(journal, current, request, bytes).await
+    }
+}
+
+/// On the caller's connection, where the store writes there
+/// ([`TransactionalStore::begin_step_on`]); through the store otherwise.
+struct OnConnection<'a, S: ?Sized, C: ?Sized> {
+    store: &'a S,
+    conn: &'a mut C,
+    /// Whether the store writes on the connection, once it said.
+    on_conn: Option<bool>,
+}
+
+impl<S, C> StartOn for OnConnection<'_, S, C>
+where
+    S: TransactionalStore<C> + ?Sized,
+    C: Send + ?Sized,
+{
+    async fn begin(
+        &mut self,
+        journal: &dyn Store,
+        claim: &Claim,
+        request: &StepRequest<'_>,
+    ) -> Result<StepBegin, Error> {
+        if self.on_conn != Some(false) {
+            // No retry here: a failed statement may have aborted the
+            // caller's transaction, which is the caller's to roll back.
+            match self.store.begin_step_on(self.conn, claim, request).await? {
+                Some(answer) => {
+                    self.on_conn = Some(true);
+                    return Ok(answer);
+                }
+                None => self.on_conn = Some(false),
+            }
+        }
+        begin(journal, claim, request).await
+    }
+    async fn complete(
+        &mut self,
+        journal: &dyn Store,
+        current: &Current,
+        request: &StepRequest<'_>,
+        bytes: &[u8],
+    ) -> Result<(), Error> {
+        if self.on_conn == Some(true) {
+            return self
+                .store
+                .complete_step_on(self.conn, &current.claim, request, bytes)
+                .await;
+        }
+        journal_output(journal, current, request, bytes).await
     }
 }
 

@@ -250,6 +250,22 @@ macro_rules! transactional_store {
             ) -> Result<(), $crate::error::Error> {
                 $crate::backend::SqlStore::complete_step_on(self, $conn, claim, step, output).await
             }
+            async fn begin_step_on(
+                &self,
+                $c: &mut $on,
+                claim: &$crate::record::Claim,
+                step: &$crate::journal::StepRequest<'_>,
+            ) -> Result<Option<$crate::journal::StepBegin>, $crate::error::Error> {
+                // Where the database takes one write at a time (SQLite),
+                // the caller's transaction may hold it: the store's own
+                // connections could not write the entry until it ends.
+                if <$db as $crate::backend::dialect::Dialect>::WRITES_IN_PARALLEL {
+                    return Ok(None);
+                }
+                $crate::backend::SqlStore::begin_step_on(self, $conn, claim, step)
+                    .await
+                    .map(Some)
+            }
             fn claim_locks_only_its_own(&self) -> bool {
                 <$db as $crate::backend::dialect::Dialect>::CLAIM_LOCKS_ONLY_ITS_OWN
             }

@@ -322,6 +322,25 @@ pub trait TransactionalStore<C: Send + ?Sized>: Store {
         let _ = (conn, claim, step, output);
         Err(no_journal())
     }
+    /// [`Store::begin_step`] on `conn`, for a step whose rows commit with
+    /// its journal entry, where the store writes the entry there:
+    /// `Some(answer)`. `None` (the default) when the entry is to be
+    /// started through the store, on a connection of its own.
+    ///
+    /// The SQL stores start it on `conn` where the database takes one
+    /// write at a time (SQLite): the caller's transaction may hold that
+    /// lock, and a write through the store would wait for it until the
+    /// database gives up. Started on `conn`, the entry commits or rolls
+    /// back with the caller's transaction.
+    async fn begin_step_on(
+        &self,
+        conn: &mut C,
+        claim: &Claim,
+        step: &StepRequest<'_>,
+    ) -> Result<Option<StepBegin>, Error> {
+        let _ = (conn, claim, step);
+        Ok(None)
+    }
     /// Whether [`begin_on`](TransactionalStore::begin_on) locks no record
     /// but the one it claims (PostgreSQL's `INSERT ... ON CONFLICT DO
     /// NOTHING`): a duplicate then claims without looking first, and may
@@ -382,6 +401,14 @@ macro_rules! forward_transactional_store {
                 output: &[u8],
             ) -> Result<(), Error> {
                 (**self).complete_step_on(conn, claim, step, output).await
+            }
+            async fn begin_step_on(
+                &self,
+                conn: &mut C,
+                claim: &Claim,
+                step: &StepRequest<'_>,
+            ) -> Result<Option<StepBegin>, Error> {
+                (**self).begin_step_on(conn, claim, step).await
             }
             fn claim_locks_only_its_own(&self) -> bool {
                 (**self).claim_locks_only_its_own()

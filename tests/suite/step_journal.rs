@@ -280,5 +280,82 @@ common::backends!(memory, sqlite_file, sqlite_memory, postgres, mysql => {
             .await
             .unwrap();
     }
+
+    /// An atomic phase inside a transaction that already writes (SQLite:
+    /// `BEGIN IMMEDIATE`, as the README recommends, which holds the
+    /// database's one write lock): the step's start is not queued behind
+    /// the caller's own lock (it waited until SQLite gave up, "database is
+    /// locked"), under every policy; the retry replays.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn an_atomic_phase_in_a_transaction_that_already_writes() {
+        use idem::steps::{Step, StepKey};
+
+        let (store, _guard) = backend::store(8).await;
+        let pool = store.pool().clone();
+        let rows = format!("phase_locked_{}", std::process::id());
+        sqlx::query(&format!("CREATE TABLE IF NOT EXISTS {rows} (k VARCHAR(100) NOT NULL)"))
+            .execute(&pool)
+            .await
+            .unwrap();
+        let insert = format!("INSERT INTO {rows} (k) VALUES ({})", backend::param(1));
+        let begin = if backend::NAME.starts_with("sqlite") { "BEGIN IMMEDIATE" } else { "BEGIN" };
+        for policy in ["rerun", "refuse", "reconcile"] {
+            let key = crate::common::fresh(policy);
+            let attempt = || {
+                let (store, pool, insert, key) = (&store, &pool, &insert, &key);
+                async move {
+                    run(store, Call::new("journal.locked_phase", key, &1), async move {
+                        let mut tx = pool.begin_with(begin).await?;
+                        // The caller's own write first: the write lock is its.
+                        sqlx::query(insert).bind(format!("{key}-before")).execute(&mut *tx).await?;
+                        // The phase, written where it is passed, so that its
+                        // borrow of the connection is the step's to name.
+                        macro_rules! phase {
+                            () => {
+                                |conn, _key: StepKey| async move {
+                                    let written =
+                                        sqlx::query(insert).bind(key).execute(&mut *conn).await;
+                                    (written.map(|_| 1u64).map_err(Error::from), conn)
+                                }
+                            };
+                        }
+                        let step = Step::new("create");
+                        let made: u64 = match policy {
+                            "rerun" => step.in_transaction(store, &mut *tx, phase!()).await?,
+                            "refuse" => {
+                                step.refuse().in_transaction(store, &mut *tx, phase!()).await?
+                            }
+                            _ => {
+                                step.reconcile(|_key| async { Ok::<_, Error>(None) })
+                                    .in_transaction(store, &mut *tx, phase!())
+                                    .await?
+                            }
+                        };
+                        tx.commit().await?;
+                        Ok::<_, Error>(made)
+                    })
+                    .await
+                }
+            };
+            let first = tokio::time::timeout(std::time::Duration::from_secs(10), attempt())
+                .await
+                .unwrap_or_else(|_| panic!("{policy}: the phase waited on the caller's own lock"));
+            assert_eq!(first.unwrap(), 1, "{policy}");
+            assert_eq!(attempt().await.unwrap(), 1, "{policy}: the replay");
+            let n: i64 = sqlx::query_scalar(&format!(
+                "SELECT COUNT(*) FROM {rows} WHERE k = {}",
+                backend::param(1)
+            ))
+            .bind(&key)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+            assert_eq!(n, 1, "{policy}: the phase's row, once");
+        }
+        sqlx::query(&format!("DROP TABLE IF EXISTS {rows}"))
+            .execute(&pool)
+            .await
+            .unwrap();
+    }
     }
 });
