@@ -107,6 +107,11 @@ pub struct StepRequest<'a> {
     /// taken over by this attempt, to run again; otherwise it is answered
     /// [`StepBegin::InDoubt`] and left as it is.
     pub adopt: bool,
+    /// How long after an attempt started the step its downstream call may
+    /// still land ([`Step::settle`](crate::steps::Step::settle)): a step
+    /// started by an attempt that is gone, less than this long ago, is
+    /// answered [`StepBegin::InFlight`] and neither adopted nor in doubt.
+    pub settle: Duration,
 }
 
 /// Why a step runs.
@@ -134,6 +139,14 @@ pub enum StepBegin {
     InDoubt {
         /// When that attempt wrote the entry.
         since: Millis,
+    },
+    /// An attempt that is gone started the step less than the request's
+    /// settle window ago: its downstream call may still land, so neither
+    /// its absence downstream nor a second call can be trusted yet.
+    /// Nothing was written.
+    InFlight {
+        /// When the window closes, from the store's now.
+        retry_after: Duration,
     },
     /// The journal holds another step at this place: the body calls its
     /// steps in another order, or under other names, than the run that
@@ -184,12 +197,26 @@ pub fn decide_step(
         StepState::Started if entry.token == token => {
             StepDecision::Answer(StepBegin::Run(StepRun::Again))
         }
+        StepState::Started if now < settled_at(entry, request) => {
+            let left = settled_at(entry, request).saturating_sub(now);
+            StepDecision::Answer(StepBegin::InFlight {
+                retry_after: Duration::from_millis(u64::try_from(left).unwrap_or(0)),
+            })
+        }
         StepState::Started if request.adopt => StepDecision::Start(StepRun::Adopted),
         StepState::Started => StepDecision::Answer(StepBegin::InDoubt {
             since: entry.updated_at,
         }),
         StepState::RerunAllowed => StepDecision::Start(StepRun::Allowed),
     }
+}
+
+/// When the call that started `entry` can no longer land, by the store's
+/// clock: its start plus the request's settle window.
+fn settled_at(entry: &StepRecord, request: &StepRequest<'_>) -> Millis {
+    entry
+        .updated_at
+        .saturating_add(crate::record::duration_millis(request.settle))
 }
 
 /// How an operator settles a step in doubt
@@ -223,6 +250,46 @@ mod tests {
         }
     }
 
+    /// A step started by an attempt that is gone is neither adopted nor in
+    /// doubt until its settle window, counted from its start by the
+    /// store's clock, has closed; its own attempt runs it again at once.
+    #[test]
+    fn a_step_in_flight_waits_out_its_settle_window() {
+        let fp = Fingerprint::of_bytes(b"a");
+        let (mine, theirs) = (ClaimToken::new(), ClaimToken::new());
+        let request = |adopt| StepRequest {
+            seq: 0,
+            name: "charge",
+            fingerprint: &fp,
+            ttl: Duration::from_secs(10),
+            adopt,
+            settle: Duration::from_millis(300),
+        };
+        // Started at 500: the window closes at 800.
+        let started = entry(StepState::Started, theirs, fp);
+        for adopt in [false, true] {
+            assert_eq!(
+                decide_step(&request(adopt), mine, Some(&started), 600),
+                StepDecision::Answer(StepBegin::InFlight {
+                    retry_after: Duration::from_millis(200)
+                })
+            );
+        }
+        assert_eq!(
+            decide_step(&request(false), mine, Some(&started), 800),
+            StepDecision::Answer(StepBegin::InDoubt { since: 500 })
+        );
+        assert_eq!(
+            decide_step(&request(true), mine, Some(&started), 800),
+            StepDecision::Start(StepRun::Adopted)
+        );
+        let own = entry(StepState::Started, mine, fp);
+        assert_eq!(
+            decide_step(&request(true), mine, Some(&own), 600),
+            StepDecision::Answer(StepBegin::Run(StepRun::Again))
+        );
+    }
+
     #[test]
     fn decisions() {
         let fp = Fingerprint::of_bytes(b"a");
@@ -233,6 +300,7 @@ mod tests {
             fingerprint: &fp,
             ttl: Duration::from_secs(10),
             adopt,
+            settle: Duration::ZERO,
         };
         let decide = |request: &StepRequest<'_>, entry: Option<&StepRecord>, now| {
             decide_step(request, mine, entry, now)

@@ -65,6 +65,15 @@
 //!   safe choice for a downstream that neither dedupes by key nor can be
 //!   asked.
 //!
+//! A step's call may still be in flight when its attempt ends: the caller
+//! was dropped, or the call's own client timed out while the downstream
+//! still had the request. Until the step's settle window has passed since
+//! that attempt started it ([`Step::settle`]; for `reconcile`, the
+//! operation's lease by default), a step in doubt is neither reconciled
+//! nor run again: the attempt fails with [`Error::InProgress`], whose
+//! `retry_after` says when the window closes. An absent answer from the
+//! downstream is trusted only after it.
+//!
 //! In-doubt steps are logged and counted (`idem_steps_in_doubt_total`, by
 //! `resolution`). Completed and replayed steps are counted in
 //! `idem_steps_total`, by `decision`.
@@ -125,7 +134,8 @@ use crate::store::{Store, TransactionalStore};
 pub const STEPS: &str = "idem_steps_total";
 /// The name of the in-doubt steps counter (`resolution`: `rerun`,
 /// `reconciled`, `reconciled_none` (reconcile found nothing and the step
-/// ran), `refused`, `allowed` (an operator allowed a rerun),
+/// ran), `in_flight` (an earlier attempt's call may still land: the
+/// attempt was told to come back), `refused`, `allowed` (an operator allowed a rerun),
 /// `operator_completed`, `operator_rerun`).
 pub const STEPS_IN_DOUBT: &str = "idem_steps_in_doubt_total";
 
@@ -320,6 +330,7 @@ impl Current {
             fingerprint: &self.fingerprint,
             ttl: self.ttl,
             adopt: false,
+            settle: Duration::ZERO,
         }
     }
 }
@@ -433,6 +444,9 @@ pub struct Step<R = NoReconcile> {
     name: &'static str,
     in_doubt: InDoubt,
     reconcile: R,
+    /// How long an earlier attempt's call may still land
+    /// ([`Step::settle`]); `None`: the policy's default.
+    settle: Option<Duration>,
 }
 
 /// The reconcile function of a [`Step`] that has none.
@@ -472,6 +486,7 @@ impl Step {
             name,
             in_doubt: InDoubt::Rerun,
             reconcile: NoReconcile,
+            settle: None,
         }
     }
 
@@ -481,6 +496,7 @@ impl Step {
             name: self.name,
             in_doubt: InDoubt::Reconcile,
             reconcile: ask,
+            settle: self.settle,
         }
     }
 
@@ -498,6 +514,30 @@ impl<R> Step<R> {
     /// The step's policy when in doubt.
     pub fn in_doubt(&self) -> InDoubt {
         self.in_doubt
+    }
+
+    /// How long after the step's call starts the downstream may still
+    /// perform it: the call's own timeout, or the downstream's settle
+    /// window, after which a call that has not landed never will.
+    ///
+    /// An attempt that ends before its call answered (its caller dropped
+    /// it, or the call returned an error such as a timeout) leaves the
+    /// call in flight: it may still land after the next attempt has
+    /// begun. So a step in doubt is neither reconciled nor run again until
+    /// this long after the earlier attempt started it; until then the
+    /// next attempt fails with [`Error::InProgress`] (HTTP 409), whose
+    /// `retry_after` says when the window closes, by the store's clock.
+    ///
+    /// - `reconcile`: by default the operation's lease: an absent answer
+    ///   is not taken as "nothing happened" sooner. Set it to what your
+    ///   client's timeout guarantees.
+    /// - `rerun`: by default none (a downstream that dedupes by key
+    ///   performs the call once however many arrive); set it for one that
+    ///   answers a concurrent duplicate with an error.
+    /// - `refuse`: not used: a step in doubt is refused at once.
+    pub fn settle(mut self, window: Duration) -> Self {
+        self.settle = Some(window);
+        self
     }
 
     /// Runs the step: replays its journaled output if it completed in an
@@ -642,6 +682,7 @@ impl<R> Step<R> {
             name,
             in_doubt: policy,
             reconcile,
+            settle,
         } = self;
         let current = current(name)?;
         let Some(journal) = current.journal.clone() else {
@@ -675,6 +716,11 @@ impl<R> Step<R> {
         }
         let mut request = current.request(name);
         request.adopt = policy == InDoubt::Rerun;
+        request.settle = match policy {
+            InDoubt::Rerun => settle.unwrap_or(Duration::ZERO),
+            InDoubt::Reconcile => settle.unwrap_or(current.claim.lease),
+            InDoubt::Refuse => Duration::ZERO,
+        };
         let run = match on.begin(&*journal, &current.claim, &request).await? {
             StepBegin::Run(run) => run,
             StepBegin::Replay(bytes) => {
@@ -689,6 +735,17 @@ impl<R> Step<R> {
                     called: name.to_owned(),
                 }
                 .into())
+            }
+            StepBegin::InFlight { retry_after } => {
+                tracing::info!(
+                    step = name,
+                    seq = current.seq,
+                    step_key = %current.key,
+                    ?retry_after,
+                    "step in doubt, and an earlier attempt's call may still land: try again later"
+                );
+                in_doubt(&current.claim.scope, name, "in_flight");
+                return Err(Error::InProgress { retry_after }.into());
             }
             StepBegin::InDoubt { since } if policy == InDoubt::Refuse => {
                 tracing::error!(

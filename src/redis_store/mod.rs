@@ -822,7 +822,11 @@ impl Store for RedisStore {
     async fn begin_step(&self, claim: &Claim, step: &StepRequest<'_>) -> Result<StepBegin, Error> {
         let keys = self.keys(&claim.scope, &claim.key);
         let value = self
-            .invoke(step_call(&SCRIPTS.begin_step, &keys, claim, step).arg(u8::from(step.adopt)))
+            .invoke(
+                step_call(&SCRIPTS.begin_step, &keys, claim, step)
+                    .arg(u8::from(step.adopt))
+                    .arg(millis(step.settle)),
+            )
             .await?;
         let items = array(value)?;
         match status(&items)? {

@@ -322,7 +322,7 @@ end
 
 /// Begins step `ARGV[2]` (named `ARGV[3]`, fingerprint `ARGV[4]`, kept
 /// `ARGV[5]` ms) for the claim `ARGV[1]`; `ARGV[6]` is `1` to adopt a step
-/// in doubt. Answers `{'run', fresh|adopted|allowed}` after marking it
+/// in doubt started at least `ARGV[7]` ms ago (its settle window). Answers `{'run', fresh|adopted|allowed}` after marking it
 /// started, `{'lost'}` when the claim does not hold the record, or
 /// `{'found', now, name, fp, state, token, output, updated, expires}` for
 /// `journal::decide_step`.
@@ -334,7 +334,8 @@ local run = false
 if not e[1] or tonumber(e[7]) <= now then
   run = 'fresh'
 elseif e[2] == ARGV[4] and e[1] == ARGV[3] then
-  if e[3] == 'started' and e[4] ~= ARGV[1] and ARGV[6] == '1' then
+  if e[3] == 'started' and e[4] ~= ARGV[1] and ARGV[6] == '1'
+    and tonumber(e[6]) + tonumber(ARGV[7]) <= now then
     run = 'adopted'
   elseif e[3] == 'rerun_allowed' then
     run = 'allowed'

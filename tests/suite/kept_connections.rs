@@ -154,6 +154,7 @@ common::backends!(postgres, mysql => {
             fingerprint: &fingerprint,
             ttl: Duration::from_secs(3600),
             adopt: false,
+            settle: Duration::ZERO,
         };
         kill_all(&ns).await;
         let begun = store.begin_step(&claim, &step).await.unwrap();

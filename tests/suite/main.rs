@@ -106,6 +106,7 @@ mod sql_stores;
 mod state_machine_model;
 mod step_crash_points;
 mod step_flush_drops;
+mod step_in_flight;
 mod step_journal;
 mod step_resolutions;
 #[cfg(feature = "testing")]

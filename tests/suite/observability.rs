@@ -213,6 +213,8 @@ fn steps_and_steps_in_doubt_are_counted() {
                                     "reconcile" => {
                                         Step::new("charge")
                                             .reconcile(|_key| async { Ok(Some(6u32)) })
+                                            // Nothing is left in flight here.
+                                            .settle(std::time::Duration::ZERO)
                                             .run(charge)
                                             .await?
                                     }

@@ -49,6 +49,7 @@ async fn one_race<S: Store>(store: &S) -> (Result<(), Error>, StepBegin) {
         fingerprint: &fingerprint,
         ttl,
         adopt,
+        settle: Duration::ZERO,
     };
     assert_eq!(
         store.begin_step(&stopped, &step(false)).await.unwrap(),
@@ -119,6 +120,7 @@ async fn completion_races_a_forget<S: Store>(store: S) {
             fingerprint: &fingerprint,
             ttl,
             adopt: false,
+            settle: Duration::ZERO,
         };
         store.begin_step(&claim, &step).await.unwrap();
         let (completed, forgot) = tokio::join!(
