@@ -52,6 +52,8 @@ mod http_layer;
 mod http_steps;
 #[cfg(all(feature = "axum", feature = "sqlite", feature = "postgres"))]
 mod http_storing;
+#[cfg(all(feature = "axum", feature = "sqlite", feature = "postgres"))]
+mod http_streaming;
 #[cfg(all(feature = "postgres", feature = "mysql"))]
 mod kept_connection_kills;
 mod kept_connections;
