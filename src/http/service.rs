@@ -25,6 +25,7 @@ use super::principal::Principal;
 use super::problem::{Problem, ProblemDetails};
 #[cfg(feature = "axum")]
 use super::route::MakeRoute;
+use super::route::UNMATCHED;
 use super::stored::{ResponseCodec, StoredResponse};
 use super::storing::is_stored;
 use crate::engine::{run, Call};
@@ -241,26 +242,54 @@ where
 /// The operation of a request: method and route, narrowed to the principal
 /// if the layer found one. (A layer with a principal extractor that finds
 /// none refuses the request before, rather than give it a scope wider than
-/// its principal's.)
+/// its principal's.) A route that is not a template labels the scope's
+/// metrics with a template, or `METHOD (unmatched)`.
 fn scope(config: &Config, parts: &Parts, principal: Option<&str>) -> Scope {
-    let scope = Scope::new(format!("{} {}", parts.method, route(config, parts)));
+    let route = route(config, parts);
+    let scope = Scope::new(format!("{} {}", parts.method, route.name));
+    let scope = match route.label {
+        None => scope,
+        Some(label) => scope.with_metric_label(&format!("{} {label}", parts.method)),
+    };
     match principal {
         None => scope,
         Some(principal) => scope.with_principal(principal),
     }
 }
 
+/// The route of a request, and the label of its metrics when the route is
+/// not one of the application's templates.
+struct Route {
+    name: String,
+    label: Option<String>,
+}
+
 /// The route of a request: the layer's [`MakeRoute`], then (with the
 /// `axum` feature) axum's `MatchedPath`, then the path
-/// ([`RequestPath`](super::route::RequestPath)).
-fn route(config: &Config, parts: &Parts) -> String {
-    let made = config
-        .route
-        .as_ref()
-        .and_then(|route| route.make_route(parts));
+/// ([`RequestPath`](super::route::RequestPath)). A route from a
+/// `MakeRoute` that is not a template, or the path, is labelled by axum's
+/// template if any, else [`UNMATCHED`].
+fn route(config: &Config, parts: &Parts) -> Route {
     #[cfg(feature = "axum")]
-    let made = made.or_else(|| MatchedPathRoute.make_route(parts));
-    made.unwrap_or_else(|| parts.uri.path().to_owned())
+    let template = || MatchedPathRoute.make_route(parts);
+    #[cfg(not(feature = "axum"))]
+    let template = || None::<String>;
+    let untemplated = |name: String| Route {
+        name,
+        label: Some(template().unwrap_or_else(|| UNMATCHED.to_owned())),
+    };
+    if let Some(make) = &config.route {
+        if let Some(name) = make.make_route(parts) {
+            return match make.is_template() {
+                true => Route { name, label: None },
+                false => untemplated(name),
+            };
+        }
+    }
+    match template() {
+        Some(name) => Route { name, label: None },
+        None => untemplated(parts.uri.path().to_owned()),
+    }
 }
 
 /// Why the engine's body did not hand back a response to store.

@@ -47,6 +47,8 @@ mod http_fingerprint;
 mod http_isolation;
 #[cfg(all(feature = "axum", feature = "sqlite", feature = "postgres"))]
 mod http_key_extension;
+#[cfg(all(feature = "axum", feature = "sqlite", feature = "postgres"))]
+mod http_labels;
 #[cfg(all(feature = "axum", feature = "sqlite"))]
 mod http_layer;
 mod http_steps;
