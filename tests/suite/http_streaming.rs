@@ -29,6 +29,7 @@ on_each_store!(
     body_failing_after_its_head_is_not_run_again,
     body_panicking_after_its_head_is_not_run_again,
     status_not_stored_streams_and_releases_the_key,
+    body_of_known_length_over_the_limit_is_not_replayable,
 );
 
 const MIB: u64 = 1024 * 1024;
@@ -138,6 +139,10 @@ fn app(seen: &Arc<Seen>) -> Router {
                 let headers = [("content-type", "text/event-stream; charset=utf-8")];
                 (headers, Body::from_stream(events)).into_response()
             }),
+        )
+        .route(
+            "/known",
+            on(seen, |_| vec![7u8; 2 * MIB as usize].into_response()),
         )
         .route(
             "/big",
@@ -423,4 +428,20 @@ async fn status_not_stored_streams_and_releases_the_key<S: Store + 'static>(stor
     assert_eq!(retry.status(), StatusCode::SERVICE_UNAVAILABLE);
     assert!(!replayed(&retry));
     assert_eq!(seen.runs.count(), 2);
+}
+
+/// A body whose length is known and over the limit (2 MiB of bytes in
+/// hand) is sent without being read first, and not stored: the retry
+/// gets 410, not a replay.
+async fn body_of_known_length_over_the_limit_is_not_replayable<S: Store + 'static>(store: S) {
+    let (server, seen) = serve(store).await;
+    let key = fresh_key();
+    let first = head(server.post("/known", &key), "a body of 2 MiB").await;
+    assert_eq!(first.status(), StatusCode::OK);
+    let body = first.bytes().await.unwrap();
+    assert_eq!(body.len() as u64, 2 * MIB);
+    assert!(body.iter().all(|&b| b == 7));
+    let retry = head(server.post("/known", &key), "a retry").await;
+    assert_not_replayable(retry).await;
+    assert_eq!(seen.runs.count(), 1);
 }
