@@ -154,7 +154,7 @@ pub enum Error {
     /// The operation ran for this key, but its result could not be
     /// recorded: the outcome policy's codec failed to encode it, or the
     /// store refused it as one it can never hold (larger than MySQL's
-    /// `max_allowed_packet`) (HTTP 500). The caller that ran it got its
+    /// `max_allowed_packet`) (HTTP 410). The caller that ran it got its
     /// result; every later call with the key gets this error, and the
     /// operation is not run again, since its effect happened. The text
     /// says why. A [`Store`](crate::Store) returns it from `complete` for

@@ -275,13 +275,40 @@ const DIGEST_MARK: &str = "...sha256:";
 /// accessors ([`operation`](Scope::operation),
 /// [`principal`](Scope::principal), [`as_str`](Scope::as_str), `Display`)
 /// answer the parts as stored, shortened where they were long.
-#[derive(Clone, PartialEq, Eq, Hash, Debug)]
+#[derive(Clone, Debug)]
 pub struct Scope {
     // `operation` alone, or `operation '\n' principal`, each part shortened
     // where it is long: the operation has no line feed (nor has its
     // shortened form), so the split is unambiguous. Shared, like a `Key`.
+    // After the stored form (its first `stored_len` bytes), the label of
+    // the scope's metrics when it is not the operation (see
+    // `with_metric_label`): one allocation, and a scope no larger.
     joined: Arc<str>,
-    operation_len: usize,
+    operation_len: u32,
+    stored_len: u32,
+}
+
+/// Two scopes are the same when their stored forms are: the label of
+/// their metrics does not count.
+impl PartialEq for Scope {
+    fn eq(&self, other: &Self) -> bool {
+        self.as_str() == other.as_str()
+    }
+}
+
+impl Eq for Scope {}
+
+impl std::hash::Hash for Scope {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.as_str().hash(state);
+    }
+}
+
+/// A length within a scope's text. The stored form is at most
+/// [`MAX_SCOPE_LEN`] bytes; a text of 4 GiB or more, which no store
+/// returns, would be cut there.
+fn len32(len: usize) -> u32 {
+    u32::try_from(len).unwrap_or(u32::MAX)
 }
 
 impl Scope {
@@ -298,8 +325,10 @@ impl Scope {
             Some(short) => short,
             None => operation,
         };
+        let len = len32(joined.len());
         Scope {
-            operation_len: joined.len(),
+            operation_len: len,
+            stored_len: len,
             joined: joined.into(),
         }
     }
@@ -320,7 +349,8 @@ impl Scope {
             .flatten();
         if let Some(joined) = last {
             return Scope {
-                operation_len: operation.len(),
+                operation_len: len32(operation.len()),
+                stored_len: len32(operation.len()),
                 joined,
             };
         }
@@ -331,7 +361,8 @@ impl Scope {
         let joined: Arc<str> = Arc::from(operation);
         let _ = LAST_SCOPE.try_with(|last| last.set(Some(joined.clone())));
         Scope {
-            operation_len: operation.len(),
+            operation_len: len32(operation.len()),
+            stored_len: len32(operation.len()),
             joined,
         }
     }
@@ -376,31 +407,67 @@ impl Scope {
         let principal = principal.as_ref();
         let short = shortened(principal);
         let principal = short.as_deref().unwrap_or(principal);
-        let mut joined = String::with_capacity(self.operation_len + 1 + principal.len());
+        let label = self.label();
+        let mut joined = String::with_capacity(
+            self.operation().len() + 1 + principal.len() + label.map_or(0, str::len),
+        );
         joined.push_str(self.operation());
         joined.push('\n');
         joined.push_str(principal);
+        let stored_len = len32(joined.len());
+        joined.push_str(label.unwrap_or_default());
         Scope {
             joined: joined.into(),
             operation_len: self.operation_len,
+            stored_len,
         }
+    }
+
+    /// The same scope, whose metrics carry `label` as their `operation`
+    /// label in place of the operation: the HTTP layer's scopes of a raw
+    /// request path, which would make a label of every path. The stored
+    /// form, and so which records the scope names, does not change.
+    #[cfg(feature = "http")]
+    pub(crate) fn with_metric_label(self, label: &str) -> Self {
+        let mut joined = String::with_capacity(self.stored_len as usize + label.len());
+        joined.push_str(self.as_str());
+        joined.push_str(label);
+        Scope {
+            joined: joined.into(),
+            operation_len: self.operation_len,
+            stored_len: self.stored_len,
+        }
+    }
+
+    /// The label given by `with_metric_label`, if any.
+    fn label(&self) -> Option<&str> {
+        self.joined
+            .get(self.stored_len as usize..)
+            .filter(|label| !label.is_empty())
+    }
+
+    /// The `operation` label of the scope's metrics: the operation, unless
+    /// the scope was given another label.
+    pub(crate) fn metric_label(&self) -> &str {
+        self.label().unwrap_or_else(|| self.operation())
     }
 
     /// The operation part, as stored.
     pub fn operation(&self) -> &str {
-        &self.joined[..self.operation_len]
+        &self.joined[..self.operation_len as usize]
     }
 
     /// The principal part as stored, if any.
     pub fn principal(&self) -> Option<&str> {
-        self.joined.get(self.operation_len + 1..)
+        self.joined
+            .get(self.operation_len as usize + 1..self.stored_len as usize)
     }
 
     /// The stored form: the operation, then a line feed and the principal
     /// when there is one. At most [`MAX_SCOPE_LEN`] bytes for a scope made
     /// by [`Scope::new`] and [`Scope::with_principal`].
     pub fn as_str(&self) -> &str {
-        &self.joined
+        &self.joined[..self.stored_len as usize]
     }
 
     /// The inverse of [`Scope::as_str`]: splits at the first line feed.
@@ -408,7 +475,8 @@ impl Scope {
     /// `Scope::from_stored(scope.as_str()) == scope`.
     pub fn from_stored(stored: &str) -> Self {
         Scope {
-            operation_len: stored.find('\n').unwrap_or(stored.len()),
+            operation_len: len32(stored.find('\n').unwrap_or(stored.len())),
+            stored_len: len32(stored.len()),
             joined: stored.into(),
         }
     }
@@ -481,6 +549,39 @@ impl From<&Scope> for Scope {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A scope whose metrics carry another label is the same scope: equal
+    /// to, and hashed as, the one a store reads back (`from_stored`), by
+    /// which a notification wakes the duplicates waiting on it; its
+    /// principal replaced, it keeps its label.
+    #[cfg(feature = "http")]
+    #[test]
+    fn a_metric_label_leaves_the_scope_as_it_is() {
+        use std::hash::BuildHasher;
+
+        let plain = Scope::new("POST /nowhere/17");
+        let labelled = plain.clone().with_metric_label("POST (unmatched)");
+        assert_eq!(labelled, plain);
+        assert_eq!(labelled.as_str(), "POST /nowhere/17");
+        assert_eq!(labelled.operation(), "POST /nowhere/17");
+        assert_eq!(labelled.principal(), None);
+        assert_eq!(labelled.metric_label(), "POST (unmatched)");
+        assert_eq!(plain.metric_label(), "POST /nowhere/17");
+        let stored = Scope::from_stored(labelled.as_str());
+        assert_eq!(stored, labelled);
+        let state = std::collections::hash_map::RandomState::new();
+        assert_eq!(state.hash_one(&stored), state.hash_one(&labelled));
+
+        let narrowed = labelled.with_principal("acct_1");
+        assert_eq!(narrowed.as_str(), "POST /nowhere/17\nacct_1");
+        assert_eq!(narrowed.principal(), Some("acct_1"));
+        assert_eq!(narrowed.metric_label(), "POST (unmatched)");
+        assert_eq!(narrowed, Scope::from_stored("POST /nowhere/17\nacct_1"));
+        let other = narrowed.with_principal("");
+        assert_eq!(other.principal(), Some(""));
+        assert_eq!(other.metric_label(), "POST (unmatched)");
+        assert_eq!(std::mem::size_of::<Scope>(), 24);
+    }
 
     #[test]
     fn key_rules() {

@@ -16,7 +16,10 @@
 //! | `idem_abandoned_total` | counter | callers dropped before their call ended, by `what` became of the claim: `released` (handed back for a retry), `saved` (the outcome in hand is stored in the background), `left` (left to its lease: no runtime or store to hand it back with) |
 //!
 //! Each carries an `operation` label: the scope's operation, never the
-//! principal or the key, so that label sets stay small.
+//! principal or the key, so that label sets stay small. The HTTP layer's
+//! scopes of a raw request path (a request that matched no route
+//! template) share one label instead, `METHOD (unmatched)`, so that no
+//! client makes a label per path: see `idem::http::MakeRoute`.
 
 use std::cell::RefCell;
 use tokio::time::Instant;
@@ -130,7 +133,7 @@ fn with_keys<const N: usize, F>(scope: &Scope, metrics: [Metric; N], f: F)
 where
     F: FnOnce([&metrics::Key; N]),
 {
-    let operation = scope.operation();
+    let operation = scope.metric_label();
     let mut f = Some(f);
     let mut call = |entry: &mut Keys| {
         for metric in metrics {
@@ -258,7 +261,7 @@ pub(crate) fn abandoned(scope: &Scope, what: &'static str) {
         "left" => Metric::AbandonedLeft,
         // Not one of the three: a key of its own, not cached.
         _ => {
-            let key = build_parts(ABANDONED, scope.operation(), Some(what));
+            let key = build_parts(ABANDONED, scope.metric_label(), Some(what));
             metrics::with_recorder(|r| r.register_counter(&key, &METADATA).increment(1));
             return;
         }

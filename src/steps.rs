@@ -1030,7 +1030,7 @@ fn counted(name: &'static str, decision: &'static str, current: &Current) {
     tracing::debug!(step = name, seq = current.seq, decision, "step");
     metrics::counter!(
         STEPS,
-        "operation" => current.claim.scope.operation().to_owned(),
+        "operation" => current.claim.scope.metric_label().to_owned(),
         "step" => name,
         "decision" => decision
     )
@@ -1093,7 +1093,7 @@ where
 fn in_doubt(scope: &Scope, step: impl Into<metrics::SharedString>, resolution: &'static str) {
     metrics::counter!(
         STEPS_IN_DOUBT,
-        "operation" => scope.operation().to_owned(),
+        "operation" => scope.metric_label().to_owned(),
         "step" => step.into(),
         "resolution" => resolution
     )

@@ -18,7 +18,10 @@ use super::storing::Final;
 /// The route template that an axum 0.8 router matched (`/orders/{id}`),
 /// from its `MatchedPath` extension; `None` outside every route (a
 /// fallback, a service nested without a path). With the `axum` feature,
-/// the layer's default: see [`MakeRoute`].
+/// the layer's default: see [`MakeRoute`]. Where it answers `None`, the
+/// layer scopes the key to the request's path, and labels the request's
+/// metrics `METHOD (unmatched)`, one label for every such path (see
+/// [Metrics](MakeRoute#metrics)).
 #[derive(Clone, Copy, Debug, Default)]
 #[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
 pub struct MatchedPathRoute;

@@ -26,6 +26,11 @@ pub(crate) struct Config {
     pub(crate) route: Option<Arc<dyn MakeRoute>>,
     pub(crate) fingerprint: RequestFingerprint,
     pub(crate) store_status: Arc<StatusFn>,
+    /// The largest response body kept for a replay.
+    pub(crate) max_stored_body: usize,
+    /// Media types (`type/subtype`, lower case) whose responses stream
+    /// through without being kept.
+    pub(crate) stream_media_types: Vec<String>,
 }
 
 impl fmt::Debug for Config {
@@ -39,6 +44,8 @@ impl fmt::Debug for Config {
             .field("principal", &self.principal.is_some())
             .field("route", &self.route.is_some())
             .field("fingerprint", &self.fingerprint)
+            .field("max_stored_body", &self.max_stored_body)
+            .field("stream_media_types", &self.stream_media_types)
             .finish_non_exhaustive()
     }
 }

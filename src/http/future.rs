@@ -9,20 +9,24 @@ use std::task::{Context, Poll};
 
 use ::http::Response;
 
+use super::body::ResponseBody;
+
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
 
 /// The response future of [`Idempotency`](super::Idempotency): the inner
 /// service's response (its own, or a replay of a stored one), one of the
 /// layer's [problem](super::Problem) answers, or the inner service's error.
+/// `B` is the inner service's body type, which the response's
+/// [`ResponseBody`] streams or holds.
 #[cfg_attr(docsrs, doc(cfg(feature = "http")))]
 pub struct ResponseFuture<B, E> {
-    inner: BoxFuture<Result<Response<B>, E>>,
+    inner: BoxFuture<Result<Response<ResponseBody<B>>, E>>,
 }
 
 impl<B, E> ResponseFuture<B, E> {
     pub(crate) fn new<F>(future: F) -> Self
     where
-        F: Future<Output = Result<Response<B>, E>> + Send + 'static,
+        F: Future<Output = Result<Response<ResponseBody<B>>, E>> + Send + 'static,
     {
         ResponseFuture {
             inner: Box::pin(future),
@@ -31,7 +35,7 @@ impl<B, E> ResponseFuture<B, E> {
 }
 
 impl<B, E> Future for ResponseFuture<B, E> {
-    type Output = Result<Response<B>, E>;
+    type Output = Result<Response<ResponseBody<B>>, E>;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         self.inner.as_mut().poll(cx)
@@ -46,6 +50,18 @@ impl<B, E> fmt::Debug for ResponseFuture<B, E> {
 
 /// A panic payload, as `std::panic::catch_unwind` returns it.
 pub(crate) type Panic = Box<dyn Any + Send + 'static>;
+
+/// What a panic of a response body said, when it said it with a string.
+pub(crate) fn panic_message(panic: &Panic) -> String {
+    let said = panic
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| panic.downcast_ref::<String>().map(String::as_str));
+    match said {
+        Some(said) => format!("the response body panicked: {said}"),
+        None => "the response body panicked".to_owned(),
+    }
+}
 
 /// Polls `F`, turning a panic during a poll into `Err(payload)`, so that the
 /// claim can be released before the panic goes on.

@@ -51,13 +51,20 @@ impl IdempotencyLayer {
     /// The default body limit: 2 MiB, axum's default limit too.
     pub const DEFAULT_BODY_LIMIT: usize = 2 * 1024 * 1024;
 
+    /// The default [`max_stored_body`](Self::max_stored_body): 1 MiB, which
+    /// every built-in store holds with room to spare (MariaDB's
+    /// `max_allowed_packet` is often 16 MiB, Redis's `proto-max-bulk-len`
+    /// 512 MiB).
+    pub const DEFAULT_MAX_STORED_BODY: usize = 1024 * 1024;
+
     /// A layer keeping its records in `store`, with the defaults: header
     /// `Idempotency-Key`, required on POST and PATCH; bodies up to 2 MiB;
     /// the default [`Policy`] (records kept 24 hours, claims leased for 30
     /// seconds, duplicates wait up to 5 seconds); no principal (keys global
     /// to the route); JSON bodies fingerprinted canonically, no field
     /// ignored; responses stored as [`stored_by_default`] says, or when
-    /// marked [`Final`](super::Final).
+    /// marked [`Final`](super::Final), up to a body of 1 MiB; responses of
+    /// type `text/event-stream` streamed through, never stored.
     pub fn new<S: Store + 'static>(store: S) -> Self {
         IdempotencyLayer {
             store: Arc::new(store),
@@ -71,6 +78,8 @@ impl IdempotencyLayer {
                 route: None,
                 fingerprint: RequestFingerprint::default(),
                 store_status: Arc::new(stored_by_default),
+                max_stored_body: Self::DEFAULT_MAX_STORED_BODY,
+                stream_media_types: vec!["text/event-stream".to_owned()],
             },
         }
     }
@@ -205,6 +214,45 @@ impl IdempotencyLayer {
         F: Fn(StatusCode) -> bool + Send + Sync + 'static,
     {
         self.config.store_status = Arc::new(predicate);
+        self
+    }
+
+    /// The largest response body kept for a replay, in bytes, and so the
+    /// most of a response body the layer holds in memory (plus the one
+    /// chunk that crosses it). A response to store whose body ends within
+    /// it is stored whole, then sent. One whose body goes past it is sent
+    /// as it streams: its head and the part read so far at once, the rest
+    /// as the inner service produces it; the key then answers
+    /// [`Problem::NotReplayable`](super::Problem::NotReplayable), and the
+    /// request is not run again for it. See the
+    /// [module documentation](super#bodies). Default: 1 MiB
+    /// ([`DEFAULT_MAX_STORED_BODY`](Self::DEFAULT_MAX_STORED_BODY)).
+    ///
+    /// Keep it within what the store holds in one value (with the
+    /// response's headers): a response the store refuses is answered
+    /// [`Problem::NotReplayable`](super::Problem::NotReplayable) as well.
+    pub fn max_stored_body(mut self, bytes: usize) -> Self {
+        self.config.max_stored_body = bytes;
+        self
+    }
+
+    /// The media types of responses that are streams (server-sent events,
+    /// a feed that never ends), matched against the response's
+    /// `Content-Type` without its parameters, whatever their case. Such a
+    /// response is sent as it streams from its first byte and never
+    /// stored, whatever its status; the key answers
+    /// [`Problem::NotReplayable`](super::Problem::NotReplayable) when its
+    /// status is one that is stored. Replaces the types given before.
+    /// Default: `text/event-stream`.
+    pub fn stream_media_types<I, T>(mut self, types: I) -> Self
+    where
+        I: IntoIterator<Item = T>,
+        T: AsRef<str>,
+    {
+        self.config.stream_media_types = types
+            .into_iter()
+            .map(|t| t.as_ref().trim().to_ascii_lowercase())
+            .collect();
         self
     }
 }

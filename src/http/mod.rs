@@ -115,7 +115,9 @@
 //!
 //! - first request with a key: the inner service runs; its response is
 //!   buffered whole and stored (unless it is one that is not stored: see
-//!   [below](#which-responses-are-stored)), then sent;
+//!   [below](#which-responses-are-stored)), then sent; a response that
+//!   is not stored, is a stream, or whose body is over 1 MiB is sent as it
+//!   streams instead (see [Bodies](#bodies));
 //! - same key, same payload, after it completed: the stored response is
 //!   sent again, marked `Idempotent-Replayed: true`; the inner service does
 //!   not run;
@@ -149,6 +151,7 @@
 //! | 422 | the key was used with another payload |
 //! | 409 + `Retry-After` | a request with the key is still running and the wait bound passed, or the layer fails fast |
 //! | 503 + `Retry-After` | the store cannot be reached; the request is not executed |
+//! | 410 | the request with the key was processed, but its response was not kept: it was streamed (see [Bodies](#bodies)), or the store could not hold it ([`Error::Unrecorded`](crate::Error::Unrecorded)); nothing runs again for the key |
 //! | 500 | the layer failed: an invalid policy (zero ttl or lease), a stored response that cannot be read, a response body that failed while buffered (kept for the key when its status is one that is stored: see below) |
 //!
 //! **Failures of the inner service.** Its error type is kept: an error is
@@ -158,11 +161,17 @@
 //! response cannot be stored after the request ran (the store failed, or the
 //! claim's lease ran out and another request took the key over), the client
 //! still gets it, and a warning is logged. A response body that fails or
-//! panics while it is buffered, after the inner service answered with a
-//! status that is stored, is answered 500, and that 500 is stored for the
-//! key: the service did its work, so a retry replays the 500 rather than
-//! run it again. Under a status that is not stored, the key is released,
-//! as that status would release it.
+//! panics while it is buffered (within
+//! [`max_stored_body`](IdempotencyLayer::max_stored_body)), after the
+//! inner service answered with a status that is stored, is answered 500,
+//! and that 500 is stored for the key: the service did its work, so a
+//! retry replays the 500 rather than run it again. A body that fails or
+//! panics once its head was sent (a response streamed, see
+//! [Bodies](#bodies)) ends the transfer with an error, as it would
+//! without the layer (hyper closes the connection; a panic is caught and
+//! becomes that error), and the key answers what it answers for that
+//! response: 410 under a status that is stored, nothing under one that
+//! is not.
 //!
 //! **Cancellation.** A claimed request runs on a Tokio task of its own, with
 //! a clone of the inner service: when the client disconnects and the server
@@ -170,10 +179,13 @@
 //! response is stored, so the client's retry gets it. The layer therefore
 //! needs a Tokio runtime, as axum has.
 //!
-//! **Bodies.** The request and response body types stay the inner
-//! service's; both must be buildable from `Bytes` (axum's `Body` and
-//! http-body-util's `Full` are). Responses are buffered whole, so keep the
-//! layer off streaming routes (server-sent events, large downloads).
+//! **Bodies.** The request body type stays the inner service's, and must
+//! be buildable from `Bytes` (axum's `Body` and http-body-util's `Full`
+//! are). The response body is a [`ResponseBody`] over the inner service's
+//! body type, which axum turns into its `Body` (behind a `Router`, nothing
+//! changes; a plain tower service served by `axum::serve` maps it with
+//! `IntoResponse::into_response`). See [Bodies](#bodies) for when it
+//! streams.
 //!
 //! The store can be any [`Store`](crate::Store); it is shared by every
 //! service the layer makes.
@@ -252,6 +264,53 @@
 //! assert!(replayed(&again));
 //! # }
 //! ```
+//!
+//! # Bodies
+//!
+//! The layer holds at most
+//! [`max_stored_body`](IdempotencyLayer::max_stored_body) bytes of a
+//! response body (1 MiB by default), plus the chunk that crosses it, and
+//! the request body up to [`body_limit`](IdempotencyLayer::body_limit).
+//! What happens to the response depends on what the inner service
+//! answered, in this order:
+//!
+//! | response | sent | the key answers afterwards |
+//! |---|---|---|
+//! | a status that is not stored ([below](#which-responses-are-stored)) | at once, as it streams | nothing: it is released before the head is sent, and the next request runs |
+//! | a `Content-Type` among [`stream_media_types`](IdempotencyLayer::stream_media_types) (`text/event-stream` by default) | at once, as it streams | [`Problem::NotReplayable`], 410 |
+//! | a body whose size hint says it is over the limit (a body of known length) | at once, as it streams | [`Problem::NotReplayable`], 410 |
+//! | a body that ends within the limit | once it is read and stored | the stored response, replayed |
+//! | a body that goes past the limit | once it goes past: the part read, then the rest as it streams | [`Problem::NotReplayable`], 410 |
+//!
+//! A stream's outcome is recorded **when its head is sent, before it
+//! goes out**, not when it ends: the head waits for the store's write of
+//! the [`Problem::NotReplayable`] answer (as a stored response waits for
+//! its own), then the body streams with no claim held. A stream may never
+//! end (server-sent events), so a record kept in progress until its end
+//! would leave every retry waiting, then 409, for as long as it flows,
+//! and its lease renewed for ever; and once the head is out, the request
+//! has run, so no retry may run it again. So a duplicate that arrives
+//! while the layer still reads the first part of the body waits for the
+//! record (or gets 409 with [`fail_fast`](IdempotencyLayer::fail_fast)
+//! or past its wait), then gets 410; one that arrives while the body
+//! streams gets 410 at once. None runs the inner service. If the client
+//! goes away, or the body fails or panics once its head is sent, the
+//! answer stays 410: the request ran, and what it answered is lost.
+//! Should the record fail to be written (the store down), the response is
+//! still sent, as any response that could not be stored is.
+//!
+//! The 410 is an `application/problem+json` document, stored for the key
+//! and replayed as a stored response is (`Idempotent-Replayed: true`),
+//! whose `detail` says why the response was not kept. Stripe stores every
+//! response of a request that ran and replays it; the IETF draft leaves
+//! open what a resource that cannot replay answers. A stream cannot be
+//! replayed, and running the request again would break the key's
+//! promise, so the retry gets a final answer that says so: 410 Gone, the
+//! response is gone for good. It is a 4xx, so a client's automatic retries
+//! stop (a 5xx invites them), and neither 409 (the draft's "in progress,
+//! retry later") nor 422 (the key reused with another request) is true of
+//! it. A client that needs the effect again sends a new key, knowing the
+//! first request ran.
 //!
 //! # What the handler sees
 //!
@@ -346,6 +405,7 @@
 
 #[cfg(feature = "axum")]
 mod axum;
+mod body;
 mod config;
 mod fingerprint;
 mod future;
@@ -360,6 +420,7 @@ mod storing;
 
 #[cfg(feature = "axum")]
 pub use self::axum::MatchedPathRoute;
+pub use body::ResponseBody;
 pub use future::ResponseFuture;
 pub use key_header::{IdempotencyKey, KeyHeaderError};
 pub use layer::IdempotencyLayer;

@@ -62,6 +62,20 @@ pub enum Problem {
     /// 500: the layer itself failed (an invalid policy, a stored response
     /// that cannot be read, a response body that failed while buffered).
     Internal,
+    /// 410: the request with this key was processed, but its response was
+    /// not kept, so it cannot be sent again: it was streamed to the first
+    /// client (a streaming media type such as `text/event-stream`, or a
+    /// body over [`max_stored_body`](super::IdempotencyLayer::max_stored_body)),
+    /// or the store could not hold it ([`Error::Unrecorded`]). Every
+    /// retry with the key gets this answer, marked `Idempotent-Replayed:
+    /// true`, and runs nothing; a new key runs the request again.
+    ///
+    /// 410 because the answer is final and the same for every retry: the
+    /// response the key stands for is gone for good. A 4xx ends a client's
+    /// automatic retries, which a 5xx invites, and neither 409 (the
+    /// draft's "in progress, retry later") nor 422 (the key reused with
+    /// another request) is true of it.
+    NotReplayable,
 }
 
 impl Problem {
@@ -78,6 +92,7 @@ impl Problem {
             Problem::StoreUnavailable => StatusCode::SERVICE_UNAVAILABLE,
             Problem::OutcomeUnknown => StatusCode::BAD_GATEWAY,
             Problem::Internal => StatusCode::INTERNAL_SERVER_ERROR,
+            Problem::NotReplayable => StatusCode::GONE,
         }
     }
 
@@ -94,6 +109,7 @@ impl Problem {
             Problem::StoreUnavailable => "Idempotency store unavailable",
             Problem::OutcomeUnknown => "Outcome of a downstream call unknown",
             Problem::Internal => "Idempotency layer failure",
+            Problem::NotReplayable => "Response not replayable",
         }
     }
 
@@ -109,6 +125,7 @@ impl Problem {
             Problem::StoreUnavailable => "StoreUnavailable",
             Problem::OutcomeUnknown => "OutcomeUnknown",
             Problem::Internal => "Internal",
+            Problem::NotReplayable => "NotReplayable",
         }
     }
 
@@ -136,6 +153,7 @@ impl From<&Error> for Problem {
     /// | [`MissingKey`](Error::MissingKey) | [`MissingKey`](Problem::MissingKey), 400 |
     /// | [`InvalidKey`](Error::InvalidKey) | [`InvalidKey`](Problem::InvalidKey), 400 |
     /// | [`OutcomeUnknown`](Error::OutcomeUnknown) | [`OutcomeUnknown`](Problem::OutcomeUnknown), 502 |
+    /// | [`Unrecorded`](Error::Unrecorded) | [`NotReplayable`](Problem::NotReplayable), 410 |
     /// | any other | [`Internal`](Problem::Internal), 500 |
     fn from(err: &Error) -> Self {
         match err {
@@ -145,6 +163,7 @@ impl From<&Error> for Problem {
             Error::MissingKey => Problem::MissingKey,
             Error::InvalidKey(_) => Problem::InvalidKey,
             Error::OutcomeUnknown { .. } => Problem::OutcomeUnknown,
+            Error::Unrecorded(_) => Problem::NotReplayable,
             _ => Problem::Internal,
         }
     }
@@ -374,7 +393,7 @@ mod tests {
             (Error::Config("ttl is zero".into()), Problem::Internal, None),
             (
                 Error::Unrecorded("a float is not finite".into()),
-                Problem::Internal,
+                Problem::NotReplayable,
                 None,
             ),
         ];

@@ -1,13 +1,15 @@
 //! [`Idempotency`]: the service, and the flow of one request through it.
 
+use std::collections::VecDeque;
 use std::fmt;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use ::http::header::{HeaderName, HeaderValue};
+use ::http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use ::http::request::Parts;
 use ::http::{Request, Response};
-use bytes::Bytes;
+use bytes::{Buf, Bytes, BytesMut};
 use http_body::Body;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use tower_service::Service;
@@ -15,13 +17,15 @@ use tracing::Instrument;
 
 #[cfg(feature = "axum")]
 use super::axum::MatchedPathRoute;
+use super::body::ResponseBody;
 use super::config::Config;
-use super::future::{CatchUnwind, Panic, ResponseFuture};
+use super::future::{panic_message, CatchUnwind, Panic, ResponseFuture};
 use super::key_header::{refusal, IdempotencyKey, KeyHeaderError, Unkeyed};
 use super::principal::Principal;
 use super::problem::{Problem, ProblemDetails};
 #[cfg(feature = "axum")]
 use super::route::MakeRoute;
+use super::route::UNMATCHED;
 use super::stored::{ResponseCodec, StoredResponse};
 use super::storing::is_stored;
 use crate::engine::{run, Call};
@@ -90,11 +94,11 @@ where
     ReqBody: Body + From<Bytes> + Send + 'static,
     ReqBody::Data: Send,
     ReqBody::Error: Into<BoxError>,
-    ResBody: Body + From<Bytes> + Send + 'static,
+    ResBody: Body + Send + 'static,
     ResBody::Data: Send,
     ResBody::Error: Into<BoxError>,
 {
-    type Response = Response<ResBody>;
+    type Response = Response<ResponseBody<ResBody>>;
     type Error = S::Error;
     type Future = ResponseFuture<ResBody, S::Error>;
 
@@ -107,7 +111,7 @@ where
             request
                 .extensions_mut()
                 .insert(Unkeyed(self.config.header.clone()));
-            return ResponseFuture::new(self.inner.call(request));
+            return untouched(self.inner.call(request));
         }
         let key = match IdempotencyKey::from_headers_named(request.headers(), &self.config.header) {
             Ok(key) => key,
@@ -115,7 +119,7 @@ where
                 request
                     .extensions_mut()
                     .insert(Unkeyed(self.config.header.clone()));
-                return ResponseFuture::new(self.inner.call(request));
+                return untouched(self.inner.call(request));
             }
             Err(err) => {
                 return answer(refusal(err, request.method(), &self.config.header).into());
@@ -156,12 +160,23 @@ where
     }
 }
 
-fn answer<B, E>(response: Response<B>) -> ResponseFuture<B, E>
+fn answer<B, E>(response: Response<ResponseBody<B>>) -> ResponseFuture<B, E>
 where
     B: Send + 'static,
     E: Send + 'static,
 {
     ResponseFuture::new(std::future::ready(Ok(response)))
+}
+
+/// The inner service's answer to a request the layer does not cover, its
+/// body untouched.
+fn untouched<F, B, E>(future: F) -> ResponseFuture<B, E>
+where
+    F: std::future::Future<Output = Result<Response<B>, E>> + Send + 'static,
+    B: Send + 'static,
+    E: Send + 'static,
+{
+    ResponseFuture::new(async move { Ok(future.await?.map(ResponseBody::inner)) })
 }
 
 /// Buffers the body, then runs the request through the engine on a task of
@@ -174,14 +189,14 @@ async fn handle<S, ReqBody, ResBody>(
     scope: Scope,
     key: Key,
     request: Request<ReqBody>,
-) -> Result<Response<ResBody>, S::Error>
+) -> Result<Response<ResponseBody<ResBody>>, S::Error>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>> + Send + 'static,
     S::Future: Send + 'static,
     S::Error: Send + 'static,
     ReqBody: Body + From<Bytes> + Send + 'static,
     ReqBody::Error: Into<BoxError>,
-    ResBody: Body + From<Bytes> + Send + 'static,
+    ResBody: Body + Send + 'static,
     ResBody::Data: Send,
     ResBody::Error: Into<BoxError>,
 {
@@ -227,58 +242,141 @@ where
 /// The operation of a request: method and route, narrowed to the principal
 /// if the layer found one. (A layer with a principal extractor that finds
 /// none refuses the request before, rather than give it a scope wider than
-/// its principal's.)
+/// its principal's.) A route that is not a template labels the scope's
+/// metrics with a template, or `METHOD (unmatched)`.
 fn scope(config: &Config, parts: &Parts, principal: Option<&str>) -> Scope {
-    let scope = Scope::new(format!("{} {}", parts.method, route(config, parts)));
+    let route = route(config, parts);
+    let scope = Scope::new(format!("{} {}", parts.method, route.name));
+    let scope = match route.label {
+        None => scope,
+        Some(label) => scope.with_metric_label(&format!("{} {label}", parts.method)),
+    };
     match principal {
         None => scope,
         Some(principal) => scope.with_principal(principal),
     }
 }
 
+/// The route of a request, and the label of its metrics when the route is
+/// not one of the application's templates.
+struct Route {
+    name: String,
+    label: Option<String>,
+}
+
 /// The route of a request: the layer's [`MakeRoute`], then (with the
 /// `axum` feature) axum's `MatchedPath`, then the path
-/// ([`RequestPath`](super::route::RequestPath)).
-fn route(config: &Config, parts: &Parts) -> String {
-    let made = config
-        .route
-        .as_ref()
-        .and_then(|route| route.make_route(parts));
+/// ([`RequestPath`](super::route::RequestPath)). A route from a
+/// `MakeRoute` that is not a template, or the path, is labelled by axum's
+/// template if any, else [`UNMATCHED`].
+fn route(config: &Config, parts: &Parts) -> Route {
     #[cfg(feature = "axum")]
-    let made = made.or_else(|| MatchedPathRoute.make_route(parts));
-    made.unwrap_or_else(|| parts.uri.path().to_owned())
+    let template = || MatchedPathRoute.make_route(parts);
+    #[cfg(not(feature = "axum"))]
+    let template = || None::<String>;
+    let untemplated = |name: String| Route {
+        name,
+        label: Some(template().unwrap_or_else(|| UNMATCHED.to_owned())),
+    };
+    if let Some(make) = &config.route {
+        if let Some(name) = make.make_route(parts) {
+            return match make.is_template() {
+                true => Route { name, label: None },
+                false => untemplated(name),
+            };
+        }
+    }
+    match template() {
+        Some(name) => Route { name, label: None },
+        None => untemplated(parts.uri.path().to_owned()),
+    }
 }
 
 /// Why the engine's body did not hand back a response to store.
-enum Failure<E> {
+enum Failure<B, E> {
     /// The engine answered instead of the body (key reused, in progress,
     /// store trouble).
     Idem(Error),
     /// The response is not to be stored (a 5xx, a refused request, by
     /// default): the key is released and the response still goes to the
-    /// client.
-    NotStored(Response<Bytes>),
+    /// client, as it streams.
+    NotStored(Response<ResponseBody<B>>),
     /// The inner service failed.
     Inner(E),
     /// The inner service panicked.
     Panicked(Panic),
-    /// The inner service's response body failed (or panicked) while it
-    /// was buffered, under a status that is not stored.
-    ResponseBody(BoxError),
 }
 
-impl<E> From<Error> for Failure<E> {
+impl<B, E> From<Error> for Failure<B, E> {
     fn from(err: Error) -> Self {
         Failure::Idem(err)
     }
 }
 
 /// What the request's task hands back.
-struct Ran<E> {
-    result: Result<StoredResponse, Failure<E>>,
+struct Ran<B, E> {
+    result: Result<StoredResponse, Failure<B, E>>,
     /// The response as the inner service gave it, when it ran here and its
-    /// response was to be stored. `None` with an `Ok` result: a replay.
-    executed: Option<Response<Bytes>>,
+    /// response was to be stored: whole when it was, streamed when what is
+    /// stored is the [`Problem::NotReplayable`] answer. `None` with an `Ok`
+    /// result: a replay.
+    executed: Option<Response<ResponseBody<B>>>,
+}
+
+/// How much of a response body the layer read before its head is sent.
+enum Read {
+    /// All of it, within the limit.
+    Whole(Bytes),
+    /// The body failed or panicked.
+    Failed(BoxError),
+    /// Not all of it: the part read so far, sent first. Why it is not
+    /// kept for a replay.
+    Streamed(VecDeque<Bytes>, String),
+}
+
+/// Reads `body` until its end, or until it goes past `limit`.
+async fn read_up_to<B>(body: &mut Pin<Box<B>>, limit: usize) -> Read
+where
+    B: Body,
+    B::Error: Into<BoxError>,
+{
+    let mut prefix = VecDeque::new();
+    let mut read = 0usize;
+    loop {
+        if read > limit {
+            let why = format!("its body was over the {limit} bytes kept for a replay");
+            return Read::Streamed(prefix, why);
+        }
+        let frame = match CatchUnwind::new(body.frame()).await {
+            Ok(None) => break,
+            Ok(Some(Ok(frame))) => frame,
+            Ok(Some(Err(err))) => return Read::Failed(err.into()),
+            Err(panic) => return Read::Failed(panic_message(&panic).into()),
+        };
+        // Trailers are not kept, as no header of a transfer is.
+        if let Ok(mut data) = frame.into_data() {
+            read = read.saturating_add(data.remaining());
+            prefix.push_back(data.copy_to_bytes(data.remaining()));
+        }
+    }
+    Read::Whole(match prefix.len() {
+        0 => Bytes::new(),
+        1 => prefix.pop_front().unwrap_or_default(),
+        _ => {
+            let mut whole = BytesMut::with_capacity(read);
+            prefix
+                .iter()
+                .for_each(|chunk| whole.extend_from_slice(chunk));
+            whole.freeze()
+        }
+    })
+}
+
+/// Whether `headers` name one of `types` as the response's media type.
+fn is_stream(headers: &HeaderMap, types: &[String]) -> Option<String> {
+    let value = headers.get(header::CONTENT_TYPE)?.to_str().ok()?;
+    let essence = value.split(';').next()?.trim().to_ascii_lowercase();
+    types.contains(&essence).then_some(essence)
 }
 
 async fn execute<S, ReqBody, ResBody>(
@@ -287,7 +385,7 @@ async fn execute<S, ReqBody, ResBody>(
     config: Arc<Config>,
     call: Call,
     request: Request<ReqBody>,
-) -> Ran<S::Error>
+) -> Ran<ResBody, S::Error>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>>,
     ResBody: Body,
@@ -305,35 +403,58 @@ where
         // Known from the head: whether the handler's answer is final.
         let storable = is_stored(&response, &*config.store_status);
         let (parts, body) = response.into_parts();
-        let failed = match CatchUnwind::new(body.collect()).await {
-            Ok(Ok(collected)) => Ok(collected.to_bytes()),
-            Ok(Err(err)) => Err(err.into()),
-            Err(panic) => Err(panic_message(&panic).into()),
+        // Boxed, so that the part read before the head is sent can be
+        // followed by the rest.
+        let mut body = Box::pin(body);
+        if !storable {
+            // Released, then streamed: nothing of it is kept.
+            let streamed = ResponseBody::streamed(VecDeque::new(), body);
+            return Err(Failure::NotStored(Response::from_parts(parts, streamed)));
+        }
+        let limit = config.max_stored_body;
+        let read = if let Some(media_type) = is_stream(&parts.headers, &config.stream_media_types) {
+            Read::Streamed(VecDeque::new(), format!("it is a stream ({media_type})"))
+        } else if body.size_hint().lower() > limit as u64 {
+            let why = format!("its body was over the {limit} bytes kept for a replay");
+            Read::Streamed(VecDeque::new(), why)
+        } else {
+            read_up_to(&mut body, limit).await
         };
-        let response = match failed {
-            Ok(bytes) => Response::from_parts(parts, bytes),
+        let response = match read {
+            Read::Whole(bytes) => Response::from_parts(parts, bytes),
             // The handler answered, with a status to store, so its work is
             // done: a retry must not run it again, and gets this answer.
-            Err(err) if storable => {
+            Read::Failed(err) => {
                 tracing::error!(
                     error = %err,
                     "the response body failed after the handler answered; \
                      the key answers 500 from now on"
                 );
-                body_failed(&err, true).into()
+                body_failed(&err).into()
             }
-            Err(err) => return Err(Failure::ResponseBody(err)),
+            // The head goes out once this answer is stored: a duplicate
+            // meanwhile waits for it, and never runs the request again.
+            Read::Streamed(prefix, why) => {
+                tracing::debug!(
+                    why,
+                    "the response is sent as it streams; the key answers NotReplayable"
+                );
+                let answer: Response<Bytes> = not_replayable(&why).into();
+                let (head, body_of_answer) = answer.into_parts();
+                let stored =
+                    StoredResponse::new(head.status, &head.headers, body_of_answer, &REPLAYED);
+                let streamed = ResponseBody::streamed(prefix, body);
+                executed = Some(Response::from_parts(parts, streamed));
+                return Ok(stored);
+            }
         };
-        if !storable {
-            return Err(Failure::NotStored(response));
-        }
         let stored = StoredResponse::new(
             response.status(),
             response.headers(),
             response.body().clone(),
             &REPLAYED,
         );
-        executed = Some(response);
+        executed = Some(response.map(ResponseBody::from));
         Ok(stored)
     };
     let result = run(&*store, call.with_codec(ResponseCodec), body).await;
@@ -341,54 +462,52 @@ where
 }
 
 /// Turns what the task did into the response (or error) for the client.
-fn respond<B: From<Bytes>, E>(ran: Ran<E>) -> Result<Response<B>, E> {
+fn respond<B, E>(ran: Ran<B, E>) -> Result<Response<ResponseBody<B>>, E> {
     match (ran.result, ran.executed) {
-        (Ok(_), Some(executed)) => Ok(executed.map(B::from)),
+        (Ok(_), Some(executed)) => Ok(executed),
         (Ok(stored), None) => Ok(replay(stored)),
-        (Err(Failure::NotStored(response)), _) => Ok(response.map(B::from)),
+        (Err(Failure::NotStored(response)), _) => Ok(response),
         (Err(Failure::Inner(err)), _) => Err(err),
         (Err(Failure::Panicked(panic)), _) => std::panic::resume_unwind(panic),
-        (Err(Failure::ResponseBody(err)), _) => Ok(body_failed(&err, false).into()),
         (Err(Failure::Idem(err)), None) => Ok(ProblemDetails::from(&err).into()),
         // The request ran, but its response could not be stored (the store
         // failed, or the lease was lost): the client still gets it. A retry
         // runs the request again once the claim's lease has passed.
         (Err(Failure::Idem(err)), Some(executed)) => {
             tracing::warn!(error = %err, "the response was sent but not stored");
-            Ok(executed.map(B::from))
+            Ok(executed)
         }
     }
 }
 
-/// The answer to a request whose response body failed (or panicked)
-/// while it was buffered.
-/// `kept`: the answer is stored for the key, whose request is not run again.
-fn body_failed(err: &BoxError, kept: bool) -> ProblemDetails {
-    let detail = format!("the response body failed while it was buffered: {err}");
-    match kept {
-        true => ProblemDetails::new(
-            Problem::Internal,
-            format_args!("{detail}; the request was processed, and is not run again for this key"),
+/// The answer stored for a key whose response was streamed, not kept:
+/// `why` it was not.
+fn not_replayable(why: &str) -> ProblemDetails {
+    ProblemDetails::new(
+        Problem::NotReplayable,
+        format_args!(
+            "the request with this idempotency key was processed, but its response was not \
+             kept, as {why}: it was sent as it streamed, and cannot be sent again; the \
+             request is not run again for this key"
         ),
-        false => ProblemDetails::new(Problem::Internal, detail),
-    }
+    )
 }
 
-/// What a panic said, when it said it with a string.
-fn panic_message(panic: &Panic) -> String {
-    let said = panic
-        .downcast_ref::<&str>()
-        .copied()
-        .or_else(|| panic.downcast_ref::<String>().map(String::as_str));
-    match said {
-        Some(said) => format!("the response body panicked: {said}"),
-        None => "the response body panicked".to_owned(),
-    }
+/// The answer, stored for the key, to a request whose response body
+/// failed (or panicked) while it was buffered.
+fn body_failed(err: &BoxError) -> ProblemDetails {
+    ProblemDetails::new(
+        Problem::Internal,
+        format_args!(
+            "the response body failed while it was buffered: {err}; the request was \
+             processed, and is not run again for this key"
+        ),
+    )
 }
 
 /// The stored response, marked as a replay.
-fn replay<B: From<Bytes>>(stored: StoredResponse) -> Response<B> {
-    let mut response = Response::new(B::from(stored.body));
+fn replay<B>(stored: StoredResponse) -> Response<ResponseBody<B>> {
+    let mut response = Response::new(ResponseBody::from(stored.body));
     *response.status_mut() = stored.status;
     *response.headers_mut() = stored.headers;
     response

@@ -874,23 +874,26 @@ async fn engine_errors_are_answered_as_the_layer_answers_them<S: SqlStore>(store
 }
 
 /// The layer on a plain tower service, no axum router in front (so no
-/// `MatchedPath`), served by hyper through `axum::serve`: a `MakeRoute`
+/// `MatchedPath`), served by hyper through `axum::serve` (its response
+/// body, the layer's `ResponseBody`, made axum's `Body`): a `MakeRoute`
 /// closure names the route, so two paths of one route share a key's
 /// scope; without one, each path is a scope of its own.
 async fn plain_tower_service_scoped_by_make_route<S: SqlStore>(store: S) {
     use axum::ServiceExt as _;
-    use tower::{service_fn, Layer};
+    use tower::{service_fn, Layer, ServiceExt as _};
 
     let runs = Arc::new(AtomicUsize::new(0));
     let serve_plain = |layer: IdempotencyLayer| {
         let runs = runs.clone();
-        let service = layer.layer(service_fn(move |request: Request| {
-            let run = runs.fetch_add(1, Ordering::SeqCst) + 1;
-            async move {
-                let path = request.uri().path().to_owned();
-                Ok::<_, std::convert::Infallible>(created(run, &path))
-            }
-        }));
+        let service = layer
+            .layer(service_fn(move |request: Request| {
+                let run = runs.fetch_add(1, Ordering::SeqCst) + 1;
+                async move {
+                    let path = request.uri().path().to_owned();
+                    Ok::<_, std::convert::Infallible>(created(run, &path))
+                }
+            }))
+            .map_response(IntoResponse::into_response);
         async move {
             let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
             let addr = listener.local_addr().unwrap();

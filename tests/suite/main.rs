@@ -48,11 +48,15 @@ mod http_fingerprint;
 mod http_isolation;
 #[cfg(all(feature = "axum", feature = "sqlite", feature = "postgres"))]
 mod http_key_extension;
+#[cfg(all(feature = "axum", feature = "sqlite", feature = "postgres"))]
+mod http_labels;
 #[cfg(all(feature = "axum", feature = "sqlite"))]
 mod http_layer;
 mod http_steps;
 #[cfg(all(feature = "axum", feature = "sqlite", feature = "postgres"))]
 mod http_storing;
+#[cfg(all(feature = "axum", feature = "sqlite", feature = "postgres"))]
+mod http_streaming;
 #[cfg(all(feature = "postgres", feature = "mysql"))]
 mod kept_connection_kills;
 mod kept_connections;
