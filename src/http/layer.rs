@@ -231,6 +231,9 @@ impl IdempotencyLayer {
     /// Keep it within what the store holds in one value (with the
     /// response's headers): a response the store refuses is answered
     /// [`Problem::NotReplayable`](super::Problem::NotReplayable) as well.
+    /// The engine's limit on a stored outcome
+    /// ([`Call::max_outcome`](crate::Call::max_outcome)) follows this one:
+    /// the body, and 64 KiB for its status and headers.
     pub fn max_stored_body(mut self, bytes: usize) -> Self {
         self.config.max_stored_body = bytes;
         self

@@ -33,6 +33,10 @@ use crate::error::Error;
 use crate::key::{Key, Scope};
 use crate::store::Store;
 
+/// What a stored response's status and headers may take beside its body,
+/// within the engine's limit on an outcome ([`Call::max_outcome`]).
+const RESPONSE_HEAD_ROOM: usize = 64 * 1024;
+
 /// The header that marks a replayed response.
 pub(crate) const REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
 
@@ -215,11 +219,20 @@ where
             return Ok(ProblemDetails::new(Problem::UnreadableBody, detail).into());
         }
     };
+    // A response the layer keeps is at most `max_stored_body` of body,
+    // framed with its head: the engine's limit on an outcome follows the
+    // layer's, so that raising one raises the other.
     let call = Call::from_parts(
         scope,
         Ok(key),
         Ok(config.fingerprint.of(&parts, &body)),
         config.policy,
+    )
+    .max_outcome(
+        config
+            .max_stored_body
+            .saturating_add(RESPONSE_HEAD_ROOM)
+            .max(Call::DEFAULT_MAX_OUTCOME),
     );
     let request = Request::from_parts(parts, ReqBody::from(body));
     let task = tokio::spawn(
