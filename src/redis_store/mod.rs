@@ -14,6 +14,7 @@ use async_trait::async_trait;
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClientBuilder;
 use redis::cluster_async::ClusterConnection;
+use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
 use redis::{
     Cmd, ErrorKind, IntoConnectionInfo, ProtocolVersion, RedisError, RedisFuture, ServerErrorKind,
     Value,
@@ -42,6 +43,10 @@ const DEFAULT_PREFIX: &str = "idem";
 /// the scripts compute in Lua's doubles, exact below 2^53.
 const MAX_MILLIS: Millis = 1 << 50;
 
+/// The least `proto-max-bulk-len` a Redis server can be set to (1 MiB):
+/// no argument up to this long is refused for its length.
+const MIN_BULK_LIMIT: usize = 1 << 20;
+
 /// How long a command may wait for its answer before it fails (and the
 /// engine's retry, with the same claim token, takes over).
 const DEFAULT_RESPONSE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -69,12 +74,21 @@ const DEFAULT_RESPONSE_TIMEOUT: Duration = Duration::from_secs(10);
 /// - **Bytes.** Outcomes and step outputs are stored as they are, so any
 ///   codec works.
 ///
-/// Redis replicates asynchronously: a claim or a completion acknowledged
-/// by a primary that fails before its replicas have it can be lost in a
-/// failover, and a retry may then run the body again.
-/// [`wait_for_replicas`](RedisStore::wait_for_replicas) makes every claim
-/// and completion wait until that many replicas acknowledged it (`WAIT`).
+/// Redis replicates asynchronously: a claim, a step's start or a
+/// completion acknowledged by a primary that fails before its replicas
+/// have it can be lost in a failover, and a retry may then run the body,
+/// or a step, again.
+/// [`wait_for_replicas`](RedisStore::wait_for_replicas) makes those
+/// writes wait until that many replicas acknowledged them (`WAIT`); it
+/// says which writes wait, and what a failover can still lose.
 /// The README's Stores section states the guarantee.
+///
+/// An outcome longer than the server's `proto-max-bulk-len` is refused
+/// with [`Error::Unrecorded`] (checked with `CONFIG GET` before an
+/// outcome over 1 MiB is sent, and recognized in the server's refusal):
+/// the engine then stores the outcome that answers `Unrecorded`. A step's
+/// output that long fails with a store error, so that the step's output
+/// is used and the step is in doubt at the next attempt.
 ///
 /// ```no_run
 /// # async fn demo() -> Result<(), idem::Error> {
@@ -164,7 +178,36 @@ impl ConnectionLike for Conn {
 }
 
 fn store_error(err: RedisError) -> Error {
+    if too_large(&err) {
+        return Error::Unrecorded(format!(
+            "the Redis server refused an argument longer than its proto-max-bulk-len: {err}"
+        ));
+    }
     Error::store(err)
+}
+
+/// A refusal for length as a store error, where what was refused is not
+/// an outcome.
+fn unrecorded_as_store(err: Error) -> Error {
+    match err {
+        Error::Unrecorded(reason) => Error::store(reason),
+        other => other,
+    }
+}
+
+/// Whether the server refused a command because one of its arguments is
+/// longer than its `proto-max-bulk-len` (`ERR Protocol error: invalid
+/// bulk length`, after which it closes the connection): the same command
+/// would be refused every time. Only that reply; a connection lost while
+/// the command was being written is not taken for it.
+fn too_large(err: &RedisError) -> bool {
+    err.clone().into_server_errors().is_some_and(|errors| {
+        errors.iter().any(|(_, e)| {
+            e.code() == "ERR"
+                && e.details()
+                    .is_some_and(|d| d.starts_with("Protocol error: invalid bulk length"))
+        })
+    })
 }
 
 fn corrupt(what: &str) -> Error {
@@ -334,12 +377,47 @@ impl RedisStore {
         self.shared.conn.is_cluster()
     }
 
-    /// After every claim and every completion (of a record or a step),
-    /// waits until `replicas` replicas acknowledged it (`WAIT`), for at
-    /// most `timeout`. A claim not acknowledged in time is handed back and
-    /// fails with a store error, so its body does not run; a completion
-    /// not acknowledged in time fails with a store error, and the engine
-    /// stores it again. `0` replicas turns the option off.
+    /// After every write that a later decision depends on, waits until
+    /// `replicas` replicas acknowledged it (`WAIT`, on the connection that
+    /// wrote it), for at most `timeout`. `0` replicas turns the option
+    /// off.
+    ///
+    /// - **Waited for:** a claim (a fresh one, a takeover, one sent
+    ///   again), a step's start (fresh, adopted, allowed by an operator,
+    ///   or sent again), a completion, a step's completion, a release, a
+    ///   forget and an operator's step resolution.
+    /// - **Not acknowledged in time:** the write is done on the primary,
+    ///   but not taken as durable. A claim is handed back and fails with
+    ///   a store error, so its body does not run. A step's start is put
+    ///   back as the entry was and fails with a store error, so the
+    ///   step's call does not run (a start sent again is left started:
+    ///   in doubt). A completion or a step's completion fails with a
+    ///   store error, and is stored again. A release, a forget or a
+    ///   resolution fails with a store error, though the primary has it.
+    /// - **Not waited for:** lease renewals and the journal's keeping
+    ///   ([`Store::keep_steps`]). Waiting would not make them more
+    ///   durable, the engine cannot stop a body whose renewal is not
+    ///   acknowledged, and `WAIT` holds the store's one connection for
+    ///   up to `timeout`, renewals coming every third of a lease for
+    ///   every call in progress. So a failover can lose the renewals
+    ///   that no replica had yet: the promoted replica then holds an
+    ///   older lease, and a retry may take the key over once that lease
+    ///   has run out, while the first attempt still runs. The first
+    ///   attempt's later writes are refused then (fenced by its claim),
+    ///   and every step it started is seen started or completed.
+    /// - **An outage longer than the lease** (replicas that acknowledge
+    ///   nothing for longer): the claims, steps and completions of that
+    ///   time fail with store errors, but a body already running runs on,
+    ///   its renewals on the primary alone. A failover then may lose all
+    ///   of them, and a retry takes the key over at once: the two
+    ///   attempts overlap as after a holder paused longer than its lease.
+    ///   A step of the first attempt that had started is in doubt, and a
+    ///   step journaled longer than its ttl ago whose keeping the failover
+    ///   lost is gone, and runs again.
+    ///
+    /// `WAIT` blocks the connection it is sent on, which all the store's
+    /// commands share: while replicas do not acknowledge, every command
+    /// queues behind the waits in progress, each up to `timeout`.
     pub fn wait_for_replicas(mut self, replicas: u32, timeout: Duration) -> Self {
         self.replicas = (replicas > 0).then_some((replicas, timeout));
         self
@@ -423,6 +501,8 @@ impl RedisStore {
         outcome: &Outcome,
         keys: &Keys,
     ) -> Result<(), Error> {
+        self.check_length(&keys.record, outcome.body.len(), "an outcome")
+            .await?;
         let (value, acknowledged) = self
             .invoke_replicated(
                 SCRIPTS
@@ -443,6 +523,104 @@ impl RedisStore {
             return Err(self.not_replicated("completion"));
         }
         Ok(())
+    }
+
+    /// The release of `claim`, then `WAIT` for `replicas` if asked for.
+    /// A release that no replica acknowledged is done on the primary
+    /// (the key is free there) and fails with a store error: a failover
+    /// may bring the claim back, to be taken over once its lease runs
+    /// out.
+    async fn release_then(
+        &self,
+        claim: &Claim,
+        replicas: Option<(u32, Duration)>,
+    ) -> Result<(), Error> {
+        let keys = self.keys(&claim.scope, &claim.key);
+        let (value, acknowledged) = self
+            .invoke_then(
+                SCRIPTS
+                    .release
+                    .on(&keys.record)
+                    .arg(self.publish())
+                    .arg(&keys.channel)
+                    .arg(&claim.token.as_bytes()[..]),
+                replicas,
+            )
+            .await?;
+        if int(&value) != Some(1) {
+            return Err(Error::LeaseLost);
+        }
+        self.shared.waiters.wake(&claim.scope, &claim.key);
+        if !acknowledged {
+            return Err(self.not_replicated("release"));
+        }
+        Ok(())
+    }
+
+    /// Undoes a step's start that no replica acknowledged (`before`: what
+    /// the begin script answered the entry held), unless the entry
+    /// changed since.
+    async fn abandon_step(
+        &self,
+        keys: &Keys,
+        claim: &Claim,
+        step: &StepRequest<'_>,
+        before: &[Value],
+    ) -> Result<(), Error> {
+        let field = |i: usize| before.get(i).and_then(bytes).unwrap_or_default();
+        self.invoke(
+            SCRIPTS
+                .abandon_step
+                .on(&keys.record)
+                .key(&keys.journal)
+                .arg(&claim.token.as_bytes()[..])
+                .arg(step.seq)
+                .arg(step.name)
+                .arg(field(0))
+                .arg(field(1))
+                .arg(field(2)),
+        )
+        .await
+        .map(drop)
+    }
+
+    /// Refuses an argument of `len` bytes (`what`) that the server would
+    /// refuse for its length (longer than its `proto-max-bulk-len`), with
+    /// [`Error::Unrecorded`]: sent, it would be refused every time, and
+    /// the server would close the connection, failing every command on
+    /// it. Only an argument longer than 1 MiB (the least the setting can
+    /// be) is checked, by asking the server that holds the record at
+    /// `record` (`CONFIG GET`); a server that does not answer is sent the
+    /// argument, and its refusal is recognized ([`too_large`]).
+    async fn check_length(&self, record: &str, len: usize, what: &str) -> Result<(), Error> {
+        if len <= MIN_BULK_LIMIT {
+            return Ok(());
+        }
+        let mut get = redis::cmd("CONFIG");
+        get.arg("GET").arg("proto-max-bulk-len");
+        let reply = match self.shared.conn.clone() {
+            Conn::Single(mut conn) => get.query_async::<Value>(&mut conn).await,
+            Conn::Cluster(mut conn) => {
+                let node = Route::with_key(record, SlotAddr::Master);
+                conn.route_command(
+                    get,
+                    RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(node)),
+                )
+                .await
+            }
+        };
+        let limit = match reply {
+            Ok(Value::Map(pairs)) => pairs.first().and_then(|(_, v)| int(v)),
+            Ok(Value::Array(items)) => items.get(1).and_then(int),
+            Ok(_) | Err(_) => None,
+        };
+        match limit {
+            Some(limit) if len as u64 > limit as u64 => Err(Error::Unrecorded(format!(
+                "{what} of {len} bytes is longer than the Redis server takes \
+                 (proto-max-bulk-len {limit})"
+            ))),
+            _ => Ok(()),
+        }
     }
 
     fn not_replicated(&self, what: &str) -> Error {
@@ -670,7 +848,7 @@ impl Store for RedisStore {
                     if !acknowledged {
                         // Not durable: hand it back, so that no body runs
                         // on a claim a failover may lose.
-                        let _ = self.release(&claim).await;
+                        let _ = self.release_then(&claim, None).await;
                         return Err(self.not_replicated("claim"));
                     }
                     return Ok(Begin::Claimed(claim));
@@ -705,6 +883,7 @@ impl Store for RedisStore {
 
     async fn renew(&self, claim: &Claim) -> Result<(), Error> {
         let keys = self.keys(&claim.scope, &claim.key);
+        // Not waited for (`wait_for_replicas` says why).
         let value = self
             .invoke(
                 SCRIPTS
@@ -727,22 +906,7 @@ impl Store for RedisStore {
     }
 
     async fn release(&self, claim: &Claim) -> Result<(), Error> {
-        let keys = self.keys(&claim.scope, &claim.key);
-        let value = self
-            .invoke(
-                SCRIPTS
-                    .release
-                    .on(&keys.record)
-                    .arg(self.publish())
-                    .arg(&keys.channel)
-                    .arg(&claim.token.as_bytes()[..]),
-            )
-            .await?;
-        if int(&value) != Some(1) {
-            return Err(Error::LeaseLost);
-        }
-        self.shared.waiters.wake(&claim.scope, &claim.key);
-        Ok(())
+        self.release_then(claim, self.replicas).await
     }
 
     async fn get(&self, scope: &Scope, key: &Key) -> Result<Option<Record>, Error> {
@@ -753,8 +917,8 @@ impl Store for RedisStore {
 
     async fn forget(&self, scope: &Scope, key: &Key) -> Result<bool, Error> {
         let keys = self.keys(scope, key);
-        let value = self
-            .invoke(
+        let (value, acknowledged) = self
+            .invoke_replicated(
                 SCRIPTS
                     .forget
                     .on(&keys.record)
@@ -764,11 +928,15 @@ impl Store for RedisStore {
             )
             .await?;
         self.shared.waiters.wake(scope, key);
+        if !acknowledged {
+            return Err(self.not_replicated("forget"));
+        }
         Ok(int(&value) == Some(1))
     }
 
     async fn keep_steps(&self, scope: &Scope, key: &Key, ttl: Duration) -> Result<(), Error> {
         let keys = self.keys(scope, key);
+        // Not waited for, as renewals are not (`wait_for_replicas`).
         self.invoke(
             SCRIPTS
                 .keep_steps
@@ -821,8 +989,8 @@ impl Store for RedisStore {
 
     async fn begin_step(&self, claim: &Claim, step: &StepRequest<'_>) -> Result<StepBegin, Error> {
         let keys = self.keys(&claim.scope, &claim.key);
-        let value = self
-            .invoke(
+        let (value, acknowledged) = self
+            .invoke_replicated(
                 step_call(&SCRIPTS.begin_step, &keys, claim, step)
                     .arg(u8::from(step.adopt))
                     .arg(millis(step.settle)),
@@ -831,12 +999,23 @@ impl Store for RedisStore {
         let items = array(value)?;
         match status(&items)? {
             "lost" => Err(Error::LeaseLost),
-            "run" => match items.get(1).and_then(text) {
-                Some("fresh") => Ok(StepBegin::Run(StepRun::Fresh)),
-                Some("adopted") => Ok(StepBegin::Run(StepRun::Adopted)),
-                Some("allowed") => Ok(StepBegin::Run(StepRun::Allowed)),
-                other => Err(Error::store(format!("unexpected step run {other:?}"))),
-            },
+            "run" => {
+                let run = match items.get(1).and_then(text) {
+                    Some("fresh") => StepRun::Fresh,
+                    Some("adopted") => StepRun::Adopted,
+                    Some("allowed") => StepRun::Allowed,
+                    other => return Err(Error::store(format!("unexpected step run {other:?}"))),
+                };
+                if !acknowledged {
+                    // The marker may be lost in a failover: the step's
+                    // call must not run on it. Put back what the entry
+                    // held, so that the step is not taken for one in
+                    // doubt.
+                    let _ = self.abandon_step(&keys, claim, step, &items[2..]).await;
+                    return Err(self.not_replicated("step's start"));
+                }
+                Ok(StepBegin::Run(run))
+            }
             "found" => {
                 let now = items
                     .get(1)
@@ -844,6 +1023,14 @@ impl Store for RedisStore {
                     .ok_or_else(|| corrupt("no time"))?;
                 let entry = parse_step(&claim.scope, &claim.key, step.seq, &items[2..])?;
                 match decide_step(step, claim.token, Some(&entry), now) {
+                    // This attempt's start, sent again after its answer
+                    // was lost: its call runs only once a replica has it.
+                    // Not acknowledged, it is left started (what it
+                    // replaced is not known any more): in doubt, which
+                    // refuses rather than runs twice.
+                    StepDecision::Answer(StepBegin::Run(StepRun::Again)) if !acknowledged => {
+                        Err(self.not_replicated("step's start"))
+                    }
                     StepDecision::Answer(answer) => Ok(answer),
                     StepDecision::Start(_) => Err(Error::store(
                         "the Redis journal script and journal::decide_step disagree",
@@ -861,9 +1048,16 @@ impl Store for RedisStore {
         output: &[u8],
     ) -> Result<(), Error> {
         let keys = self.keys(&claim.scope, &claim.key);
+        // A step's output the server cannot take is a store error, not
+        // `Unrecorded`: the step's effect happened, so its output is used
+        // all the same, and the step is in doubt at the next attempt.
+        self.check_length(&keys.record, output.len(), "a step's output")
+            .await
+            .map_err(unrecorded_as_store)?;
         let (value, acknowledged) = self
             .invoke_replicated(step_call(&SCRIPTS.complete_step, &keys, claim, step).arg(output))
-            .await?;
+            .await
+            .map_err(unrecorded_as_store)?;
         let items = array(value)?;
         match status(&items)? {
             "ok" if acknowledged => Ok(()),
@@ -919,10 +1113,21 @@ impl Store for RedisStore {
             .arg(seq)
             .arg(name);
         let invocation = match resolution {
-            StepResolution::Completed(output) => invocation.arg("completed").arg(&output[..]),
+            StepResolution::Completed(output) => {
+                self.check_length(&keys.record, output.len(), "a step's output")
+                    .await
+                    .map_err(unrecorded_as_store)?;
+                invocation.arg("completed").arg(&output[..])
+            }
             StepResolution::Rerun => invocation.arg("rerun").arg(""),
         };
-        let value = self.invoke(invocation).await?;
+        let (value, acknowledged) = self
+            .invoke_replicated(invocation)
+            .await
+            .map_err(unrecorded_as_store)?;
+        if !acknowledged {
+            return Err(self.not_replicated("step's resolution"));
+        }
         Ok(int(&value) == Some(1))
     }
 
@@ -967,8 +1172,10 @@ mod tests {
             &s.release,
             &s.forget,
             &s.begin_step,
+            &s.abandon_step,
             &s.complete_step,
             &s.resolve_step,
+            &s.keep_steps,
         ];
         let hashes: std::collections::HashSet<_> = all
             .iter()

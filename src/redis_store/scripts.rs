@@ -115,6 +115,7 @@ pub(super) struct Scripts {
     pub release: Lua,
     pub forget: Lua,
     pub begin_step: Lua,
+    pub abandon_step: Lua,
     pub complete_step: Lua,
     pub resolve_step: Lua,
     pub keep_steps: Lua,
@@ -129,6 +130,7 @@ pub(super) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     release: script(RELEASE),
     forget: script(FORGET),
     begin_step: script(BEGIN_STEP),
+    abandon_step: script(ABANDON_STEP),
     complete_step: script(COMPLETE_STEP),
     resolve_step: script(RESOLVE_STEP),
     keep_steps: script(KEEP_STEPS),
@@ -322,8 +324,10 @@ end
 
 /// Begins step `ARGV[2]` (named `ARGV[3]`, fingerprint `ARGV[4]`, kept
 /// `ARGV[5]` ms) for the claim `ARGV[1]`; `ARGV[6]` is `1` to adopt a step
-/// in doubt started at least `ARGV[7]` ms ago (its settle window). Answers `{'run', fresh|adopted|allowed}` after marking it
-/// started, `{'lost'}` when the claim does not hold the record, or
+/// in doubt started at least `ARGV[7]` ms ago (its settle window).
+/// Answers `{'run', fresh|adopted|allowed, state, token, updated}` after
+/// marking it started (with what the entry held before: nothing for
+/// `fresh`), `{'lost'}` when the claim does not hold the record, or
 /// `{'found', now, name, fp, state, token, output, updated, expires}` for
 /// `journal::decide_step`.
 const BEGIN_STEP: &str = concat!(
@@ -349,9 +353,33 @@ redis.call('HSET', jrn, p .. 'n', ARGV[3], p .. 'fp', ARGV[4], p .. 'st', 'start
   p .. 'tok', ARGV[1], p .. 'u', int(now), p .. 'e', int(exp))
 redis.call('HDEL', jrn, p .. 'out')
 keep(exp)
-return {'run', run}
+if run == 'fresh' then
+  return {'run', run}
+end
+return {'run', run, e[3], e[4], e[6]}
 "#
 );
+
+/// Undoes the start of step `ARGV[2]` (named `ARGV[3]`) by the claim
+/// `ARGV[1]`, whose marker no replica acknowledged, so its call did not
+/// run: the entry is put back as it was (`ARGV[4]` state, `ARGV[5]`
+/// token, `ARGV[6]` updated), or removed when there was none (`ARGV[4]`
+/// empty). Only while the entry is still this claim's start; answers 1
+/// if it was undone, else 0.
+const ABANDON_STEP: &str = r#"
+local jrn = KEYS[2]
+local p = ARGV[2] .. ':'
+local e = redis.call('HMGET', jrn, p .. 'n', p .. 'st', p .. 'tok')
+if e[1] ~= ARGV[3] or e[2] ~= 'started' or e[3] ~= ARGV[1] then
+  return 0
+end
+if ARGV[4] == '' then
+  redis.call('HDEL', jrn, p .. 'n', p .. 'fp', p .. 'st', p .. 'tok', p .. 'out', p .. 'u', p .. 'e')
+else
+  redis.call('HSET', jrn, p .. 'st', ARGV[4], p .. 'tok', ARGV[5], p .. 'u', ARGV[6])
+end
+return 1
+"#;
 
 /// Journals the output `ARGV[6]` of step `ARGV[2]` (named `ARGV[3]`,
 /// fingerprint `ARGV[4]`, kept `ARGV[5]` ms) for the claim `ARGV[1]`.

@@ -103,6 +103,7 @@ mod payments_killed_connections;
 #[cfg(all(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 mod process_faults;
 mod redis_failover;
+mod redis_own_servers;
 mod redis_store;
 mod replayable_errors;
 mod sql_store_concurrency;

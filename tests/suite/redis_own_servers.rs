@@ -1,0 +1,468 @@
+//! The Redis store on Redis servers the tests start themselves (on
+//! 127.0.0.1:7310-7319, no persistence, killed when the test ends, even
+//! when it fails), where a test kills, promotes or reconfigures a server:
+//!
+//! - a replica promoted in place of its primary (`REPLICAOF NO ONE`, the
+//!   old primary then killed with SIGKILL): with
+//!   `RedisStore::wait_for_replicas`, a refusing step's start marker is on
+//!   the replica before the step's call runs, so a retry on the promoted
+//!   replica never charges a second time;
+//! - a claim, a step's start or a completion sent again (its answer lost)
+//!   on another connection is not taken for durable while no replica
+//!   acknowledged it;
+//! - an outcome larger than the server's `proto-max-bulk-len`: the first
+//!   caller gets its value, and the key answers `Unrecorded` at once
+//!   instead of staying in progress.
+#![cfg(feature = "redis")]
+
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use idem::steps::Step;
+use idem::{run, Call, Error, Policy, RedisStore};
+
+/// A `redis-server` of the test's own on one port, SIGKILLed when dropped.
+struct Server {
+    port: u16,
+    child: Option<Child>,
+}
+
+impl Server {
+    /// Starts a server on `port` with the options `extra`, and waits until
+    /// it answers.
+    async fn start(port: u16, extra: &[&str]) -> Server {
+        let pid_file = std::env::temp_dir().join(format!("idem-own-redis-{port}.pid"));
+        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            Server::kill_leftover(&pid_file).await;
+        }
+        assert!(
+            std::net::TcpStream::connect(("127.0.0.1", port)).is_err(),
+            "port {port} is in use: the test starts a Redis of its own there"
+        );
+        let child = Command::new("redis-server")
+            .args(["--pidfile", &pid_file.to_string_lossy()])
+            .args(["--port", &port.to_string()])
+            .args(["--bind", "127.0.0.1", "--protected-mode", "no"])
+            .args(["--save", "", "--appendonly", "no"])
+            .args(["--dir", &std::env::temp_dir().to_string_lossy()])
+            .args(["--dbfilename", &format!("idem-own-{port}.rdb")])
+            .args(extra)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|err| panic!("start redis-server on {port}: {err}"));
+        let server = Server {
+            port,
+            child: Some(child),
+        };
+        let started = Instant::now();
+        while server.query(&["PING"]).await.is_err() {
+            assert!(
+                started.elapsed() < Duration::from_secs(10),
+                "redis-server on {port} does not answer after 10 s"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        server
+    }
+
+    /// Kills the server a killed run of this test left behind (SIGKILL
+    /// ends a test process without dropping its servers), named by its
+    /// pid file, if it is a redis-server.
+    async fn kill_leftover(pid_file: &std::path::Path) {
+        let Some(pid) = std::fs::read_to_string(pid_file)
+            .ok()
+            .and_then(|pid| pid.trim().parse::<u32>().ok())
+        else {
+            return;
+        };
+        let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+        if comm.trim() != "redis-server" {
+            return;
+        }
+        let _ = Command::new("kill")
+            .args(["-KILL", &pid.to_string()])
+            .status();
+        for _ in 0..50 {
+            if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Sends `signal` (`STOP`, `CONT`) to the server.
+    fn signal(&self, signal: &str) {
+        let pid = self.child.as_ref().expect("a live server").id();
+        let status = Command::new("kill")
+            .args([&format!("-{signal}"), &pid.to_string()])
+            .status()
+            .expect("run kill");
+        assert!(status.success(), "kill -{signal} {pid}");
+    }
+
+    fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// One command on a connection of its own.
+    async fn query(&self, args: &[&str]) -> redis::RedisResult<redis::Value> {
+        let client = redis::Client::open(self.url())?;
+        let mut conn = tokio::time::timeout(
+            Duration::from_secs(2),
+            client.get_multiplexed_async_connection(),
+        )
+        .await
+        .map_err(|_| std::io::Error::from(std::io::ErrorKind::TimedOut))??;
+        let mut cmd = redis::cmd(args[0]);
+        for arg in &args[1..] {
+            cmd.arg(*arg);
+        }
+        cmd.query_async(&mut conn).await
+    }
+
+    async fn info(&self, section: &str) -> String {
+        match self.query(&["INFO", section]).await {
+            Ok(redis::Value::BulkString(b)) => String::from_utf8_lossy(&b).into_owned(),
+            Ok(redis::Value::VerbatimString { text, .. }) => text,
+            other => panic!("INFO {section} on {}: {other:?}", self.port),
+        }
+    }
+
+    /// SIGKILL: no shutdown, nothing more sent to its replicas.
+    fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// A primary on `port` and its replica on `port + 1`, once the replica
+/// is in sync.
+async fn primary_and_replica(port: u16) -> (Server, Server) {
+    // No delay before the first sync (5 s by default).
+    let primary = Server::start(port, &["--repl-diskless-sync-delay", "0"]).await;
+    let replica = Server::start(port + 1, &["--replicaof", "127.0.0.1", &port.to_string()]).await;
+    let started = Instant::now();
+    while !replica
+        .info("replication")
+        .await
+        .contains("master_link_status:up")
+    {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "the replica on {} is not in sync after 10 s",
+            port + 1
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    (primary, replica)
+}
+
+/// The downstream of the steps: counts its charges.
+#[derive(Default)]
+struct Gateway {
+    charges: AtomicUsize,
+}
+
+const LEASE: Duration = Duration::from_millis(600);
+
+/// One attempt of a payment whose body is one refusing step "charge";
+/// `during` runs inside the step's call, after the charge.
+async fn pay(
+    store: &RedisStore,
+    key: &str,
+    gateway: &Gateway,
+    during: impl std::future::Future<Output = ()> + Send,
+) -> Result<String, Error> {
+    let call = Call::new("own_servers.pay", key, &500u64)
+        .with_policy(Policy::new().lease(LEASE).wait(Duration::from_secs(5)));
+    run(store, call, async move {
+        Step::new("charge")
+            .refuse()
+            .run(|_key| async move {
+                let n = gateway.charges.fetch_add(1, Ordering::SeqCst) + 1;
+                during.await;
+                Ok::<_, Error>(format!("ch_{n}"))
+            })
+            .await
+    })
+    .await
+}
+
+/// The retry of a client whose first attempt's primary failed over: on
+/// the promoted replica, once the first attempt's lease has passed.
+async fn retry_on(promoted: &Server, key: &str, gateway: &Gateway) -> Result<String, Error> {
+    tokio::time::sleep(LEASE + Duration::from_millis(200)).await;
+    let store = RedisStore::connect(&promoted.url())
+        .await
+        .expect("connect to the promoted replica");
+    pay(&store, key, gateway, async {}).await
+}
+
+/// Promotes the replica (`REPLICAOF NO ONE`): from then on, what the
+/// primary writes reaches no replica, and is lost once the primary is
+/// killed, as in a failover.
+async fn promote(replica: &Server) {
+    let promoted = replica.query(&["REPLICAOF", "NO", "ONE"]).await;
+    assert!(promoted.is_ok(), "REPLICAOF NO ONE: {promoted:?}");
+}
+
+/// `wait_for_replicas(1, ..)` promised that a step's start marker, as a
+/// claim and a completion, is on a replica before the store answers; the
+/// marker alone was written without `WAIT`, so a failover right after a
+/// refusing step had started could lose it, and the retry on the promoted
+/// replica, finding no entry, charged again: two charges where the policy
+/// promises `OutcomeUnknown`.
+///
+/// 1. The claim lands and reaches the replica (`WAIT`).
+/// 2. The replica is promoted in place of the primary before the step
+///    begins: the primary's later writes are on the primary alone.
+/// 3. The step begins on the old primary; once the attempt has ended, the
+///    old primary is killed (SIGKILL), with whatever only it had.
+/// 4. Once the lease has passed, the client retries on the promoted
+///    replica.
+///
+/// Expected: exactly one charge. The step's start is not acknowledged by
+/// any replica, so its call does not run on the first attempt (which
+/// fails with a store error), and the retry, which finds no entry,
+/// charges once. (Before the fix, the call ran on the unreplicated
+/// marker, and the retry charged again.)
+///
+/// And with the replica promoted only after the marker (inside the
+/// step's call, after the charge): the marker is there, and the retry
+/// gets `OutcomeUnknown`, with one charge.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failover_never_loses_a_started_step() {
+    // The replica promoted before the step begins.
+    {
+        let (mut primary, replica) = primary_and_replica(7310).await;
+        let store = RedisStore::connect(&primary.url())
+            .await
+            .expect("connect to the test's primary")
+            .wait_for_replicas(1, Duration::from_millis(300));
+        let gateway = Gateway::default();
+        let key = "promoted-before-the-step";
+        let promoted = AtomicBool::new(false);
+        let first = {
+            let call = Call::new("own_servers.pay", key, &500u64)
+                .with_policy(Policy::new().lease(LEASE).wait(Duration::from_secs(5)));
+            let (replica, gateway, promoted) = (&replica, &gateway, &promoted);
+            run(&store, call, async move {
+                // The claim is on the replica: promote it now.
+                promote(replica).await;
+                promoted.store(true, Ordering::SeqCst);
+                Step::new("charge")
+                    .refuse()
+                    .run(|_key| async move {
+                        let n = gateway.charges.fetch_add(1, Ordering::SeqCst) + 1;
+                        Ok::<_, Error>(format!("ch_{n}"))
+                    })
+                    .await
+            })
+            .await
+        };
+        assert!(promoted.load(Ordering::SeqCst), "the body did not run");
+        primary.kill();
+        drop(store);
+        let retry = retry_on(&replica, key, &gateway).await;
+        assert_eq!(
+            gateway.charges.load(Ordering::SeqCst),
+            1,
+            "charged twice across a failover (first attempt: {first:?}, retry: {retry:?})"
+        );
+        // The first attempt's step never started: the retry charged, and
+        // got its value.
+        assert!(
+            matches!(first, Err(Error::Store(_))),
+            "the first attempt: {first:?}"
+        );
+        assert_eq!(retry.ok().as_deref(), Some("ch_1"));
+    }
+    // The replica promoted after the marker, inside the step's call.
+    {
+        let (mut primary, replica) = primary_and_replica(7312).await;
+        let store = RedisStore::connect(&primary.url())
+            .await
+            .expect("connect to the test's primary")
+            .wait_for_replicas(1, Duration::from_millis(300));
+        let gateway = Gateway::default();
+        let key = "promoted-after-the-marker";
+        let first = pay(&store, key, &gateway, promote(&replica)).await;
+        primary.kill();
+        drop(store);
+        let retry = retry_on(&replica, key, &gateway).await;
+        assert_eq!(
+            gateway.charges.load(Ordering::SeqCst),
+            1,
+            "charged twice across a failover (first attempt: {first:?}, retry: {retry:?})"
+        );
+        assert!(
+            matches!(retry, Err(Error::OutcomeUnknown { .. })),
+            "the retry after a failover that kept the marker: {retry:?}"
+        );
+    }
+}
+
+/// An outcome larger than the server takes (`proto-max-bulk-len`) was
+/// refused as if the connection had failed: the completion was sent
+/// again every second for ever, the lease renewed, and every retry got
+/// `InProgress`. The store classifies the server's refusal as permanent
+/// (`Error::Unrecorded`), so the engine stores the small outcome that
+/// answers `Unrecorded` instead.
+///
+/// Expected: the first caller gets its 2 MiB value, the record is
+/// completed (not in progress), a retry gets `Unrecorded` at once, and
+/// the body ran once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_outcome_too_large_for_the_server_is_unrecorded() {
+    let server = Server::start(7314, &["--proto-max-bulk-len", "1mb"]).await;
+    let store = RedisStore::connect(&server.url())
+        .await
+        .expect("connect to the test's Redis");
+    let runs = AtomicUsize::new(0);
+    let big = "x".repeat(2 << 20);
+    let call = |key: &'static str| {
+        Call::new("own_servers.export", key, &1u64).with_policy(
+            Policy::new()
+                .lease(Duration::from_secs(2))
+                .wait(Duration::from_secs(1)),
+        )
+    };
+    let body = || async {
+        runs.fetch_add(1, Ordering::SeqCst);
+        Ok::<_, Error>(big.clone())
+    };
+    let started = Instant::now();
+    let first = tokio::time::timeout(
+        Duration::from_secs(30),
+        run(&store, call("too-large"), body()),
+    )
+    .await
+    .expect("the first caller did not get its value within 30 s");
+    assert_eq!(first.as_ref().map(String::len).ok(), Some(big.len()));
+    let first_took = started.elapsed();
+    let retried = Instant::now();
+    let retry = run(&store, call("too-large"), body()).await;
+    assert!(
+        matches!(retry, Err(Error::Unrecorded(_))),
+        "the retry of a key whose outcome the server refused: {retry:?} \
+         (the first caller took {first_took:?})"
+    );
+    assert!(
+        retried.elapsed() < Duration::from_millis(500),
+        "the retry took {:?}",
+        retried.elapsed()
+    );
+    let record = idem::Store::get(
+        &store,
+        &idem::Scope::new("own_servers.export"),
+        &idem::Key::new("too-large").unwrap(),
+    )
+    .await
+    .expect("read the record");
+    assert_eq!(
+        record.map(|r| r.state),
+        Some(idem::State::Completed),
+        "the key is not completed"
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "the body ran again");
+    // The connection the refusal dropped is back: a small outcome is
+    // stored as usual.
+    let small = run(&store, call("small"), async {
+        Ok::<_, Error>("ok".to_owned())
+    })
+    .await;
+    assert_eq!(small.ok().as_deref(), Some("ok"));
+}
+
+/// A write sent again after its answer was lost (here: by another store,
+/// on a connection of its own, as after a reconnection) finds its record
+/// or entry already written by the same attempt and writes nothing. A
+/// step's start sent again was answered "run" without `WAIT`, though no
+/// replica had the marker; a claim and a completion sent again must not
+/// be taken for durable either.
+///
+/// The replica is stopped (SIGSTOP: still connected, acknowledging
+/// nothing); the first sending of each write goes through a store
+/// without `WAIT`, the second through one with `WAIT 1`.
+///
+/// Expected: each second sending fails with a store error (not
+/// acknowledged).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_sent_again_waits_for_its_replica() {
+    use idem::journal::{StepBegin, StepRequest};
+    use idem::record::BeginRequest;
+    use idem::{Begin, ClaimToken, Fingerprint, Key, Outcome, OutcomeKind, Scope, Store};
+
+    let (primary, replica) = primary_and_replica(7316).await;
+    let once = RedisStore::connect(&primary.url())
+        .await
+        .expect("connect to the test's primary");
+    let again = RedisStore::connect(&primary.url())
+        .await
+        .expect("connect to the test's primary")
+        .wait_for_replicas(1, Duration::from_millis(300));
+    let scope = Scope::new("own_servers.again");
+    let fingerprint = Fingerprint::of_bytes(b"payload");
+    let (first, second) = (Key::new("first").unwrap(), Key::new("second").unwrap());
+    let request = |key| BeginRequest {
+        scope: &scope,
+        key,
+        fingerprint: &fingerprint,
+        token: ClaimToken::new(),
+        lease: Duration::from_secs(30),
+        ttl: Duration::from_secs(60),
+    };
+    let (first, second) = (request(&first), request(&second));
+    let claim = |begin| match begin {
+        Ok(Begin::Claimed(claim)) => claim,
+        other => panic!("a claim: {other:?}"),
+    };
+    let claim_first = claim(once.begin(&first).await);
+    replica.signal("STOP");
+    // A claim sent again.
+    let claimed = once.begin(&second).await;
+    assert!(matches!(claimed, Ok(Begin::Claimed(_))), "{claimed:?}");
+    let claimed_again = again.begin(&second).await;
+    // A step's start sent again.
+    let step = StepRequest {
+        seq: 0,
+        name: "charge",
+        fingerprint: &fingerprint,
+        ttl: Duration::from_secs(60),
+        adopt: false,
+    };
+    let started = once.begin_step(&claim_first, &step).await;
+    assert!(matches!(started, Ok(StepBegin::Run(_))), "{started:?}");
+    let started_again = again.begin_step(&claim_first, &step).await;
+    // A completion sent again.
+    let outcome = Outcome {
+        kind: OutcomeKind::Ok,
+        body: b"42".to_vec(),
+    };
+    let completed = once.complete(&claim_first, &outcome).await;
+    assert!(completed.is_ok(), "{completed:?}");
+    let completed_again = again.complete(&claim_first, &outcome).await;
+    replica.signal("CONT");
+    assert!(
+        matches!(claimed_again, Err(Error::Store(_))),
+        "a claim sent again, which no replica has: {claimed_again:?}"
+    );
+    assert!(
+        matches!(started_again, Err(Error::Store(_))),
+        "a step's start sent again, which no replica has: {started_again:?}"
+    );
+    assert!(
+        matches!(completed_again, Err(Error::Store(_))),
+        "a completion sent again, which no replica has: {completed_again:?}"
+    );
+}
