@@ -440,6 +440,7 @@ async fn a_write_sent_again_waits_for_its_replica() {
         fingerprint: &fingerprint,
         ttl: Duration::from_secs(60),
         adopt: false,
+        settle: Duration::ZERO,
     };
     let started = once.begin_step(&claim_first, &step).await;
     assert!(matches!(started, Ok(StepBegin::Run(_))), "{started:?}");
