@@ -111,8 +111,11 @@
 //! until the caller commits, so nothing could be journaled beside it: a
 //! step there gets its derived key and runs (a rerun after a rollback uses
 //! the same key), and `reconcile` and `refuse` are refused with
-//! [`Error::Config`]. Steps must be called from the operation's own task:
-//! a task spawned by the body does not see the operation.
+//! [`Error::Config`]. The journal is written through the store's
+//! background handle ([`Store::detach`]): on a store of your own without
+//! one, steps run unjournaled, as in transactional mode. Steps must be
+//! called from the operation's own task: a task spawned by the body does
+//! not see the operation.
 
 use std::fmt;
 use std::future::Future;
@@ -606,16 +609,20 @@ impl<R> Step<R> {
     /// that the rows and the entry commit together when you commit, right
     /// after.
     ///
-    /// Where the step's start is written depends on the database:
+    /// The step's start is written through the store and committed at
+    /// once, before `f` runs: until your commit the step is in doubt for
+    /// another attempt, which follows the step's policy (rerun by default,
+    /// its rows rolled back with the entry).
     ///
-    /// - PostgreSQL, MariaDB/MySQL: through the store, committed at once.
-    ///   Until your commit the step is in doubt for another attempt, and
-    ///   rerun (its rows rolled back with the entry) by default.
-    /// - SQLite, which takes one write at a time: on `conn`, since your
-    ///   transaction may hold the database's write lock (`BEGIN IMMEDIATE`)
-    ///   and a write through the store would wait for it. The start then
-    ///   commits or rolls back with your rows: a phase whose transaction
-    ///   never committed left nothing, and runs again, under any policy.
+    /// Except where your transaction already holds a lock that every
+    /// other writer waits for: SQLite's one write lock, once the
+    /// transaction wrote or began `IMMEDIATE`. The store's write would wait
+    /// for your own lock, so a step that reruns when in doubt writes its
+    /// start on `conn` (it commits or rolls back with your rows, and a
+    /// phase whose transaction never committed runs again), and a step
+    /// that refuses or reconciles, whose start must be kept whatever your
+    /// transaction does, fails at once with [`Error::Config`]: call it
+    /// before your transaction writes.
     ///
     /// Storing the entry fails (and the error is returned) when the
     /// operation's claim was lost: roll the transaction back.
@@ -635,14 +642,27 @@ impl<R> Step<R> {
         R: Reconcile<T, E>,
     {
         let name = self.name;
-        // The entry is started before the call, where the store says: on
-        // `conn` where the database takes one write at a time (a write
-        // through the store would wait for the lock the caller's
-        // transaction holds: SQLite's), through the store elsewhere.
+        // The entry is started before the call: through the store, unless
+        // the caller's transaction holds a lock the store would wait for
+        // (SQLite's write lock); then on `conn`, where it commits or rolls
+        // back with the phase's rows. A step that refuses or reconciles
+        // needs its start kept whatever the transaction does: it cannot
+        // be written there.
+        let on_conn = store.journals_on(&mut *conn).await?;
+        if on_conn && self.in_doubt != InDoubt::Rerun {
+            return Err(Error::Config(format!(
+                "step {name:?} refuses or reconciles when in doubt, so its start must be kept \
+                 whatever becomes of your transaction; but your transaction already holds the \
+                 database's write lock (SQLite: it wrote, or began IMMEDIATE), which the start \
+                 would wait for: call the step before your transaction writes (a deferred \
+                 BEGIN), or let it rerun when in doubt"
+            ))
+            .into());
+        }
         let mut on = OnConnection {
             store,
             conn: &mut *conn,
-            on_conn: None,
+            on_conn,
         };
         let current = match self.start(false, &mut on).await? {
             Started::Done(output) => return Ok(output),
@@ -690,8 +710,9 @@ impl<R> Step<R> {
             // transaction to journal in.
             if policy != InDoubt::Rerun {
                 return Err(Error::Config(format!(
-                    "step {name:?} asks to {} when in doubt, which needs a journal outside the \
-                     caller's transaction: run the operation in record or entity mode",
+                    "step {name:?} asks to {} when in doubt, which needs a journal that outlives \
+                     the attempt: run the operation in record or entity mode (not transactional), \
+                     on a store that has a background handle (`Store::detach`)",
                     if policy == InDoubt::Refuse {
                         "refuse"
                     } else {
@@ -847,13 +868,13 @@ impl StartOn for ThroughStore {
     }
 }
 
-/// On the caller's connection, where the store writes there
-/// ([`TransactionalStore::begin_step_on`]); through the store otherwise.
+/// On the caller's connection where the store says so
+/// ([`TransactionalStore::journals_on`]); through the store otherwise.
 struct OnConnection<'a, S: ?Sized, C: ?Sized> {
     store: &'a S,
     conn: &'a mut C,
-    /// Whether the store writes on the connection, once it said.
-    on_conn: Option<bool>,
+    /// Whether the journal writes go on the connection.
+    on_conn: bool,
 }
 
 impl<S, C> StartOn for OnConnection<'_, S, C>
@@ -867,16 +888,10 @@ where
         claim: &Claim,
         request: &StepRequest<'_>,
     ) -> Result<StepBegin, Error> {
-        if self.on_conn != Some(false) {
+        if self.on_conn {
             // No retry here: a failed statement may have aborted the
             // caller's transaction, which is the caller's to roll back.
-            match self.store.begin_step_on(self.conn, claim, request).await? {
-                Some(answer) => {
-                    self.on_conn = Some(true);
-                    return Ok(answer);
-                }
-                None => self.on_conn = Some(false),
-            }
+            return self.store.begin_step_on(self.conn, claim, request).await;
         }
         begin(journal, claim, request).await
     }
@@ -887,7 +902,7 @@ where
         request: &StepRequest<'_>,
         bytes: &[u8],
     ) -> Result<(), Error> {
-        if self.on_conn == Some(true) {
+        if self.on_conn {
             return self
                 .store
                 .complete_step_on(self.conn, &current.claim, request, bytes)

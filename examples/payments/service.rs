@@ -31,6 +31,7 @@
 //! operation alone still charges once per key.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::body::Bytes;
 use axum::extract::State;
@@ -128,6 +129,12 @@ impl<DB: sqlx::Database> Payments<DB> {
             .reconcile(|key: StepKey| async move {
                 Ok::<_, ServiceError>(gateway.lookup(key.as_str(), request).await?)
             })
+            // This gateway runs in the service's process: a call that
+            // ended (answered, failed, or dropped with its caller) charges
+            // nothing later, so there is nothing in flight to wait for
+            // before asking. A gateway over the network would say how long
+            // a call may still land: its client's timeout.
+            .settle(Duration::ZERO)
             .run(|key: StepKey| async move { Ok(gateway.charge(key.as_str(), request).await?) })
             .await
     }

@@ -171,6 +171,16 @@ pub(crate) mod dialect {
             async move { checked }
         }
 
+        /// Whether a transaction on `conn` holds a lock that every other
+        /// writer waits for (SQLite's one write lock). No by default:
+        /// row locks.
+        fn holds_write_lock(
+            conn: &mut Self::Connection,
+        ) -> impl Future<Output = Result<bool, Error>> + Send {
+            let _ = conn;
+            async { Ok(false) }
+        }
+
         /// The database file whose writes this process queues for
         /// ([`gate`](super::gate)): where the database takes one write at
         /// a time, and the pool has more than one connection.
@@ -250,21 +260,16 @@ macro_rules! transactional_store {
             ) -> Result<(), $crate::error::Error> {
                 $crate::backend::SqlStore::complete_step_on(self, $conn, claim, step, output).await
             }
+            async fn journals_on(&self, $c: &mut $on) -> Result<bool, $crate::error::Error> {
+                <$db as $crate::backend::dialect::Dialect>::holds_write_lock($conn).await
+            }
             async fn begin_step_on(
                 &self,
                 $c: &mut $on,
                 claim: &$crate::record::Claim,
                 step: &$crate::journal::StepRequest<'_>,
-            ) -> Result<Option<$crate::journal::StepBegin>, $crate::error::Error> {
-                // Where the database takes one write at a time (SQLite),
-                // the caller's transaction may hold it: the store's own
-                // connections could not write the entry until it ends.
-                if <$db as $crate::backend::dialect::Dialect>::WRITES_IN_PARALLEL {
-                    return Ok(None);
-                }
-                $crate::backend::SqlStore::begin_step_on(self, $conn, claim, step)
-                    .await
-                    .map(Some)
+            ) -> Result<$crate::journal::StepBegin, $crate::error::Error> {
+                $crate::backend::SqlStore::begin_step_on(self, $conn, claim, step).await
             }
             fn claim_locks_only_its_own(&self) -> bool {
                 <$db as $crate::backend::dialect::Dialect>::CLAIM_LOCKS_ONLY_ITS_OWN

@@ -322,24 +322,27 @@ pub trait TransactionalStore<C: Send + ?Sized>: Store {
         let _ = (conn, claim, step, output);
         Err(no_journal())
     }
-    /// [`Store::begin_step`] on `conn`, for a step whose rows commit with
-    /// its journal entry, where the store writes the entry there:
-    /// `Some(answer)`. `None` (the default) when the entry is to be
-    /// started through the store, on a connection of its own.
-    ///
-    /// The SQL stores start it on `conn` where the database takes one
-    /// write at a time (SQLite): the caller's transaction may hold that
-    /// lock, and a write through the store would wait for it until the
-    /// database gives up. Started on `conn`, the entry commits or rolls
-    /// back with the caller's transaction.
+    /// Whether the journal writes of a step whose rows commit with its
+    /// entry must go on `conn`: the caller's transaction holds a lock that
+    /// the store's own connections would wait for until the database gives
+    /// up (SQLite's one write lock, once the transaction wrote or began
+    /// `IMMEDIATE`). `false` (the default): they go through the store.
+    async fn journals_on(&self, conn: &mut C) -> Result<bool, Error> {
+        let _ = conn;
+        Ok(false)
+    }
+    /// [`Store::begin_step`] on `conn`, where
+    /// [`journals_on`](TransactionalStore::journals_on) says so: the entry
+    /// commits or rolls back with the caller's transaction. The default
+    /// keeps no journal there and refuses.
     async fn begin_step_on(
         &self,
         conn: &mut C,
         claim: &Claim,
         step: &StepRequest<'_>,
-    ) -> Result<Option<StepBegin>, Error> {
+    ) -> Result<StepBegin, Error> {
         let _ = (conn, claim, step);
-        Ok(None)
+        Err(no_journal())
     }
     /// Whether [`begin_on`](TransactionalStore::begin_on) locks no record
     /// but the one it claims (PostgreSQL's `INSERT ... ON CONFLICT DO
@@ -402,12 +405,15 @@ macro_rules! forward_transactional_store {
             ) -> Result<(), Error> {
                 (**self).complete_step_on(conn, claim, step, output).await
             }
+            async fn journals_on(&self, conn: &mut C) -> Result<bool, Error> {
+                (**self).journals_on(conn).await
+            }
             async fn begin_step_on(
                 &self,
                 conn: &mut C,
                 claim: &Claim,
                 step: &StepRequest<'_>,
-            ) -> Result<Option<StepBegin>, Error> {
+            ) -> Result<StepBegin, Error> {
                 (**self).begin_step_on(conn, claim, step).await
             }
             fn claim_locks_only_its_own(&self) -> bool {

@@ -105,6 +105,8 @@ mod process_faults;
 mod redis_failover;
 mod redis_own_servers;
 mod redis_store;
+#[cfg(feature = "sqlite")]
+mod refused_phases;
 mod replayable_errors;
 mod sql_store_concurrency;
 mod sql_stores;
