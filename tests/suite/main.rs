@@ -101,6 +101,8 @@ mod process_faults;
 mod redis_failover;
 mod redis_store;
 mod replayable_errors;
+#[cfg(feature = "sqlite")]
+mod simulation;
 mod sql_store_concurrency;
 mod sql_stores;
 mod state_machine_model;
