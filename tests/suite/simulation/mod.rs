@@ -99,7 +99,7 @@ use run::Observed;
 /// Seeds per run of `simulation::memory` unless `IDEM_SIM_SEEDS` says.
 pub const MEMORY_SEEDS: u64 = 3_000;
 /// Seeds per run of `simulation::sqlite` unless `IDEM_SIM_SEEDS` says.
-pub const SQLITE_SEEDS: u64 = 150;
+pub const SQLITE_SEEDS: u64 = 100;
 
 fn env(name: &str) -> Option<u64> {
     let value = std::env::var(name).ok()?;
