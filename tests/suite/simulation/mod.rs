@@ -97,7 +97,7 @@ use history::{Backend, History};
 use run::Observed;
 
 /// Seeds per run of `simulation::memory` unless `IDEM_SIM_SEEDS` says.
-pub const MEMORY_SEEDS: u64 = 3_000;
+pub const MEMORY_SEEDS: u64 = 5_000;
 /// Seeds per run of `simulation::sqlite` unless `IDEM_SIM_SEEDS` says.
 pub const SQLITE_SEEDS: u64 = 100;
 
