@@ -106,6 +106,8 @@ mod redis_failover;
 mod redis_own_servers;
 mod redis_store;
 mod replayable_errors;
+#[cfg(feature = "sqlite")]
+mod simulation;
 mod sql_store_concurrency;
 mod sql_stores;
 mod state_machine_model;
