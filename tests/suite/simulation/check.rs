@@ -84,14 +84,8 @@ pub fn repeat(h: &History, runs: &[&Run], struck: usize) -> Repeat {
         // README, *Durable steps*: reconcile gives "one effect, when the
         // downstream can be asked by key" (the generator only pairs it
         // with such a downstream).
-        // issue 35 item 1: removed once reconcile waits for a settle window
-        StepPolicy::Reconcile
-            if h.downstream.commit_after_ms > 0
-                && !h.downstream.dedupes
-                && runs.iter().any(|r| r.fate.ends_early()) =>
-        {
-            Repeat::KnownOpen("issue 35 item 1: reconcile asked while the first call was in flight")
-        }
+        // A step whose earlier call may still land is neither reconciled
+        // nor run again before its settle window closes (`Step::settle`).
         StepPolicy::Reconcile => Repeat::Never,
         // README, *Durable steps*: refuse gives "no second effect, ever".
         StepPolicy::Refuse => Repeat::Never,

@@ -232,12 +232,18 @@ async fn charge(
         StepPolicy::NoSteps => send(gateway, OP_KEY, index, fate).await,
         StepPolicy::Rerun => Step::new("charge").run(sent).await,
         StepPolicy::Reconcile => {
-            Step::new("charge")
-                .reconcile(
-                    |key: StepKey| async move { Ok::<_, SimError>(gateway.ask(key.as_str())) },
-                )
-                .run(sent)
-                .await
+            let step = Step::new("charge").reconcile(|key: StepKey| async move {
+                Ok::<_, SimError>(gateway.ask(key.as_str()))
+            });
+            // The step's default settle window is the operation's lease. A
+            // downstream that may commit later says so, as the docs of
+            // `Step::settle` ask: its commit delay, and a little room.
+            let step = if h.downstream.commit_after_ms >= h.lease_ms {
+                step.settle(Duration::from_millis(h.downstream.commit_after_ms + 10))
+            } else {
+                step
+            };
+            step.run(sent).await
         }
         StepPolicy::Refuse => Step::new("charge").refuse().run(sent).await,
         StepPolicy::Atomic => unreachable!("an atomic phase charges with a row"),
