@@ -108,6 +108,8 @@ mod redis_store;
 #[cfg(feature = "sqlite")]
 mod refused_phases;
 mod replayable_errors;
+#[cfg(feature = "sqlite")]
+mod simulation;
 mod sql_store_concurrency;
 mod sql_stores;
 mod state_machine_model;

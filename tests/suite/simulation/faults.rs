@@ -1,0 +1,314 @@
+//! The store under a history's fault plan: every method of `idem::Store`
+//! is forwarded, and the ones a call's decisions go through (claim, look,
+//! renewal, completion, release, step start, step completion, journal
+//! upkeep) meet the plan's faults and outages.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use idem::journal::{StepBegin, StepRecord, StepRequest, StepResolution};
+use idem::{Begin, BeginRequest, Claim, Error, Key, Outcome, Record, Scope, Store};
+use tokio::time::Instant;
+
+use super::history::{FaultKind, History, Op, MAX_OUTCOME};
+
+tokio::task_local! {
+    /// The attempt whose task calls the store.
+    pub static ATTEMPT: usize;
+}
+
+/// The fault plan and what it has done so far; shared by a store and its
+/// detached handles.
+pub struct Plan {
+    history: History,
+    start: Instant,
+    seen: Mutex<HashMap<Op, u32>>,
+    /// Faults stop (the store recovers) once this is set.
+    pub calm: AtomicBool,
+    /// How many operations a fault or an outage struck.
+    pub struck: AtomicUsize,
+    /// The attempts that claimed the key when nothing of the operation
+    /// was live in the store: each began a new operation.
+    pub fresh: Mutex<Vec<usize>>,
+}
+
+/// What happens to one operation.
+enum Action {
+    Pass,
+    Strike(FaultKind),
+    Down,
+}
+
+impl Plan {
+    pub fn new(history: &History, start: Instant) -> Arc<Plan> {
+        Arc::new(Plan {
+            history: history.clone(),
+            start,
+            seen: Mutex::default(),
+            calm: AtomicBool::new(false),
+            struck: AtomicUsize::new(0),
+            fresh: Mutex::default(),
+        })
+    }
+
+    fn down(&self, op: Op) -> bool {
+        let now = self.start.elapsed().as_millis() as u64;
+        self.history
+            .outages
+            .iter()
+            .any(|o| o.op == op && (o.from_ms..o.from_ms + o.len_ms).contains(&now))
+    }
+
+    /// Whether the next `op` would meet a fault, without counting it.
+    fn would_strike(&self, op: Op) -> bool {
+        if self.calm.load(Ordering::SeqCst) {
+            return false;
+        }
+        let nth = self.seen.lock().unwrap().get(&op).copied().unwrap_or(0);
+        self.down(op)
+            || self
+                .history
+                .faults
+                .iter()
+                .any(|f| f.op == op && f.nth == nth)
+    }
+
+    /// Counts one `op` and decides what it meets.
+    fn action(&self, op: Op) -> Action {
+        let nth = {
+            let mut seen = self.seen.lock().unwrap();
+            let n = seen.entry(op).or_insert(0);
+            *n += 1;
+            *n - 1
+        };
+        if self.calm.load(Ordering::SeqCst) {
+            return Action::Pass;
+        }
+        if self.down(op) {
+            self.struck.fetch_add(1, Ordering::SeqCst);
+            return Action::Down;
+        }
+        match self
+            .history
+            .faults
+            .iter()
+            .find(|f| f.op == op && f.nth == nth)
+        {
+            Some(f) => {
+                self.struck.fetch_add(1, Ordering::SeqCst);
+                Action::Strike(f.kind)
+            }
+            None => Action::Pass,
+        }
+    }
+
+    /// Runs `operation` (a future, so nothing is sent unless it is
+    /// awaited) through what the plan has for `op`.
+    async fn through<T>(
+        &self,
+        op: Op,
+        operation: impl Future<Output = Result<T, Error>>,
+    ) -> Result<T, Error> {
+        let injected = |what: &str| Error::store(format!("injected fault: {what} on {op:?}"));
+        match self.action(op) {
+            Action::Pass => operation.await,
+            Action::Down => Err(injected("outage")),
+            Action::Strike(FaultKind::Fail) => Err(injected("fail")),
+            Action::Strike(FaultKind::LoseReply) => {
+                let _ = operation.await;
+                Err(injected("reply lost"))
+            }
+            Action::Strike(FaultKind::DelayPastLease) => {
+                tokio::time::sleep(self.history.lease() + Duration::from_millis(10)).await;
+                operation.await
+            }
+            Action::Strike(FaultKind::ConnectionDies { applied }) => {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+                if applied {
+                    let _ = operation.await;
+                }
+                Err(injected("connection died"))
+            }
+        }
+    }
+}
+
+/// `inner` under `plan`.
+pub struct Faulty<S> {
+    pub inner: S,
+    pub plan: Arc<Plan>,
+}
+
+impl<S: Store> Faulty<S> {
+    /// Notes the calling attempt as beginning a new operation when nothing
+    /// of it is live in the store (its expired record and journal
+    /// entries purged, an operator's housekeeping that changes no
+    /// answer), just before its claim is applied. Only where the store
+    /// answers at once (in memory).
+    fn note_fresh(&self, request: &BeginRequest<'_>) {
+        use futures::FutureExt;
+        let Ok(attempt) = ATTEMPT.try_with(|a| *a) else {
+            return;
+        };
+        let looked = async {
+            self.inner.purge_expired(100).await?;
+            let record = self.inner.get(request.scope, request.key).await?;
+            let steps = self.inner.steps(request.scope, request.key).await?;
+            Ok::<_, Error>(record.is_none() && steps.is_empty())
+        };
+        if let Some(Ok(true)) = looked.now_or_never() {
+            self.plan.fresh.lock().unwrap().push(attempt);
+        }
+    }
+
+    /// `begin`, its freshness noted as it is applied.
+    async fn begin_noted(&self, request: &BeginRequest<'_>) -> Result<Begin, Error> {
+        self.note_fresh(request);
+        self.inner.begin(request).await
+    }
+
+    /// An outcome the store cannot hold, refused as a passing failure (a
+    /// Redis `proto-max-bulk-len` error reads as one), when the history
+    /// gives the store a size limit.
+    fn too_large(&self, outcome: &Outcome) -> Option<Error> {
+        (self.plan.history.size_limit && outcome.body.len() > MAX_OUTCOME).then(|| {
+            Error::store(format!(
+                "injected size limit: an outcome of {} bytes is over {MAX_OUTCOME}",
+                outcome.body.len()
+            ))
+        })
+    }
+}
+
+#[async_trait]
+impl<S: Store> Store for Faulty<S> {
+    fn begin_now(&self, request: &BeginRequest<'_>) -> Option<Result<Begin, Error>> {
+        // A claim that a fault would strike goes through `begin`, where
+        // the fault is; otherwise the store's own fast path, counted.
+        if self.plan.would_strike(Op::Begin) {
+            return None;
+        }
+        self.note_fresh(request);
+        let answer = self.inner.begin_now(request)?;
+        let _ = self.plan.action(Op::Begin);
+        Some(answer)
+    }
+    async fn begin(&self, request: &BeginRequest<'_>) -> Result<Begin, Error> {
+        self.plan
+            .through(Op::Begin, self.begin_noted(request))
+            .await
+    }
+    async fn peek(&self, request: &BeginRequest<'_>) -> Result<Option<Begin>, Error> {
+        self.plan.through(Op::Peek, self.inner.peek(request)).await
+    }
+    async fn renew(&self, claim: &Claim) -> Result<(), Error> {
+        self.plan.through(Op::Renew, self.inner.renew(claim)).await
+    }
+    fn complete_now(&self, claim: &Claim, outcome: &Outcome) -> Option<Result<(), Error>> {
+        if self.plan.would_strike(Op::Complete) || self.too_large(outcome).is_some() {
+            return None;
+        }
+        let answer = self.inner.complete_now(claim, outcome)?;
+        let _ = self.plan.action(Op::Complete);
+        Some(answer)
+    }
+    async fn complete(&self, claim: &Claim, outcome: &Outcome) -> Result<(), Error> {
+        if let Some(err) = self.too_large(outcome) {
+            return Err(err);
+        }
+        self.plan
+            .through(Op::Complete, self.inner.complete(claim, outcome))
+            .await
+    }
+    async fn release(&self, claim: &Claim) -> Result<(), Error> {
+        self.plan
+            .through(Op::Release, self.inner.release(claim))
+            .await
+    }
+    async fn get(&self, scope: &Scope, key: &Key) -> Result<Option<Record>, Error> {
+        self.inner.get(scope, key).await
+    }
+    async fn forget(&self, scope: &Scope, key: &Key) -> Result<bool, Error> {
+        self.inner.forget(scope, key).await
+    }
+    async fn purge_expired(&self, batch: usize) -> Result<u64, Error> {
+        self.inner.purge_expired(batch).await
+    }
+    fn deletes_expired_itself(&self) -> bool {
+        self.inner.deletes_expired_itself()
+    }
+    async fn wait_for_change(
+        &self,
+        scope: &Scope,
+        key: &Key,
+        timeout: Duration,
+    ) -> Result<(), Error> {
+        self.inner.wait_for_change(scope, key, timeout).await
+    }
+    async fn wait_for_outcome(
+        &self,
+        request: &BeginRequest<'_>,
+        timeout: Duration,
+    ) -> Result<Option<Begin>, Error> {
+        self.inner.wait_for_outcome(request, timeout).await
+    }
+    fn wakes_across_processes(&self) -> bool {
+        self.inner.wakes_across_processes()
+    }
+    async fn begin_step(&self, claim: &Claim, step: &StepRequest<'_>) -> Result<StepBegin, Error> {
+        self.plan
+            .through(Op::BeginStep, self.inner.begin_step(claim, step))
+            .await
+    }
+    async fn complete_step(
+        &self,
+        claim: &Claim,
+        step: &StepRequest<'_>,
+        output: &[u8],
+    ) -> Result<(), Error> {
+        self.plan
+            .through(
+                Op::CompleteStep,
+                self.inner.complete_step(claim, step, output),
+            )
+            .await
+    }
+    async fn steps(&self, scope: &Scope, key: &Key) -> Result<Vec<StepRecord>, Error> {
+        self.inner.steps(scope, key).await
+    }
+    async fn keep_steps(&self, scope: &Scope, key: &Key, ttl: Duration) -> Result<(), Error> {
+        self.plan
+            .through(Op::KeepSteps, self.inner.keep_steps(scope, key, ttl))
+            .await
+    }
+    async fn resolve_step(
+        &self,
+        scope: &Scope,
+        key: &Key,
+        seq: u32,
+        name: &str,
+        resolution: &StepResolution,
+    ) -> Result<bool, Error> {
+        self.inner
+            .resolve_step(scope, key, seq, name, resolution)
+            .await
+    }
+    fn journal_beside(&self) -> bool {
+        self.inner.journal_beside()
+    }
+    /// The same store and plan in the background, when the history gives
+    /// the store a background at all.
+    fn detach(&self) -> Option<Arc<dyn Store>> {
+        if !self.plan.history.detach {
+            return None;
+        }
+        Some(Arc::new(Faulty {
+            inner: self.inner.detach()?,
+            plan: self.plan.clone(),
+        }))
+    }
+}

@@ -1,0 +1,414 @@
+//! What a seed generates: one [`History`] of one operation key, drawn by
+//! proptest (so that a failing history shrinks to a smaller one).
+
+use std::time::Duration;
+
+use proptest::prelude::*;
+
+/// Where the records live.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Backend {
+    /// `MemoryStore`, on tokio's paused clock.
+    Memory,
+    /// `SqliteStore` on a file of its own, in real time.
+    Sqlite,
+}
+
+/// How the operation holds its key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// `idem::run`: a record in the store's table.
+    Record,
+    /// `idem::run_in_transaction` on a sqlx transaction (SQLite).
+    Transactional,
+    /// `idem::entity::run`: the row carries the token (SQLite).
+    Entity,
+}
+
+/// The body's durable step, if any, and what it does in doubt.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StepPolicy {
+    /// The body calls the downstream itself, without a step.
+    NoSteps,
+    /// `Step::new(..)`: rerun with the same key in doubt.
+    Rerun,
+    /// `Step::new(..).reconcile(ask)`: ask the downstream by key.
+    Reconcile,
+    /// `Step::new(..).refuse()`: `OutcomeUnknown` in doubt.
+    Refuse,
+    /// `Step::in_transaction`: the effect is a row, committed with the
+    /// step's journal entry (SQLite).
+    Atomic,
+}
+
+/// The system the step calls.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Downstream {
+    /// A second request with a key already committed gets the first
+    /// effect back (Stripe's `Idempotency-Key`).
+    pub dedupes: bool,
+    /// It can be asked by key what became of a request.
+    pub askable: bool,
+    /// 0: the effect is committed as the request arrives. Otherwise it is
+    /// committed this many ms later by a task of the downstream's own,
+    /// whatever the client does meanwhile (it timed out, it was dropped).
+    pub commit_after_ms: u64,
+}
+
+/// How an attempt ends, from its caller's side.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fate {
+    /// The caller waits for the answer.
+    Finishes,
+    /// The caller drops the call's future this long after calling (a
+    /// client timeout).
+    DroppedAfter { ms: u64 },
+    /// The caller drops the call's future as it is about to poll it for
+    /// the `polls`-th time (a drop at one of its await points).
+    DroppedAtPoll { polls: u32 },
+    /// The step's own client gives up on the downstream after this long
+    /// and returns an error, while the downstream may still commit.
+    StepTimesOut { ms: u64 },
+}
+
+impl Fate {
+    /// Whether the attempt may end while its downstream call is in flight.
+    pub fn ends_early(self) -> bool {
+        self != Fate::Finishes
+    }
+}
+
+/// One caller's call.
+#[derive(Clone, Debug)]
+pub struct Attempt {
+    /// When it calls, from the start of the history.
+    pub at_ms: u64,
+    pub fate: Fate,
+    /// The body fails after its step (and its work): the key is released.
+    pub body_fails: bool,
+}
+
+/// A store operation that a fault can strike.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Op {
+    Begin,
+    Peek,
+    Renew,
+    Complete,
+    Release,
+    BeginStep,
+    CompleteStep,
+    KeepSteps,
+}
+
+pub const OPS: [Op; 8] = [
+    Op::Begin,
+    Op::Peek,
+    Op::Renew,
+    Op::Complete,
+    Op::Release,
+    Op::BeginStep,
+    Op::CompleteStep,
+    Op::KeepSteps,
+];
+
+/// What a fault does to the operation it strikes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FaultKind {
+    /// Fails before it reaches the store.
+    Fail,
+    /// Reaches the store, and its reply is lost.
+    LoseReply,
+    /// Reaches the store only after a lease and a bit: a stalled
+    /// connection.
+    DelayPastLease,
+    /// The connection dies after a moment, the operation applied or not.
+    ConnectionDies { applied: bool },
+}
+
+/// The `nth` (from 0) operation `op` of the history meets `kind`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Fault {
+    pub op: Op,
+    pub nth: u32,
+    pub kind: FaultKind,
+}
+
+/// Every operation `op` fails (not applied) from `from_ms` for `len_ms`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Outage {
+    pub op: Op,
+    pub from_ms: u64,
+    pub len_ms: u64,
+}
+
+/// One operation key's history.
+#[derive(Clone, Debug)]
+pub struct History {
+    pub backend: Backend,
+    pub mode: Mode,
+    pub policy: StepPolicy,
+    pub downstream: Downstream,
+    pub lease_ms: u64,
+    pub ttl_ms: u64,
+    /// How long a duplicate waits for a call in progress (0: `fail_fast`).
+    pub wait_ms: u64,
+    /// How long the body works after its step, its lease renewed.
+    pub work_ms: u64,
+    /// The body's value is longer than the call's `max_outcome`.
+    pub large_outcome: bool,
+    /// The store refuses an outcome over `max_outcome` with an error
+    /// that is not `Unrecorded` (as Redis's `proto-max-bulk-len` does).
+    pub size_limit: bool,
+    /// The store can work in the background (`Store::detach`).
+    pub detach: bool,
+    pub attempts: Vec<Attempt>,
+    pub faults: Vec<Fault>,
+    pub outages: Vec<Outage>,
+}
+
+/// The call's `max_outcome` in every history.
+pub const MAX_OUTCOME: usize = 256;
+/// A ttl that no history outlives.
+pub const LONG_TTL_MS: u64 = 3_600_000;
+
+impl History {
+    pub fn lease(&self) -> Duration {
+        Duration::from_millis(self.lease_ms)
+    }
+
+    /// The latest instant, from the start, at which an outage ends.
+    pub fn outages_end_ms(&self) -> u64 {
+        self.outages
+            .iter()
+            .map(|o| o.from_ms + o.len_ms)
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// Whether a store fault may strike.
+    pub fn faulty(&self) -> bool {
+        !self.faults.is_empty() || !self.outages.is_empty() || self.size_limit
+    }
+}
+
+/// The time scales of a backend: the paused clock makes long spans free on
+/// memory; SQLite runs in real time.
+struct Scale {
+    lease: std::ops::RangeInclusive<u64>,
+    wait: std::ops::RangeInclusive<u64>,
+    work: std::ops::RangeInclusive<u64>,
+    commit: std::ops::RangeInclusive<u64>,
+    start: std::ops::RangeInclusive<u64>,
+    fate: std::ops::RangeInclusive<u64>,
+    outage: std::ops::RangeInclusive<u64>,
+}
+
+fn scale(backend: Backend) -> Scale {
+    match backend {
+        Backend::Memory => Scale {
+            lease: 30..=2_000,
+            wait: 0..=1_500,
+            work: 0..=3_000,
+            commit: 1..=500,
+            start: 0..=1_000,
+            fate: 1..=500,
+            outage: 100..=40_000,
+        },
+        // The engine's shortest lease is 30 ms; SQLite's writes take a few.
+        Backend::Sqlite => Scale {
+            lease: 60..=200,
+            wait: 0..=300,
+            work: 0..=400,
+            commit: 1..=150,
+            start: 0..=200,
+            fate: 1..=150,
+            outage: 50..=600,
+        },
+    }
+}
+
+fn fate(s: &Scale) -> impl Strategy<Value = Fate> {
+    prop_oneof![
+        3 => Just(Fate::Finishes),
+        1 => s.fate.clone().prop_map(|ms| Fate::DroppedAfter { ms }),
+        1 => (1u32..=8).prop_map(|polls| Fate::DroppedAtPoll { polls }),
+        1 => s.fate.clone().prop_map(|ms| Fate::StepTimesOut { ms }),
+    ]
+}
+
+fn attempt(s: &Scale) -> impl Strategy<Value = Attempt> {
+    (s.start.clone(), fate(s), prop::bool::weighted(0.25)).prop_map(|(at_ms, fate, body_fails)| {
+        Attempt {
+            at_ms,
+            fate,
+            body_fails,
+        }
+    })
+}
+
+fn fault_kind() -> impl Strategy<Value = FaultKind> {
+    prop_oneof![
+        Just(FaultKind::Fail),
+        Just(FaultKind::LoseReply),
+        Just(FaultKind::DelayPastLease),
+        any::<bool>().prop_map(|applied| FaultKind::ConnectionDies { applied }),
+    ]
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop::sample::select(OPS.to_vec())
+}
+
+fn fault() -> impl Strategy<Value = Fault> {
+    (op(), 0u32..=2, fault_kind()).prop_map(|(op, nth, kind)| Fault { op, nth, kind })
+}
+
+fn outage(s: &Scale) -> impl Strategy<Value = Outage> {
+    (op(), s.start.clone(), s.outage.clone()).prop_map(|(op, from_ms, len_ms)| Outage {
+        op,
+        from_ms,
+        len_ms,
+    })
+}
+
+fn downstream(s: &Scale) -> impl Strategy<Value = Downstream> {
+    (
+        any::<bool>(),
+        any::<bool>(),
+        prop_oneof![Just(0u64), s.commit.clone()],
+    )
+        .prop_map(|(dedupes, askable, commit_after_ms)| Downstream {
+            dedupes,
+            askable,
+            commit_after_ms,
+        })
+}
+
+fn policy() -> impl Strategy<Value = StepPolicy> {
+    prop_oneof![
+        Just(StepPolicy::NoSteps),
+        Just(StepPolicy::Rerun),
+        Just(StepPolicy::Reconcile),
+        Just(StepPolicy::Refuse),
+        Just(StepPolicy::Atomic),
+    ]
+}
+
+fn mode() -> impl Strategy<Value = Mode> {
+    prop_oneof![
+        Just(Mode::Record),
+        Just(Mode::Transactional),
+        Just(Mode::Entity)
+    ]
+}
+
+/// The histories of `backend`.
+pub fn history(backend: Backend) -> impl Strategy<Value = History> {
+    let s = scale(backend);
+    // SQLite runs fewer seeds: bodies that outlive a short ttl are drawn
+    // more often there.
+    let (long_ttl, no_work, work) = match backend {
+        Backend::Memory => (3, 2, 1),
+        Backend::Sqlite => (1, 1, 2),
+    };
+    let timing = (
+        s.lease.clone(),
+        // The ttl: long, or 1.5 or 2 leases (a body may outlive it). Not
+        // at or under the lease: an in-progress record and its journal
+        // then expire with the lease, and a takeover at its end is a new
+        // operation (README: "an in-progress record lives at least as
+        // long as its lease"), which the checker cannot tell apart.
+        prop_oneof![long_ttl => Just(None), 1 => (3u64..=4).prop_map(Some)],
+        s.wait.clone(),
+        prop_oneof![no_work => Just(0u64), work => s.work.clone()],
+    );
+    let shape = (
+        mode(),
+        policy(),
+        downstream(&s),
+        prop::bool::weighted(0.1),
+        prop::bool::weighted(0.1),
+        prop::bool::weighted(0.8),
+    );
+    let events = (
+        prop::collection::vec(attempt(&s), 1..=4),
+        prop::collection::vec(fault(), 0..=3),
+        prop::collection::vec(outage(&s), 0..=1),
+    );
+    (timing, shape, events).prop_map(
+        move |(
+            (lease_ms, ttl, wait_ms, work_ms),
+            (mode, policy, downstream, large_outcome, size_limit, detach),
+            (attempts, faults, outages),
+        )| {
+            let mut h = History {
+                backend,
+                mode,
+                policy,
+                downstream,
+                lease_ms,
+                ttl_ms: ttl.map_or(LONG_TTL_MS, |halves| lease_ms * halves / 2),
+                wait_ms,
+                work_ms,
+                large_outcome,
+                size_limit,
+                detach,
+                attempts,
+                faults,
+                outages,
+            };
+            fit(&mut h);
+            h
+        },
+    )
+}
+
+/// Keeps a drawn history to the combinations the library offers, so that
+/// a history tests a promise rather than a documented refusal.
+fn fit(h: &mut History) {
+    if h.backend == Backend::Memory {
+        h.mode = Mode::Record;
+        if h.policy == StepPolicy::Atomic {
+            h.policy = StepPolicy::Refuse;
+        }
+    }
+    match h.mode {
+        // Steps there are unjournaled: reconcile and refuse are refused
+        // with `Config` (steps module, *Modes*).
+        Mode::Transactional => {
+            if matches!(h.policy, StepPolicy::Reconcile | StepPolicy::Refuse) {
+                h.policy = StepPolicy::Rerun;
+            }
+        }
+        Mode::Entity => {
+            if h.policy == StepPolicy::Atomic {
+                h.policy = StepPolicy::Refuse;
+            }
+        }
+        Mode::Record => {}
+    }
+    // The faults are a store wrapper's: record mode only (entity mode's
+    // claims are the pool's, transactional mode's the caller's connection).
+    if h.mode != Mode::Record {
+        h.faults.clear();
+        h.outages.clear();
+        h.size_limit = false;
+        h.detach = true;
+    }
+    // `reconcile` promises one effect for a downstream that can be asked.
+    if h.policy == StepPolicy::Reconcile {
+        h.downstream.askable = true;
+    }
+    // Steps journal through the store's detached handle: a store without
+    // one journals nothing, refuses `reconcile` and `refuse` with `Config`
+    // (as transactional mode does), and runs an atomic phase unjournaled.
+    if !h.detach
+        && matches!(
+            h.policy,
+            StepPolicy::Reconcile | StepPolicy::Refuse | StepPolicy::Atomic
+        )
+    {
+        h.detach = true;
+    }
+}

@@ -1,0 +1,632 @@
+//! Runs a [`History`]: its attempts as tasks of one current-thread
+//! runtime (on the paused clock for the memory store), each through its
+//! caller's fate, then a final clean call once the store has recovered,
+//! and reports what every caller got and what the downstream saw.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use idem::steps::{Step, StepKey};
+use idem::{Call, Error, Key, Policy, Scope, State, Store};
+use tokio::time::Instant;
+
+use super::downstream::{Effect, Gateway};
+use super::faults::{Faulty, Plan, ATTEMPT};
+use super::history::{Attempt, Backend, Fate, History, Mode, StepPolicy, MAX_OUTCOME};
+
+pub const SCOPE: &str = "simulation.pay";
+pub const OP_KEY: &str = "order-1";
+const PAYLOAD: u64 = 500;
+/// The final call's index among the attempts, as the gateway tags it.
+pub const FINAL: usize = usize::MAX;
+
+/// The body's error.
+#[derive(Debug)]
+pub enum SimError {
+    Idem(Error),
+    /// The step's client gave up on the downstream.
+    Timeout,
+    /// The body failed after its step, on purpose.
+    Body,
+}
+
+impl From<Error> for SimError {
+    fn from(err: Error) -> Self {
+        SimError::Idem(err)
+    }
+}
+
+fn sql(err: sqlx::Error) -> SimError {
+    SimError::Idem(Error::store(err))
+}
+
+/// What a caller got.
+#[derive(Clone, Debug)]
+pub enum Answer {
+    Ok(String),
+    Err(String, ErrorClass),
+    /// The caller dropped the call before its answer.
+    Dropped,
+    /// No answer within the simulation's horizon: the caller waits for
+    /// ever.
+    Hung,
+}
+
+/// The kinds of error answers the checker tells apart.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ErrorClass {
+    InProgress,
+    OutcomeUnknown,
+    Unrecorded,
+    Store,
+    LeaseLost,
+    Timeout,
+    Body,
+    /// `KeyReused`, `StepMismatch`, `Config`, `Serialization`...: an answer
+    /// that no history of one payload should get.
+    Other,
+}
+
+fn answer(result: Result<String, SimError>) -> Answer {
+    let class = match &result {
+        Ok(value) => return Answer::Ok(value.clone()),
+        Err(SimError::Timeout) => ErrorClass::Timeout,
+        Err(SimError::Body) => ErrorClass::Body,
+        Err(SimError::Idem(err)) => match err {
+            Error::InProgress { .. } => ErrorClass::InProgress,
+            Error::OutcomeUnknown { .. } => ErrorClass::OutcomeUnknown,
+            Error::Unrecorded(_) => ErrorClass::Unrecorded,
+            Error::Store(_) => ErrorClass::Store,
+            Error::LeaseLost => ErrorClass::LeaseLost,
+            _ => ErrorClass::Other,
+        },
+    };
+    Answer::Err(format!("{:?}", result.unwrap_err()), class)
+}
+
+/// One attempt as it went.
+#[derive(Clone, Debug)]
+pub struct Run {
+    /// When it called and when it had its answer, from the history's
+    /// start.
+    pub start: Duration,
+    pub end: Duration,
+    pub fate: Fate,
+    pub answer: Answer,
+    /// Whether one of its claims was applied when nothing of the
+    /// operation was live in the store (no live record, no live journal
+    /// entry): it began a new operation. `None`: not looked (SQLite).
+    pub free: Option<bool>,
+}
+
+/// Everything the checker reads.
+#[derive(Debug)]
+pub struct Observed {
+    /// The attempts', in the history's order, then the final call's.
+    pub runs: Vec<Run>,
+    /// The effects: the gateway's, or the rows the operation committed.
+    pub effects: Vec<Effect>,
+    /// Whether the record is still in progress after the final call.
+    pub stuck: bool,
+    /// How many records and journal entries the store holds at the end
+    /// (`None`: not counted on this backend).
+    pub records: Option<usize>,
+    pub journal: Option<usize>,
+    /// How many store operations a fault struck.
+    pub struck: usize,
+}
+
+/// How long any caller may take before it counts as waiting for ever.
+fn horizon(h: &History) -> Duration {
+    match h.backend {
+        Backend::Memory => Duration::from_secs(600),
+        Backend::Sqlite => Duration::from_secs(30),
+    }
+}
+
+/// The effect's id as the body's value: the charge, padded over
+/// `max_outcome` when the history wants a large outcome.
+pub fn render(id: u64, large: bool) -> String {
+    let mut value = format!("ch_{id}");
+    if large {
+        value.push_str(&".".repeat(2 * MAX_OUTCOME));
+    }
+    value
+}
+
+fn call(h: &History, wait: Option<Duration>) -> Call {
+    let mut policy = Policy::new()
+        .lease(h.lease())
+        .ttl(Duration::from_millis(h.ttl_ms));
+    policy = match wait {
+        Some(wait) => policy.wait(wait),
+        None if h.wait_ms == 0 => policy.fail_fast(),
+        None => policy.wait(Duration::from_millis(h.wait_ms)),
+    };
+    Call::new(SCOPE, OP_KEY, &PAYLOAD)
+        .with_policy(policy)
+        .max_outcome(MAX_OUTCOME)
+}
+
+/// Drops the inner future as it is about to be polled for the
+/// `polls`-th time.
+struct DropAtPoll<F: Future> {
+    inner: Option<Pin<Box<F>>>,
+    left: u32,
+}
+
+impl<F: Future> Future for DropAtPoll<F> {
+    type Output = Option<F::Output>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        if self.left == 0 {
+            self.inner = None;
+            return Poll::Ready(None);
+        }
+        self.left -= 1;
+        let inner = self.inner.as_mut().expect("polled after its end");
+        inner.as_mut().poll(cx).map(Some)
+    }
+}
+
+/// Awaits `call` as its caller's fate says (a step's timeout is the
+/// body's business, not the caller's).
+async fn with_fate(
+    h: &History,
+    fate: Fate,
+    call: impl Future<Output = Result<String, SimError>>,
+) -> Answer {
+    let ended = match fate {
+        Fate::DroppedAfter { ms } => tokio::time::timeout(Duration::from_millis(ms), call)
+            .await
+            .ok(),
+        Fate::DroppedAtPoll { polls } => {
+            DropAtPoll {
+                inner: Some(Box::pin(call)),
+                left: polls,
+            }
+            .await
+        }
+        Fate::Finishes | Fate::StepTimesOut { .. } => {
+            match tokio::time::timeout(horizon(h), call).await {
+                Ok(result) => Some(result),
+                Err(_) => return Answer::Hung,
+            }
+        }
+    };
+    ended.map_or(Answer::Dropped, answer)
+}
+
+/// A request to the gateway with `key`, given up after the fate's step
+/// timeout.
+async fn send(
+    gateway: &Arc<Gateway>,
+    key: &str,
+    index: usize,
+    fate: Fate,
+) -> Result<u64, SimError> {
+    match fate {
+        Fate::StepTimesOut { ms } => {
+            tokio::time::timeout(Duration::from_millis(ms), gateway.charge(key, index))
+                .await
+                .map_err(|_| SimError::Timeout)
+        }
+        _ => Ok(gateway.charge(key, index).await),
+    }
+}
+
+/// The body's charge through the gateway, as a step of the history's
+/// policy (or without a step).
+async fn charge(
+    h: &History,
+    gateway: &Arc<Gateway>,
+    index: usize,
+    fate: Fate,
+) -> Result<u64, SimError> {
+    let sent = |key: StepKey| async move { send(gateway, key.as_str(), index, fate).await };
+    match h.policy {
+        StepPolicy::NoSteps => send(gateway, OP_KEY, index, fate).await,
+        StepPolicy::Rerun => Step::new("charge").run(sent).await,
+        StepPolicy::Reconcile => {
+            let step = Step::new("charge").reconcile(|key: StepKey| async move {
+                Ok::<_, SimError>(gateway.ask(key.as_str()))
+            });
+            // The step's default settle window is the operation's lease. A
+            // downstream that may commit later says so, as the docs of
+            // `Step::settle` ask: its commit delay, and a little room.
+            let step = if h.downstream.commit_after_ms >= h.lease_ms {
+                step.settle(Duration::from_millis(h.downstream.commit_after_ms + 10))
+            } else {
+                step
+            };
+            step.run(sent).await
+        }
+        StepPolicy::Refuse => Step::new("charge").refuse().run(sent).await,
+        StepPolicy::Atomic => unreachable!("an atomic phase charges with a row"),
+    }
+}
+
+/// The rest of the body after its charge: its work, then its failure or
+/// its value.
+async fn finish(h: &History, attempt: &Attempt, id: u64) -> Result<String, SimError> {
+    tokio::time::sleep(Duration::from_millis(h.work_ms)).await;
+    if attempt.body_fails {
+        return Err(SimError::Body);
+    }
+    Ok(render(id, h.large_outcome))
+}
+
+/// One attempt in record mode, on any store.
+async fn record_attempt<S: Store + ?Sized>(
+    store: &S,
+    sqlite: Option<&idem::SqliteStore>,
+    gateway: &Arc<Gateway>,
+    h: &History,
+    index: usize,
+    attempt: &Attempt,
+    wait: Option<Duration>,
+) -> Result<String, SimError> {
+    idem::run(store, call(h, wait), async {
+        let id = match (h.policy, sqlite) {
+            (StepPolicy::Atomic, Some(sqlite)) => {
+                let mut tx = sqlite.pool().begin().await.map_err(sql)?;
+                let id = Step::new("charge")
+                    .in_transaction(sqlite, &mut *tx, |conn, key| async move {
+                        (insert_charge(conn, key.as_str(), index).await, conn)
+                    })
+                    .await?;
+                tx.commit().await.map_err(sql)?;
+                id
+            }
+            _ => charge(h, gateway, index, attempt.fate).await?,
+        };
+        finish(h, attempt, id).await
+    })
+    .await
+}
+
+/// The effect of an atomic phase, or of a transactional body without
+/// steps: a row, committed with the caller's transaction.
+async fn insert_charge(
+    conn: &mut sqlx::SqliteConnection,
+    key: &str,
+    index: usize,
+) -> Result<u64, SimError> {
+    let done = sqlx::query("INSERT INTO sim_charges (step_key, attempt) VALUES (?1, ?2)")
+        .bind(key)
+        .bind(index as i64)
+        .execute(conn)
+        .await
+        .map_err(sql)?;
+    Ok(done.last_insert_rowid() as u64)
+}
+
+/// The memory store's histories: on a current-thread runtime whose clock
+/// is paused, so that leases, ttls, waits and delays pass in no time and
+/// the run depends on the seed alone.
+pub fn run_memory(h: &History) -> Observed {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .start_paused(true)
+        .build()
+        .expect("a runtime");
+    let local = tokio::task::LocalSet::new();
+    runtime.block_on(local.run_until(memory_history(h)))
+}
+
+async fn memory_history(h: &History) -> Observed {
+    let start = Instant::now();
+    let plan = Plan::new(h, start);
+    let store = Arc::new(Faulty {
+        inner: idem::MemoryStore::new(),
+        plan: plan.clone(),
+    });
+    let gateway = Gateway::new(h.downstream);
+    let mut runs = attempts(h, start, &plan, true, |index, attempt, wait| {
+        let (store, gateway, h) = (store.clone(), gateway.clone(), h.clone());
+        async move { record_attempt(&*store, None, &gateway, &h, index, &attempt, wait).await }
+    })
+    .await;
+    quiet(h, start, &plan).await;
+    let final_call = Attempt {
+        at_ms: 0,
+        fate: Fate::Finishes,
+        body_fails: false,
+    };
+    let begun = start.elapsed();
+    let answer = ATTEMPT
+        .scope(
+            FINAL,
+            with_fate(
+                h,
+                Fate::Finishes,
+                record_attempt(
+                    &*store,
+                    None,
+                    &gateway,
+                    h,
+                    FINAL,
+                    &final_call,
+                    Some(Duration::from_secs(5)),
+                ),
+            ),
+        )
+        .await;
+    let free_now = Some(plan.fresh.lock().unwrap().contains(&FINAL));
+    runs.push(Run {
+        start: begun,
+        end: start.elapsed(),
+        fate: Fate::Finishes,
+        answer,
+        free: free_now,
+    });
+    // Late commits land.
+    tokio::time::sleep(Duration::from_millis(h.downstream.commit_after_ms + 1)).await;
+    let (scope, key) = (Scope::new(SCOPE), Key::new(OP_KEY).unwrap());
+    let record = store.get(&scope, &key).await.expect("read the record");
+    Observed {
+        runs,
+        effects: gateway.effects(),
+        stuck: record.is_some_and(|r| r.state == State::InProgress),
+        records: Some(store.inner.len()),
+        journal: Some(store.steps(&scope, &key).await.expect("the journal").len()),
+        struck: plan.struck.load(Ordering::SeqCst),
+    }
+}
+
+/// Runs every attempt of `h` as a task of its own, from its start time,
+/// through its fate; `attempt(index, attempt, wait)` is its call.
+async fn attempts<F, Fut>(
+    h: &History,
+    start: Instant,
+    plan: &Arc<Plan>,
+    probe: bool,
+    attempt: F,
+) -> Vec<Run>
+where
+    F: Fn(usize, Attempt, Option<Duration>) -> Fut,
+    Fut: Future<Output = Result<String, SimError>> + 'static,
+{
+    let tasks: Vec<_> = h
+        .attempts
+        .iter()
+        .enumerate()
+        .map(|(index, a)| {
+            let call = attempt(index, a.clone(), None);
+            let (h, fate, at) = (h.clone(), a.fate, Duration::from_millis(a.at_ms));
+            let plan = plan.clone();
+            tokio::task::spawn_local(async move {
+                tokio::time::sleep_until(start + at).await;
+                let begun = start.elapsed();
+                let answer = ATTEMPT.scope(index, with_fate(&h, fate, call)).await;
+                let free = probe.then(|| plan.fresh.lock().unwrap().contains(&index));
+                Run {
+                    start: begun,
+                    end: start.elapsed(),
+                    fate,
+                    answer,
+                    free,
+                }
+            })
+        })
+        .collect();
+    let mut runs = Vec::with_capacity(tasks.len() + 1);
+    for task in tasks {
+        runs.push(task.await.expect("an attempt's task"));
+    }
+    runs
+}
+
+/// Waits until the store has recovered and every lease a fault or a
+/// stopped background left behind has passed, then calms the store.
+async fn quiet(h: &History, start: Instant, plan: &Plan) {
+    tokio::time::sleep_until(start + Duration::from_millis(h.outages_end_ms())).await;
+    let settle = match h.backend {
+        // A background save pauses at most 1 s between attempts.
+        Backend::Memory => Duration::from_millis(2_500),
+        Backend::Sqlite => Duration::from_millis(300),
+    };
+    tokio::time::sleep(
+        2 * h.lease() + settle + Duration::from_millis(h.downstream.commit_after_ms),
+    )
+    .await;
+    plan.calm.store(true, Ordering::SeqCst);
+}
+
+/// A SQLite payment row: entity mode's token and value.
+#[derive(Debug, Clone, PartialEq, sqlx::FromRow, idem::Entity)]
+#[idem(table = "sim_payments")]
+pub struct SimPayment {
+    #[idem(generated)]
+    pub id: i64,
+    #[idem(token)]
+    pub token: String,
+    pub charge: String,
+}
+
+const TABLES: &str = "
+    CREATE TABLE sim_payments (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        token TEXT NOT NULL UNIQUE,
+        charge TEXT NOT NULL
+    );
+    CREATE TABLE sim_charges (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        step_key TEXT NOT NULL,
+        attempt INTEGER NOT NULL
+    );
+";
+
+/// The SQLite histories: a fresh database file each, in real time.
+pub fn run_sqlite(h: &History) -> Observed {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    let local = tokio::task::LocalSet::new();
+    runtime.block_on(local.run_until(sqlite_history(h)))
+}
+
+async fn sqlite_history(h: &History) -> Observed {
+    let (sqlite, _guard) = crate::common::backend::sqlite_file::store(8).await;
+    sqlx::raw_sql(TABLES)
+        .execute(sqlite.pool())
+        .await
+        .expect("the simulation's tables");
+    let start = Instant::now();
+    let plan = Plan::new(h, start);
+    let store = Arc::new(Faulty {
+        inner: sqlite.clone(),
+        plan: plan.clone(),
+    });
+    let gateway = Gateway::new(h.downstream);
+    let one = {
+        let (store, sqlite, gateway, h) =
+            (store.clone(), sqlite.clone(), gateway.clone(), h.clone());
+        move |index: usize, attempt: Attempt, wait: Option<Duration>| {
+            let (store, sqlite, gateway, h) =
+                (store.clone(), sqlite.clone(), gateway.clone(), h.clone());
+            async move {
+                match h.mode {
+                    Mode::Record => {
+                        record_attempt(&*store, Some(&sqlite), &gateway, &h, index, &attempt, wait)
+                            .await
+                    }
+                    Mode::Transactional => {
+                        transactional_attempt(&sqlite, &gateway, &h, index, &attempt, wait).await
+                    }
+                    Mode::Entity => {
+                        entity_attempt(&sqlite, &gateway, &h, index, &attempt, wait).await
+                    }
+                }
+            }
+        }
+    };
+    let mut runs = attempts(h, start, &plan, false, &one).await;
+    quiet(h, start, &plan).await;
+    let final_call = Attempt {
+        at_ms: 0,
+        fate: Fate::Finishes,
+        body_fails: false,
+    };
+    let begun = start.elapsed();
+    let answer = with_fate(
+        h,
+        Fate::Finishes,
+        one(FINAL, final_call, Some(Duration::from_secs(2))),
+    )
+    .await;
+    runs.push(Run {
+        start: begun,
+        end: start.elapsed(),
+        fate: Fate::Finishes,
+        answer,
+        free: None,
+    });
+    tokio::time::sleep(Duration::from_millis(h.downstream.commit_after_ms + 1)).await;
+    let (scope, key) = (Scope::new(SCOPE), Key::new(OP_KEY).unwrap());
+    let stuck = match h.mode {
+        Mode::Entity => false,
+        _ => sqlite
+            .get(&scope, &key)
+            .await
+            .expect("read the record")
+            .is_some_and(|r| r.state == State::InProgress),
+    };
+    let journal = match h.mode {
+        Mode::Record => Some(sqlite.steps(&scope, &key).await.expect("the journal").len()),
+        _ => None,
+    };
+    let mut effects = gateway.effects();
+    let rows: Vec<(i64, String, i64)> =
+        sqlx::query_as("SELECT id, step_key, attempt FROM sim_charges ORDER BY id")
+            .fetch_all(sqlite.pool())
+            .await
+            .expect("the charges");
+    effects.extend(rows.into_iter().map(|(id, key, attempt)| Effect {
+        id: id as u64,
+        key,
+        attempt: attempt as usize,
+    }));
+    let payments: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM sim_payments")
+        .fetch_one(sqlite.pool())
+        .await
+        .expect("the payments");
+    Observed {
+        runs,
+        effects,
+        stuck,
+        records: (h.mode == Mode::Entity).then_some(payments as usize),
+        journal,
+        struck: plan.struck.load(Ordering::SeqCst),
+    }
+}
+
+/// One attempt in transactional mode: the claim, the body's rows and the
+/// completion on one transaction, committed after an `Ok`.
+async fn transactional_attempt(
+    sqlite: &idem::SqliteStore,
+    gateway: &Arc<Gateway>,
+    h: &History,
+    index: usize,
+    attempt: &Attempt,
+    wait: Option<Duration>,
+) -> Result<String, SimError> {
+    let mut tx = sqlite.pool().begin().await.map_err(sql)?;
+    let result = idem::run_in_transaction(sqlite, &mut *tx, call(h, wait), |conn| async move {
+        let id = match h.policy {
+            // The effect is a row, committed with the record.
+            StepPolicy::NoSteps => insert_charge(&mut *conn, OP_KEY, index).await,
+            StepPolicy::Atomic => {
+                Step::new("charge")
+                    .in_transaction(sqlite, &mut *conn, |conn, key| async move {
+                        (insert_charge(conn, key.as_str(), index).await, conn)
+                    })
+                    .await
+            }
+            _ => charge(h, gateway, index, attempt.fate).await,
+        };
+        let result = match id {
+            Ok(id) => finish(h, attempt, id).await,
+            Err(err) => Err(err),
+        };
+        (result, conn)
+    })
+    .await;
+    match result {
+        Ok(value) => {
+            tx.commit().await.map_err(sql)?;
+            Ok(value)
+        }
+        Err(err) => {
+            let _ = tx.rollback().await;
+            Err(err)
+        }
+    }
+}
+
+/// One attempt in entity mode: the row is the outcome.
+async fn entity_attempt(
+    sqlite: &idem::SqliteStore,
+    gateway: &Arc<Gateway>,
+    h: &History,
+    index: usize,
+    attempt: &Attempt,
+    wait: Option<Duration>,
+) -> Result<String, SimError> {
+    let payment: SimPayment = idem::entity::run(sqlite.pool(), call(h, wait), async {
+        let id = charge(h, gateway, index, attempt.fate).await?;
+        let value = finish(h, attempt, id).await?;
+        Ok::<_, SimError>(SimPayment {
+            id: 0,
+            token: OP_KEY.to_owned(),
+            charge: value,
+        })
+    })
+    .await?;
+    Ok(payment.charge)
+}
