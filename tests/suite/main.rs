@@ -31,6 +31,8 @@ mod payments_app;
 
 mod attribute;
 mod bounded_saves;
+#[cfg(all(feature = "axum", feature = "sqlite", feature = "postgres"))]
+mod seams_review_http;
 mod cache_expiry;
 #[cfg(all(feature = "sqlite", feature = "postgres"))]
 mod consumer;
