@@ -31,8 +31,6 @@ mod payments_app;
 
 mod attribute;
 mod bounded_saves;
-#[cfg(all(feature = "axum", feature = "sqlite", feature = "postgres"))]
-mod seams_review_http;
 mod cache_expiry;
 #[cfg(all(feature = "sqlite", feature = "postgres"))]
 mod consumer;
@@ -108,6 +106,8 @@ mod redis_failover;
 mod redis_own_servers;
 mod redis_store;
 mod replayable_errors;
+#[cfg(all(feature = "axum", feature = "sqlite", feature = "postgres"))]
+mod seams_review_http;
 mod sql_store_concurrency;
 mod sql_stores;
 mod state_machine_model;
