@@ -233,7 +233,8 @@ impl IdempotencyLayer {
     /// The largest response body kept for a replay, in bytes, and so the
     /// most of a response body the layer holds in memory (plus the one
     /// chunk that crosses it). A response to store whose body ends within
-    /// it is stored whole, then sent. One whose body goes past it is sent
+    /// it (and within [`max_stored_body_wait`](Self::max_stored_body_wait))
+    /// is stored whole, then sent. One whose body goes past it is sent
     /// as it streams: its head and the part read so far at once, the rest
     /// as the inner service produces it; the key then answers
     /// [`Problem::NotReplayable`](super::Problem::NotReplayable), and the
