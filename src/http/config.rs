@@ -3,6 +3,7 @@
 
 use std::fmt;
 use std::sync::Arc;
+use std::time::Duration;
 
 use ::http::header::HeaderName;
 use ::http::{Method, StatusCode};
@@ -28,6 +29,9 @@ pub(crate) struct Config {
     pub(crate) store_status: Arc<StatusFn>,
     /// The largest response body kept for a replay.
     pub(crate) max_stored_body: usize,
+    /// How long a response body to keep may take to end, counted from the
+    /// first time it has nothing ready, before it is streamed instead.
+    pub(crate) max_stored_body_wait: Duration,
     /// Media types (`type/subtype`, lower case) whose responses stream
     /// through without being kept.
     pub(crate) stream_media_types: Vec<String>,
@@ -45,6 +49,7 @@ impl fmt::Debug for Config {
             .field("route", &self.route.is_some())
             .field("fingerprint", &self.fingerprint)
             .field("max_stored_body", &self.max_stored_body)
+            .field("max_stored_body_wait", &self.max_stored_body_wait)
             .field("stream_media_types", &self.stream_media_types)
             .finish_non_exhaustive()
     }

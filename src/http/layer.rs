@@ -57,14 +57,26 @@ impl IdempotencyLayer {
     /// 512 MiB).
     pub const DEFAULT_MAX_STORED_BODY: usize = 1024 * 1024;
 
+    /// The default [`max_stored_body_wait`](Self::max_stored_body_wait):
+    /// 1 second. A handler that returns a whole body (axum's `Json`, a
+    /// `String`, bytes) ends it at once, and one that writes it from a
+    /// query or a file ends it within milliseconds; a body still being
+    /// produced a second after it first paused is a stream (a feed, an
+    /// export fed by a slow cursor), which may never end. A second is
+    /// also well within the 5 seconds a duplicate waits by default, so a
+    /// duplicate that arrives while the layer waits gets the 410 rather
+    /// than a 409.
+    pub const DEFAULT_MAX_STORED_BODY_WAIT: Duration = Duration::from_secs(1);
+
     /// A layer keeping its records in `store`, with the defaults: header
     /// `Idempotency-Key`, required on POST and PATCH; bodies up to 2 MiB;
     /// the default [`Policy`] (records kept 24 hours, claims leased for 30
     /// seconds, duplicates wait up to 5 seconds); no principal (keys global
     /// to the route); JSON bodies fingerprinted canonically, no field
     /// ignored; responses stored as [`stored_by_default`] says, or when
-    /// marked [`Final`](super::Final), up to a body of 1 MiB; responses of
-    /// type `text/event-stream` streamed through, never stored.
+    /// marked [`Final`](super::Final), up to a body of 1 MiB that ends
+    /// within 1 second of its first pause; responses of type
+    /// `text/event-stream` streamed through, never stored.
     pub fn new<S: Store + 'static>(store: S) -> Self {
         IdempotencyLayer {
             store: Arc::new(store),
@@ -79,6 +91,7 @@ impl IdempotencyLayer {
                 fingerprint: RequestFingerprint::default(),
                 store_status: Arc::new(stored_by_default),
                 max_stored_body: Self::DEFAULT_MAX_STORED_BODY,
+                max_stored_body_wait: Self::DEFAULT_MAX_STORED_BODY_WAIT,
                 stream_media_types: vec!["text/event-stream".to_owned()],
             },
         }
@@ -220,7 +233,8 @@ impl IdempotencyLayer {
     /// The largest response body kept for a replay, in bytes, and so the
     /// most of a response body the layer holds in memory (plus the one
     /// chunk that crosses it). A response to store whose body ends within
-    /// it is stored whole, then sent. One whose body goes past it is sent
+    /// it (and within [`max_stored_body_wait`](Self::max_stored_body_wait))
+    /// is stored whole, then sent. One whose body goes past it is sent
     /// as it streams: its head and the part read so far at once, the rest
     /// as the inner service produces it; the key then answers
     /// [`Problem::NotReplayable`](super::Problem::NotReplayable), and the
@@ -236,6 +250,30 @@ impl IdempotencyLayer {
     /// the body, and 64 KiB for its status and headers.
     pub fn max_stored_body(mut self, bytes: usize) -> Self {
         self.config.max_stored_body = bytes;
+        self
+    }
+
+    /// How long the layer waits for a response body to end before it
+    /// sends the head, counted from the first time the body has no chunk
+    /// ready. A response to store whose body ends within it (and within
+    /// [`max_stored_body`](Self::max_stored_body)) is stored whole, then
+    /// sent. One whose body is still being produced when it passes is sent
+    /// as it streams, as a body over `max_stored_body` is: its head and
+    /// the part read so far at once, the rest as the inner service
+    /// produces it; the key then answers
+    /// [`Problem::NotReplayable`](super::Problem::NotReplayable), and the
+    /// request is not run again for it. So a stream of any media type
+    /// gets its head, however slowly it flows. See the
+    /// [module documentation](super#bodies). Default: 1 second
+    /// ([`DEFAULT_MAX_STORED_BODY_WAIT`](Self::DEFAULT_MAX_STORED_BODY_WAIT)).
+    ///
+    /// A body that is whole when the handler answers never waits, and no
+    /// timer is armed for it. Raise the wait for a handler whose finite
+    /// body pauses longer (and whose response must be replayed); keep it
+    /// under [`wait`](Self::wait), so that a duplicate arriving meanwhile
+    /// gets the 410 rather than a 409.
+    pub fn max_stored_body_wait(mut self, wait: Duration) -> Self {
+        self.config.max_stored_body_wait = wait;
         self
     }
 

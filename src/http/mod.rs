@@ -116,7 +116,8 @@
 //! - first request with a key: the inner service runs; its response is
 //!   buffered whole and stored (unless it is one that is not stored: see
 //!   [below](#which-responses-are-stored)), then sent; a response that
-//!   is not stored, is a stream, or whose body is over 1 MiB is sent as it
+//!   is not stored, is a stream, whose body is over 1 MiB, or whose body
+//!   is still being produced a second after it first paused is sent as it
 //!   streams instead (see [Bodies](#bodies));
 //! - same key, same payload, after it completed: the stored response is
 //!   sent again, marked `Idempotent-Replayed: true`; the inner service does
@@ -151,7 +152,7 @@
 //! | 422 | the key was used with another payload |
 //! | 409 + `Retry-After` | a request with the key is still running and the wait bound passed, or the layer fails fast |
 //! | 503 + `Retry-After` | the store cannot be reached; the request is not executed |
-//! | 410 | the request with the key was processed, but its response was not kept: it was streamed (see [Bodies](#bodies)), or the store could not hold it ([`Error::Unrecorded`](crate::Error::Unrecorded)); nothing runs again for the key |
+//! | 410 | the request with the key was processed, but its response was not kept: it was streamed (a stream's media type, a body over [`max_stored_body`](IdempotencyLayer::max_stored_body), or one that had not ended within [`max_stored_body_wait`](IdempotencyLayer::max_stored_body_wait): see [Bodies](#bodies)), or the store could not hold it ([`Error::Unrecorded`](crate::Error::Unrecorded)); nothing runs again for the key |
 //! | 500 | the layer failed: an invalid policy (zero ttl or lease), a stored response that cannot be read, a response body that failed while buffered (kept for the key when its status is one that is stored: see below) |
 //!
 //! **Failures of the inner service.** Its error type is kept: an error is
@@ -162,7 +163,8 @@
 //! claim's lease ran out and another request took the key over), the client
 //! still gets it, and a warning is logged. A response body that fails or
 //! panics while it is buffered (within
-//! [`max_stored_body`](IdempotencyLayer::max_stored_body)), after the
+//! [`max_stored_body`](IdempotencyLayer::max_stored_body) and
+//! [`max_stored_body_wait`](IdempotencyLayer::max_stored_body_wait)), after the
 //! inner service answered with a status that is stored, is answered 500,
 //! and that 500 is stored for the key: the service did its work, so a
 //! retry replays the 500 rather than run it again. A body that fails or
@@ -271,16 +273,25 @@
 //! [`max_stored_body`](IdempotencyLayer::max_stored_body) bytes of a
 //! response body (1 MiB by default), plus the chunk that crosses it, and
 //! the request body up to [`body_limit`](IdempotencyLayer::body_limit).
-//! What happens to the response depends on what the inner service
-//! answered, in this order:
+//! It waits for a response body to end for at most
+//! [`max_stored_body_wait`](IdempotencyLayer::max_stored_body_wait) (1
+//! second by default), counted from the first time the body has no chunk
+//! ready: a handler that returns a whole body (axum's `Json`, a `String`)
+//! ends it at once, and never starts that wait (no timer is armed for
+//! it); a body still being produced a second after it paused is taken for
+//! a stream, whatever its media type (a feed, an export fed by a slow
+//! cursor), which may never end. So bytes and time both bound how long
+//! the head is held back. What happens to the response depends on what
+//! the inner service answered, in this order:
 //!
 //! | response | sent | the key answers afterwards |
 //! |---|---|---|
 //! | a status that is not stored ([below](#which-responses-are-stored)) | at once, as it streams | nothing: it is released before the head is sent, and the next request runs |
 //! | a `Content-Type` among [`stream_media_types`](IdempotencyLayer::stream_media_types) (`text/event-stream` by default) | at once, as it streams | [`Problem::NotReplayable`], 410 |
 //! | a body whose size hint says it is over the limit (a body of known length) | at once, as it streams | [`Problem::NotReplayable`], 410 |
-//! | a body that ends within the limit | once it is read and stored | the stored response, replayed |
+//! | a body that ends within the limit and the wait | once it is read and stored | the stored response, replayed |
 //! | a body that goes past the limit | once it goes past: the part read, then the rest as it streams | [`Problem::NotReplayable`], 410 |
+//! | a body that has not ended when the wait passes | once the wait passes: the part read, then the rest as it streams | [`Problem::NotReplayable`], 410 |
 //!
 //! A stream's outcome is recorded **when its head is sent, before it
 //! goes out**, not when it ends: the head waits for the store's write of
@@ -293,7 +304,9 @@
 //! while the layer still reads the first part of the body waits for the
 //! record (or gets 409 with [`fail_fast`](IdempotencyLayer::fail_fast)
 //! or past its wait), then gets 410; one that arrives while the body
-//! streams gets 410 at once. None runs the inner service. If the client
+//! streams gets 410 at once. With the default bounds (a wait of 1 second
+//! for the body's end, 5 seconds for a duplicate) a duplicate that
+//! arrives while the layer waits for a slow body gets the 410, not a 409. None runs the inner service. If the client
 //! goes away, or the body fails or panics once its head is sent, the
 //! answer stays 410: the request ran, and what it answered is lost.
 //! Should the record fail to be written (the store down), the response is

@@ -2,9 +2,11 @@
 
 use std::collections::VecDeque;
 use std::fmt;
+use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use ::http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use ::http::request::Parts;
@@ -12,6 +14,7 @@ use ::http::{Request, Response};
 use bytes::{Buf, Bytes, BytesMut};
 use http_body::Body;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
+use tokio::time::Sleep;
 use tower_service::Service;
 use tracing::Instrument;
 
@@ -347,20 +350,38 @@ enum Read {
     Streamed(VecDeque<Bytes>, String),
 }
 
-/// Reads `body` until its end, or until it goes past `limit`.
-async fn read_up_to<B>(body: &mut Pin<Box<B>>, limit: usize) -> Read
+/// Reads `body` until its end, until it goes past `limit`, or until
+/// `wait` has passed since the body was first found with no frame ready.
+///
+/// The timer is armed only then: a body that is whole when the handler
+/// answers (axum's `Json`, a `String`) is read without one.
+async fn read_up_to<B>(body: &mut Pin<Box<B>>, limit: usize, wait: Duration) -> Read
 where
     B: Body,
     B::Error: Into<BoxError>,
 {
     let mut prefix = VecDeque::new();
     let mut read = 0usize;
+    let mut timer: Option<Pin<Box<Sleep>>> = None;
     loop {
         if read > limit {
             let why = format!("its body was over the {limit} bytes kept for a replay");
             return Read::Streamed(prefix, why);
         }
-        let frame = match CatchUnwind::new(body.frame()).await {
+        let mut next = CatchUnwind::new(body.frame());
+        let polled = std::future::poll_fn(|cx| {
+            if let Poll::Ready(polled) = Pin::new(&mut next).poll(cx) {
+                return Poll::Ready(Some(polled));
+            }
+            let timer = timer.get_or_insert_with(|| Box::pin(tokio::time::sleep(wait)));
+            timer.as_mut().poll(cx).map(|()| None)
+        })
+        .await;
+        let Some(polled) = polled else {
+            let why = format!("its body was still being produced {wait:?} after it first paused");
+            return Read::Streamed(prefix, why);
+        };
+        let frame = match polled {
             Ok(None) => break,
             Ok(Some(Ok(frame))) => frame,
             Ok(Some(Err(err))) => return Read::Failed(err.into()),
@@ -431,7 +452,7 @@ where
             let why = format!("its body was over the {limit} bytes kept for a replay");
             Read::Streamed(VecDeque::new(), why)
         } else {
-            read_up_to(&mut body, limit).await
+            read_up_to(&mut body, limit, config.max_stored_body_wait).await
         };
         let response = match read {
             Read::Whole(bytes) => Response::from_parts(parts, bytes),
@@ -598,6 +619,30 @@ mod tests {
         // A malformed key is still refused.
         let bad = svc.clone().oneshot(post("\"open")).await.unwrap();
         assert_eq!(bad.status(), 400);
+    }
+
+    /// A body whose chunks are all ready when it is first polled is read
+    /// without a timer: on a runtime built without one, where arming a
+    /// timer panics.
+    #[test]
+    fn a_body_ready_at_once_arms_no_timer() {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let chunks: Vec<Result<http_body::Frame<Bytes>, std::io::Error>> = vec![
+            Ok(http_body::Frame::data(Bytes::from_static(b"who"))),
+            Ok(http_body::Frame::data(Bytes::from_static(b"le"))),
+        ];
+        let read = runtime.block_on(async {
+            let mut one = Box::pin(Full::<Bytes>::from("whole"));
+            let one = read_up_to(&mut one, 1024, Duration::from_secs(1)).await;
+            let stream = http_body_util::StreamBody::new(futures::stream::iter(chunks));
+            let two = read_up_to(&mut Box::pin(stream), 1024, Duration::ZERO).await;
+            [one, two]
+        });
+        for read in read {
+            assert!(matches!(read, Read::Whole(ref body) if body == "whole"));
+        }
     }
 
     #[tokio::test]

@@ -1,9 +1,12 @@
 //! Responses the layer does not keep, over a real axum server and a real
 //! client: a body that never ends, server-sent events, a body of 128 MiB,
 //! a body that fails or panics once its head is sent, a duplicate that
-//! arrives while the first response is being read, and a status that is
-//! not stored. Each is sent as it streams, with its head at once; the key
-//! then answers `NotReplayable` (410) and the handler never runs twice.
+//! arrives while the first response is being read, a body still being
+//! produced once the layer's wait for its end has passed, and a status
+//! that is not stored. Each is sent as it streams, with its head at once;
+//! the key then answers `NotReplayable` (410) and the handler never runs
+//! twice. Against the last but one: a slow body that ends within the wait
+//! is still stored and replayed.
 
 use crate::http_support::{fresh_key, on_each_store, problem_json, replayed, Runs, Server};
 
@@ -30,6 +33,8 @@ on_each_store!(
     body_panicking_after_its_head_is_not_run_again,
     status_not_stored_streams_and_releases_the_key,
     body_of_known_length_over_the_limit_is_not_replayable,
+    slow_finite_body_within_the_wait_is_stored_and_replayed,
+    body_slower_than_the_wait_is_streamed_then_not_replayable,
 );
 
 const MIB: u64 = 1024 * 1024;
@@ -37,6 +42,22 @@ const MIB: u64 = 1024 * 1024;
 const CHUNK: usize = 64 * 1024;
 /// The bound on waiting for a head: past it, the layer held it back.
 const HEAD_WITHIN: Duration = Duration::from_secs(5);
+
+/// How many parts `/slow` sends, and the pause before each after the first.
+const SLOW_PARTS: u64 = 3;
+const SLOW_PAUSE: Duration = Duration::from_millis(100);
+
+/// Part `n` of `/slow`'s body.
+fn slow_part(n: u64) -> Bytes {
+    Bytes::from(format!("{{\"part\":{n}}}\n"))
+}
+
+/// The whole body of `/slow`.
+fn slow_body() -> String {
+    (0..SLOW_PARTS)
+        .map(|n| String::from_utf8(slow_part(n).to_vec()).unwrap())
+        .collect()
+}
 
 /// What the handlers did, shared with the test.
 #[derive(Default)]
@@ -160,6 +181,28 @@ fn app(seen: &Arc<Seen>) -> Router {
             "/cut-panic",
             on(seen, |seen| {
                 (StatusCode::CREATED, generated(seen, 4 * MIB, Some(false))).into_response()
+            }),
+        )
+        .route(
+            "/slow",
+            on(seen, |seen| {
+                // Three short parts, 100 ms apart: a finite body, far
+                // under the layer's 1 MiB, that pauses twice.
+                let parts = futures::stream::unfold(0u64, move |n| {
+                    let seen = seen.clone();
+                    async move {
+                        if n == SLOW_PARTS {
+                            return None;
+                        }
+                        if n > 0 {
+                            tokio::time::sleep(SLOW_PAUSE).await;
+                        }
+                        seen.produced.fetch_add(1, Ordering::SeqCst);
+                        Some((Ok::<_, std::io::Error>(slow_part(n)), n + 1))
+                    }
+                });
+                let headers = [("content-type", "application/x-ndjson")];
+                (StatusCode::CREATED, headers, Body::from_stream(parts)).into_response()
             }),
         )
         .route(
@@ -350,7 +393,12 @@ async fn duplicate_while_the_head_is_held_waits_then_is_not_replayable<S>(store:
 where
     S: Store + Clone + 'static,
 {
-    let (server, seen) = serve_with(IdempotencyLayer::new(store.clone()).wait(HEAD_WITHIN)).await;
+    // The gate is held for a while: the wait for the body is not what
+    // this case is about, so it does not pass while the gate is shut.
+    let layer = IdempotencyLayer::new(store.clone())
+        .wait(HEAD_WITHIN)
+        .max_stored_body_wait(Duration::from_secs(60));
+    let (server, seen) = serve_with(layer).await;
     // The same routes on the same store, failing fast.
     let (hasty, hasty_seen) = serve_with(IdempotencyLayer::new(store).fail_fast()).await;
     let key = fresh_key();
@@ -443,5 +491,50 @@ async fn body_of_known_length_over_the_limit_is_not_replayable<S: Store + 'stati
     assert!(body.iter().all(|&b| b == 7));
     let retry = head(server.post("/known", &key), "a retry").await;
     assert_not_replayable(retry).await;
+    assert_eq!(seen.runs.count(), 1);
+}
+
+/// A finite body that pauses (three parts 100 ms apart, a few dozen
+/// bytes), ending well within the default `max_stored_body_wait`, is
+/// still read whole and stored: the retry is a replay of the same body,
+/// and the handler runs once.
+async fn slow_finite_body_within_the_wait_is_stored_and_replayed<S: Store + 'static>(store: S) {
+    let (server, seen) = serve(store).await;
+    let key = fresh_key();
+    let first = head(server.post("/slow", &key), "a slow finite body").await;
+    assert_eq!(first.status(), StatusCode::CREATED);
+    assert!(!replayed(&first));
+    // Held back until the body ended, as a response to store is.
+    assert_eq!(seen.produced.load(Ordering::SeqCst), SLOW_PARTS);
+    assert_eq!(first.text().await.unwrap(), slow_body());
+    let retry = head(server.post("/slow", &key), "a retry").await;
+    assert_eq!(retry.status(), StatusCode::CREATED);
+    assert!(replayed(&retry));
+    assert_eq!(retry.headers()["content-type"], "application/x-ndjson");
+    assert_eq!(retry.text().await.unwrap(), slow_body());
+    assert_eq!(seen.runs.count(), 1);
+}
+
+/// The same body behind a layer that waits 20 ms for a body to end: the
+/// wait passes at its first pause, so its head and first part are sent
+/// before the rest is produced, the rest streams, and the key answers
+/// 410 afterwards without running the handler again.
+async fn body_slower_than_the_wait_is_streamed_then_not_replayable<S: Store + 'static>(store: S) {
+    let layer = IdempotencyLayer::new(store).max_stored_body_wait(Duration::from_millis(20));
+    let (server, seen) = serve_with(layer).await;
+    let key = fresh_key();
+    let first = head(server.post("/slow", &key), "a body slower than the wait").await;
+    assert_eq!(first.status(), StatusCode::CREATED);
+    assert!(!replayed(&first));
+    let at_head = seen.produced.load(Ordering::SeqCst);
+    assert!(
+        at_head < SLOW_PARTS,
+        "the head came once all {at_head} parts were produced: the layer waited for the end"
+    );
+    assert_eq!(first.text().await.unwrap(), slow_body());
+    for _ in 0..2 {
+        let retry = head(server.post("/slow", &key), "a retry").await;
+        assert_not_replayable(retry).await;
+    }
     assert_eq!(seen.runs.count(), 1);
 }

@@ -52,6 +52,8 @@ mod http_key_extension;
 mod http_labels;
 #[cfg(all(feature = "axum", feature = "sqlite"))]
 mod http_layer;
+#[cfg(all(feature = "axum", feature = "sqlite", feature = "postgres"))]
+mod http_slow_streams;
 mod http_steps;
 #[cfg(all(feature = "axum", feature = "sqlite", feature = "postgres"))]
 mod http_storing;
