@@ -56,9 +56,10 @@
 //! `simulation::memory` runs `IDEM_SIM_SEEDS` seeds (default
 //! [`MEMORY_SEEDS`]) from `IDEM_SIM_FROM` (default 0);
 //! `simulation::sqlite` likewise (default [`SQLITE_SEEDS`]).
-//! `IDEM_SIM_SEED=<n>` runs that one seed. Repeats known to be open
-//! ([`check::Repeat::KnownOpen`]) are counted and printed, not failed,
-//! unless `IDEM_SIM_STRICT=1`. A failing seed is shrunk by
+//! `IDEM_SIM_SEED=<n>` runs that one seed. Failures known to be open
+//! (`check::check` names them: today, entity mode's lock on SQLite after
+//! a dropped caller) are counted and printed, not failed, unless
+//! `IDEM_SIM_STRICT=1`. A failing seed is shrunk by
 //! proptest, and the test panics with the history as drawn, the smallest
 //! failing one, what broke, and the one command that replays it, as:
 //!
@@ -175,7 +176,7 @@ fn simulate(backend: Backend, test: &str, default: u64, shrink: u32) {
         }
     }
     println!(
-        "simulation::{test}: {} seeds ({}..{}) in {:.1?}; known open repeats hit: {known_open:?}",
+        "simulation::{test}: {} seeds ({}..{}) in {:.1?}; known open failures hit: {known_open:?}",
         seeds.end - seeds.start,
         seeds.start,
         seeds.end,
