@@ -322,12 +322,62 @@ async fn a_failover_never_loses_a_started_step() {
 /// Expected: the first caller gets its 2 MiB value, the record is
 /// completed (not in progress), a retry gets `Unrecorded` at once, and
 /// the body ran once.
+///
+/// The server answers `CONFIG GET`: the store asks it first and never
+/// sends the outcome, so the server never closes the store's connection
+/// (a refusal for length closes it, failing every command on it).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_outcome_too_large_for_the_server_is_unrecorded() {
     let server = Server::start(7314, &["--proto-max-bulk-len", "1mb"]).await;
     let store = RedisStore::connect(&server.url())
         .await
         .expect("connect to the test's Redis");
+    let before = connections_received(&server).await;
+    too_large_is_unrecorded(&store).await;
+    // Only the connection that asks this was opened since.
+    assert_eq!(
+        connections_received(&server).await - before,
+        1,
+        "the server closed the store's connection: the outcome was sent"
+    );
+}
+
+/// As above, on a server that does not answer `CONFIG` (renamed away, as
+/// managed services do): the store cannot ask first, sends the outcome,
+/// and recognizes the server's refusal as permanent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_outcome_too_large_for_a_server_without_config_is_unrecorded() {
+    let server = Server::start(
+        7318,
+        &[
+            "--proto-max-bulk-len",
+            "1mb",
+            "--rename-command",
+            "CONFIG",
+            "",
+        ],
+    )
+    .await;
+    let store = RedisStore::connect(&server.url())
+        .await
+        .expect("connect to the test's Redis");
+    too_large_is_unrecorded(&store).await;
+}
+
+/// How many connections the server has accepted since it started.
+async fn connections_received(server: &Server) -> u64 {
+    let stats = server.info("stats").await;
+    stats
+        .lines()
+        .find_map(|line| line.strip_prefix("total_connections_received:"))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no total_connections_received in {stats}"))
+}
+
+/// A 2 MiB outcome on a server that takes at most 1 MiB: the first caller
+/// gets its value, the key answers `Unrecorded` at once, the body ran
+/// once, and the store goes on working.
+async fn too_large_is_unrecorded(store: &RedisStore) {
     let runs = AtomicUsize::new(0);
     let big = "x".repeat(2 << 20);
     let call = |key: &'static str| {
@@ -344,14 +394,14 @@ async fn an_outcome_too_large_for_the_server_is_unrecorded() {
     let started = Instant::now();
     let first = tokio::time::timeout(
         Duration::from_secs(30),
-        run(&store, call("too-large"), body()),
+        run(store, call("too-large"), body()),
     )
     .await
     .expect("the first caller did not get its value within 30 s");
     assert_eq!(first.as_ref().map(String::len).ok(), Some(big.len()));
     let first_took = started.elapsed();
     let retried = Instant::now();
-    let retry = run(&store, call("too-large"), body()).await;
+    let retry = run(store, call("too-large"), body()).await;
     assert!(
         matches!(retry, Err(Error::Unrecorded(_))),
         "the retry of a key whose outcome the server refused: {retry:?} \
@@ -363,7 +413,7 @@ async fn an_outcome_too_large_for_the_server_is_unrecorded() {
         retried.elapsed()
     );
     let record = idem::Store::get(
-        &store,
+        store,
         &idem::Scope::new("own_servers.export"),
         &idem::Key::new("too-large").unwrap(),
     )
@@ -377,7 +427,7 @@ async fn an_outcome_too_large_for_the_server_is_unrecorded() {
     assert_eq!(runs.load(Ordering::SeqCst), 1, "the body ran again");
     // The connection the refusal dropped is back: a small outcome is
     // stored as usual.
-    let small = run(&store, call("small"), async {
+    let small = run(store, call("small"), async {
         Ok::<_, Error>("ok".to_owned())
     })
     .await;

@@ -484,6 +484,195 @@ async fn an_unreplicated_claim_runs_nothing(redis: Redis) {
     assert_eq!(charge(&plain, redis, "lonely").await.unwrap(), 1);
 }
 
+/// With replicas asked for and none to acknowledge, every write that a
+/// later decision reads fails with a store error, though the primary has
+/// it: a release, a forget, a step's start, a step's completion and an
+/// operator's resolution (`wait_for_replicas` lists them). A step's start
+/// not acknowledged is put back as the entry was: a fresh one is gone.
+async fn unreplicated_writes_fail(redis: Redis) {
+    use idem::journal::{StepBegin, StepRequest, StepResolution, StepRun};
+    use idem::{Begin, BeginRequest, ClaimToken, Fingerprint};
+
+    let prefix = unique_prefix("unreplicated-writes");
+    let _keys = DeleteKeys {
+        redis,
+        prefix: prefix.clone(),
+    };
+    let plain = redis.store(&prefix).await;
+    let durable = redis
+        .store(&prefix)
+        .await
+        .wait_for_replicas(3, Duration::from_millis(50));
+    let scope = Scope::new(SCOPE);
+    let fingerprint = Fingerprint::of_bytes(b"payload");
+    let (key, other) = (Key::new("writes").unwrap(), Key::new("released").unwrap());
+    let claim = |key| {
+        let plain = &plain;
+        let (scope, fingerprint) = (&scope, &fingerprint);
+        async move {
+            let request = BeginRequest {
+                scope,
+                key,
+                fingerprint,
+                token: ClaimToken::new(),
+                lease: Duration::from_millis(300),
+                ttl: Duration::from_secs(60),
+            };
+            match plain.begin(&request).await {
+                Ok(Begin::Claimed(claim)) => claim,
+                other => panic!("a claim: {other:?}"),
+            }
+        }
+    };
+    let step = |seq, name| StepRequest {
+        seq,
+        name,
+        fingerprint: &fingerprint,
+        ttl: Duration::from_secs(60),
+        adopt: false,
+        settle: Duration::ZERO,
+    };
+    let unreplicated = |what: &str, result: Result<(), Error>| {
+        assert!(
+            matches!(&result, Err(Error::Store(e)) if e.to_string().contains("replica")),
+            "{what}, which no replica acknowledged: {result:?}"
+        );
+    };
+    let held = claim(&key).await;
+    unreplicated(
+        "a step's start",
+        durable
+            .begin_step(&held, &step(0, "charge"))
+            .await
+            .map(drop),
+    );
+    // Put back: the entry is fresh again, not this attempt's start.
+    assert_eq!(
+        plain.begin_step(&held, &step(0, "charge")).await.unwrap(),
+        StepBegin::Run(StepRun::Fresh),
+        "a start no replica acknowledged was left in the journal"
+    );
+    unreplicated(
+        "a step's completion",
+        durable.complete_step(&held, &step(0, "charge"), b"1").await,
+    );
+    assert_eq!(
+        plain.begin_step(&held, &step(1, "email")).await.unwrap(),
+        StepBegin::Run(StepRun::Fresh)
+    );
+    // The attempt is gone (its lease ran out): the step is in doubt, for
+    // an operator.
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    unreplicated(
+        "an operator's resolution",
+        durable
+            .resolve_step(&scope, &key, 1, "email", &StepResolution::Rerun)
+            .await
+            .map(drop),
+    );
+    let released = claim(&other).await;
+    unreplicated("a release", durable.release(&released).await);
+    unreplicated("a forget", durable.forget(&scope, &key).await.map(drop));
+}
+
+/// A step's start that no replica acknowledged is undone only while the
+/// entry is still that start: not once the journal was forgotten
+/// meanwhile (nothing comes back), nor once another attempt took the step
+/// over (its start stays).
+async fn an_unreplicated_start_is_undone_only_while_it_is_its_own(redis: Redis) {
+    use idem::journal::{StepRequest, StepState};
+    use idem::{Begin, BeginRequest, Claim, ClaimToken, Fingerprint};
+
+    let prefix = unique_prefix("unreplicated-undo");
+    let _keys = DeleteKeys {
+        redis,
+        prefix: prefix.clone(),
+    };
+    let plain = redis.store(&prefix).await;
+    // A `WAIT` long enough for the other writes to land meanwhile.
+    let durable = redis
+        .store(&prefix)
+        .await
+        .wait_for_replicas(3, Duration::from_millis(400));
+    let scope = Scope::new(SCOPE);
+    let fingerprint = Fingerprint::of_bytes(b"payload");
+    let claim = |key: &'static str| {
+        let plain = &plain;
+        let (scope, fingerprint) = (&scope, &fingerprint);
+        async move {
+            let key = Key::new(key).unwrap();
+            let request = BeginRequest {
+                scope,
+                key: &key,
+                fingerprint,
+                token: ClaimToken::new(),
+                lease: Duration::from_millis(100),
+                ttl: Duration::from_secs(60),
+            };
+            match plain.begin(&request).await {
+                Ok(Begin::Claimed(claim)) => claim,
+                other => panic!("a claim: {other:?}"),
+            }
+        }
+    };
+    let step = |adopt| StepRequest {
+        seq: 0,
+        name: "charge",
+        fingerprint: &fingerprint,
+        ttl: Duration::from_secs(60),
+        adopt,
+        settle: Duration::ZERO,
+    };
+    // An attempt that started the step and is gone; the next one adopts
+    // the step through the store that waits for replicas.
+    let adopting = |key: &'static str| {
+        let (plain, claim, step) = (&plain, &claim, &step);
+        async move {
+            let gone = claim(key).await;
+            plain.begin_step(&gone, &step(false)).await.unwrap();
+            tokio::time::sleep(Duration::from_millis(150)).await;
+            let next: Claim = claim(key).await;
+            (gone, next)
+        }
+    };
+
+    // The journal is forgotten while the start waits for its replicas.
+    let (_, next) = adopting("forgotten").await;
+    let adopt = step(true);
+    let started = durable.begin_step(&next, &adopt);
+    let forget = async {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        plain.forget(&scope, &next.key).await.unwrap();
+    };
+    let (started, ()) = tokio::join!(started, forget);
+    assert!(matches!(started, Err(Error::Store(_))), "{started:?}");
+    let steps = plain.steps(&scope, &next.key).await;
+    assert!(
+        matches!(&steps, Ok(steps) if steps.is_empty()),
+        "a forgotten journal came back: {steps:?}"
+    );
+
+    // Another attempt takes the step over while the start waits.
+    let (_, next) = adopting("taken-over").await;
+    let adopt = step(true);
+    let started = durable.begin_step(&next, &adopt);
+    let take_over = async {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let third = claim("taken-over").await;
+        plain.begin_step(&third, &step(true)).await.unwrap();
+        third
+    };
+    let (started, third) = tokio::join!(started, take_over);
+    assert!(matches!(started, Err(Error::Store(_))), "{started:?}");
+    let steps = plain.steps(&scope, &third.key).await.unwrap();
+    assert_eq!(steps.len(), 1);
+    assert_eq!(steps[0].state, StepState::Started);
+    assert_eq!(
+        steps[0].token, third.token,
+        "the start of the attempt that took the step over was undone"
+    );
+}
+
 /// The benchmark's reference sends the store's own scripts: the record a
 /// reference first execution writes is one the store replays (the body
 /// does not run again, and its outcome comes back), and the reference's
@@ -573,6 +762,18 @@ macro_rules! on_redis {
             async fn an_unreplicated_claim_runs_nothing() {
                 let _shared = EXCLUSIVE.read().await;
                 super::an_unreplicated_claim_runs_nothing(REDIS).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn unreplicated_writes_fail() {
+                let _shared = EXCLUSIVE.read().await;
+                super::unreplicated_writes_fail(REDIS).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn an_unreplicated_start_is_undone_only_while_it_is_its_own() {
+                let _shared = EXCLUSIVE.read().await;
+                super::an_unreplicated_start_is_undone_only_while_it_is_its_own(REDIS).await;
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -154,7 +154,108 @@ async fn charged_once<S: Store>(store: S, fate: Fate, settle: Option<Duration>) 
     );
 }
 
+/// A downstream that dedupes by key, but answers a request that arrives
+/// while the same key's first one is still in flight with an error (as a
+/// payment API answers a concurrent duplicate 409): the case a `rerun`
+/// step's settle window is for.
+#[derive(Default)]
+struct DedupingGateway {
+    /// Committed charges, by step key.
+    committed: Mutex<Vec<String>>,
+    /// Keys whose first request has arrived.
+    arrived: Mutex<Vec<String>>,
+    /// Requests that arrived while their key's first one was in flight.
+    concurrent: Mutex<usize>,
+}
+
+impl DedupingGateway {
+    async fn charge(self: &Arc<Self>, key: &StepKey) -> Result<String, Error> {
+        let key = key.to_string();
+        let charge = format!("ch_{}", &key[..8]);
+        if self.committed.lock().unwrap().contains(&key) {
+            return Ok(charge);
+        }
+        if self.arrived.lock().unwrap().contains(&key) {
+            *self.concurrent.lock().unwrap() += 1;
+            return Err(Error::store("a request with this key is in progress"));
+        }
+        self.arrived.lock().unwrap().push(key.clone());
+        let gateway = self.clone();
+        let committed = tokio::spawn(async move {
+            tokio::time::sleep(RERUN_COMMITS_AFTER).await;
+            gateway.committed.lock().unwrap().push(key);
+        });
+        committed.await.expect("the commit");
+        Ok(charge)
+    }
+}
+
+/// How long [`DedupingGateway`] takes to commit: longer than the
+/// engine's hint while a dropped caller's claim is on its way back (up to
+/// a second), so that a retry let through too early reaches it in flight
+/// on every store.
+const RERUN_COMMITS_AFTER: Duration = Duration::from_millis(1500);
+
+/// One attempt: a `rerun` step settled after `settle`.
+async fn pay_rerun<S: Store>(
+    store: &S,
+    key: &str,
+    gateway: &Arc<DedupingGateway>,
+    settle: Duration,
+) -> Result<String, Error> {
+    let call = Call::new("step_in_flight.pay_rerun", key, &500).with_policy(
+        Policy::new()
+            .lease(Duration::from_millis(600))
+            .wait(Duration::ZERO),
+    );
+    run(store, call, async move {
+        Step::new("charge")
+            .settle(settle)
+            .run(|key| async move { gateway.charge(&key).await })
+            .await
+    })
+    .await
+}
+
+/// A `rerun` step with a settle window: the caller of the first attempt
+/// is dropped while its charge is in flight, and a retry comes at once.
+/// The retry waits the window out (`InProgress`), then runs the step
+/// again and gets the one charge: no request ever reaches the downstream
+/// while the first is in flight.
+async fn rerun_waits_its_window<S: Store>(store: S) {
+    let key = common::fresh("rerun-in-flight");
+    let gateway = Arc::new(DedupingGateway::default());
+    let settle = Duration::from_millis(2000);
+    let first = tokio::time::timeout(ATTEMPT_ENDS, pay_rerun(&store, &key, &gateway, settle)).await;
+    assert!(first.is_err(), "the first attempt was to be dropped");
+    let mut answers = Vec::new();
+    let answer = loop {
+        match pay_rerun(&store, &key, &gateway, settle).await {
+            Err(Error::InProgress { retry_after }) if answers.len() < 20 => {
+                answers.push(retry_after);
+                tokio::time::sleep(retry_after.max(Duration::from_millis(10))).await;
+            }
+            other => break other,
+        }
+    };
+    assert_eq!(
+        *gateway.concurrent.lock().unwrap(),
+        0,
+        "a request reached the downstream while the first was in flight; the retry answered \
+         {answer:?} after {answers:?}"
+    );
+    let charge = answer.unwrap();
+    assert!(charge.starts_with("ch_"), "{charge}");
+    assert_eq!(gateway.committed.lock().unwrap().len(), 1);
+}
+
 common::backends!(memory, sqlite_file, postgres, mysql, redis, redis_cluster => {
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_rerun_step_waits_its_settle_window() {
+        let (store, _guard) = backend::store(8).await;
+        super::rerun_waits_its_window(store).await;
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_dropped_callers_charge_is_not_sent_again() {
         let (store, _guard) = backend::store(8).await;

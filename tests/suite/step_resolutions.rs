@@ -126,7 +126,63 @@ async fn resolve_lands_on_a_live_rerun<S: Store>(store: S) {
     assert_eq!(gateway.charges.load(Ordering::SeqCst), 2, "charged again");
 }
 
+/// A step whose starting attempt is gone is in doubt, and an operator
+/// may settle it, also while another attempt holds the operation: the
+/// attempt that took the key over did not start the step (its start is
+/// not the one in doubt), so holding the key does not make the step run.
+async fn resolve_while_another_attempt_holds_the_key<S: Store>(store: S) {
+    use idem::journal::{StepRequest, StepResolution};
+    use idem::{Begin, BeginRequest, ClaimToken, Fingerprint};
+
+    let key = common::fresh("resolve-held");
+    let (scope, key) = (Scope::new("step_resolutions.held"), Key::new(key).unwrap());
+    let fingerprint = Fingerprint::of_bytes(b"payload");
+    let claim = |lease| {
+        let (store, scope, key, fingerprint) = (&store, &scope, &key, &fingerprint);
+        async move {
+            let request = BeginRequest {
+                scope,
+                key,
+                fingerprint,
+                token: ClaimToken::new(),
+                lease,
+                ttl: Duration::from_secs(60),
+            };
+            match store.begin(&request).await {
+                Ok(Begin::Claimed(claim)) => claim,
+                other => panic!("a claim: {other:?}"),
+            }
+        }
+    };
+    let step = StepRequest {
+        seq: 0,
+        name: "charge",
+        fingerprint: &fingerprint,
+        ttl: Duration::from_secs(60),
+        adopt: false,
+        settle: Duration::ZERO,
+    };
+    let gone = claim(Duration::from_millis(200)).await;
+    store.begin_step(&gone, &step).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The next attempt holds the key, with a live lease.
+    let _holder = claim(Duration::from_secs(30)).await;
+    assert!(
+        store
+            .resolve_step(&scope, &key, 0, "charge", &StepResolution::Rerun)
+            .await
+            .unwrap(),
+        "the step of an attempt that is gone was not settled while another attempt holds the key"
+    );
+}
+
 common::backends!(memory, sqlite_file, postgres, mysql, redis => {
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_step_in_doubt_is_settled_while_another_attempt_holds_the_key() {
+        let (store, _guard) = backend::store(8).await;
+        super::resolve_while_another_attempt_holds_the_key(store).await;
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_resolution_lands_on_the_live_rerun_it_allowed() {
         let (store, _guard) = backend::store(8).await;
