@@ -15,10 +15,13 @@
 //! rolls that transaction back as the connection ends. Only a transaction
 //! that committed or rolled back gives its connection back to the pool.
 //!
-//! Not on SQLite: there the connection's own thread runs the `BEGIN` and
-//! rolls it back itself when nobody awaits its answer any more, and
-//! closing the connection of an in-memory database would lose the
-//! database.
+//! On SQLite too, for a database in a file: a connection dropped inside
+//! its transaction was seen to go back to the pool still holding the
+//! database's one write lock (entity mode, a caller dropped while its row
+//! was written): every later write waited for it, and failed "database is
+//! locked" (tests/suite/entity_cuts.rs). Not for an in-memory database,
+//! which closing its connection would lose: there sqlx's own rollback of
+//! a dropped transaction is all there is.
 
 use sqlx::pool::PoolConnection;
 use sqlx::{Connection, Database, Pool, Transaction};
@@ -31,6 +34,8 @@ pub(crate) struct TxConn<DB: Database> {
     conn: PoolConnection<DB>,
     /// A transaction was begun and has not ended.
     open: bool,
+    /// Whether the connection may be closed (not an in-memory database's).
+    closable: bool,
 }
 
 impl<DB: Database> TxConn<DB> {
@@ -39,6 +44,7 @@ impl<DB: Database> TxConn<DB> {
         Ok(TxConn {
             conn: pool.acquire().await?,
             open: false,
+            closable: closable(pool),
         })
     }
 
@@ -62,9 +68,20 @@ impl<DB: Database> TxConn<DB> {
     }
 }
 
+/// Whether `pool`'s connections may be closed without losing the database:
+/// all but an in-memory SQLite database's.
+fn closable<DB: Database>(pool: &Pool<DB>) -> bool {
+    #[cfg(feature = "sqlite")]
+    if let Some(pool) = (pool as &dyn std::any::Any).downcast_ref::<Pool<sqlx::Sqlite>>() {
+        return !super::sqlite::in_memory(pool);
+    }
+    let _ = pool;
+    true
+}
+
 impl<DB: Database> Drop for TxConn<DB> {
     fn drop(&mut self) {
-        if self.open && DB::NAME != "SQLite" {
+        if self.open && self.closable {
             self.conn.close_on_drop();
         }
     }

@@ -708,6 +708,44 @@ common::backends!(sqlite_file, postgres, mysql => {
         }
     }
 
+    /// Callers dropped at every point of the flow, one token after
+    /// another (the drop moves through the find, the claim, the body and
+    /// the row's transaction), each followed at once by a caller that
+    /// finishes. Found by the simulation harness: on SQLite, a connection
+    /// dropped inside the row's transaction went back to the pool still
+    /// holding the database's write lock, and the callers after it waited
+    /// until they failed "database is locked", or for ever.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn no_dropped_caller_leaves_the_database_locked() {
+        let ns = namespace().await;
+        let pool = backend::pool(&ns, 8).await;
+        let policy = Policy::new().lease(Duration::from_millis(200));
+        for i in 0..200u64 {
+            let token = format!("drop-{i}");
+            let body = |run| {
+                let token = token.clone();
+                async move {
+                    tokio::time::sleep(Duration::from_millis(3)).await;
+                    Ok::<_, Failed>(paid(&token, run))
+                }
+            };
+            let drop_at = Duration::from_micros((i * 137) % 9_000);
+            let _ = tokio::time::timeout(
+                drop_at,
+                idem::entity::run(&pool, call(&token, policy), body(1)),
+            )
+            .await;
+            let next = tokio::time::timeout(
+                Duration::from_secs(5),
+                idem::entity::run(&pool, call(&token, policy), body(2)),
+            )
+            .await
+            .unwrap_or_else(|_| panic!("{token} (the first dropped at {drop_at:?}): no answer in 5 s"));
+            let row = next.unwrap_or_else(|err| panic!("{token} (dropped at {drop_at:?}): {err:?}"));
+            assert_eq!(row.token, token);
+        }
+    }
+
     backend::if_mysql! {
         /// An entity the server refuses by closing the connection
         /// (larger than `max_allowed_packet`): every attempt fails the

@@ -153,6 +153,16 @@ const FORGET: &str = r#"DELETE FROM "{table}" WHERE scope = ?1 AND key = ?2"#;
 const PURGE: &str = r#"DELETE FROM "{table}" WHERE rowid IN
     (SELECT rowid FROM "{table}" WHERE expires_at <= {now} LIMIT ?1)"#;
 
+/// Whether `pool`'s database lives in memory (no file names it).
+pub(crate) fn in_memory(pool: &sqlx::Pool<Sqlite>) -> bool {
+    let file = pool
+        .connect_options()
+        .get_filename()
+        .to_string_lossy()
+        .into_owned();
+    file.is_empty() || file.contains(":memory:") || file.contains("mode=memory")
+}
+
 impl Dialect for Sqlite {
     const BEGIN_WRITE: &'static str = "BEGIN IMMEDIATE";
     const WRITES_IN_PARALLEL: bool = false;
@@ -211,8 +221,7 @@ impl Dialect for Sqlite {
         // One connection queues its writes by itself; an in-memory
         // database has no file to name it by.
         let one = pool.options().get_max_connections() <= 1;
-        let in_memory = file.as_os_str().is_empty() || file.to_string_lossy().contains(":memory:");
-        if one || in_memory {
+        if one || in_memory(pool) {
             return None;
         }
         // As the pool names it: every store on one pool shares a gate (a
