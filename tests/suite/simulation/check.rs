@@ -287,19 +287,24 @@ pub fn check(h: &History, o: &Observed) -> Result<Passed, String> {
         }
     }
 
-    // Found by this harness, open: in entity mode on SQLite, a caller
-    // dropped early can leave the database's write lock held, and the
-    // calls after it hang, or fail with "database is locked" (seeds 12,
-    // 73, 167 and 241 of `simulation::sqlite`, timing-dependent). Counted,
-    // not failed, until it is fixed; `IDEM_SIM_STRICT=1` fails it.
+    // Found by this harness, open: in entity mode on SQLite, after an
+    // attempt that ended early, a later call can wait about ten seconds
+    // (the write gate's patience, or SQLite's busy timeout) before it is
+    // answered: seed 132 of `simulation::sqlite` (timing-dependent). A
+    // dropped caller's connection holding the write lock for ever is
+    // fixed (`entity_cuts::*::no_dropped_caller_leaves_the_database_locked`);
+    // this shorter wait is not yet. Counted, not failed, until it is;
+    // `IDEM_SIM_STRICT=1` fails it.
     if !broken.is_empty()
-        && entity_lock_open(h)
-        && broken.iter().all(|b| b.starts_with("wait:"))
+        && entity_wait_open(h)
+        && broken
+            .iter()
+            .all(|b| b.starts_with("wait:") && !b.contains("had no answer"))
         && std::env::var_os("IDEM_SIM_STRICT").is_none()
     {
         passed
             .known_open
-            .push("entity mode on SQLite: a dropped caller left the write lock held");
+            .push("entity mode on SQLite: a call waited out the write gate after an early end");
         return Ok(passed);
     }
     if broken.is_empty() {
@@ -309,9 +314,9 @@ pub fn check(h: &History, o: &Observed) -> Result<Passed, String> {
     }
 }
 
-/// The histories where the open entity-mode lock on SQLite can strike:
+/// The histories where the open entity-mode wait on SQLite can strike:
 /// an attempt ended early (dropped, or its step's client gave up).
-fn entity_lock_open(h: &History) -> bool {
+fn entity_wait_open(h: &History) -> bool {
     h.backend == Backend::Sqlite
         && h.mode == Mode::Entity
         && h.attempts.iter().any(|a| a.fate.ends_early())

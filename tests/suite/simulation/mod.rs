@@ -57,8 +57,8 @@
 //! [`MEMORY_SEEDS`]) from `IDEM_SIM_FROM` (default 0);
 //! `simulation::sqlite` likewise (default [`SQLITE_SEEDS`]).
 //! `IDEM_SIM_SEED=<n>` runs that one seed. Failures known to be open
-//! (`check::check` names them: today, entity mode's lock on SQLite after
-//! a dropped caller) are counted and printed, not failed, unless
+//! (`check::check` names them: today, a ten-second wait in entity mode on
+//! SQLite after an early end) are counted and printed, not failed, unless
 //! `IDEM_SIM_STRICT=1`. A failing seed is shrunk by
 //! proptest, and the test panics with the history as drawn, the smallest
 //! failing one, what broke, and the one command that replays it, as:
