@@ -307,6 +307,7 @@ async fn scenario(replicas: u32) -> Figures {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_primary_killed_while_calls_run() {
+    let _failovers = crate::common::FAILOVERS.lock().await;
     let without = scenario(0).await;
     let with = scenario(1).await;
     for (name, figures) in [("without WAIT", &without), ("with WAIT 1", &with)] {

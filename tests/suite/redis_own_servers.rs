@@ -242,6 +242,7 @@ async fn promote(replica: &Server) {
 /// gets `OutcomeUnknown`, with one charge.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failover_never_loses_a_started_step() {
+    let _failovers = crate::common::FAILOVERS.lock().await;
     // The replica promoted before the step begins.
     {
         let (mut primary, replica) = primary_and_replica(7310).await;
@@ -328,6 +329,7 @@ async fn a_failover_never_loses_a_started_step() {
 /// (a refusal for length closes it, failing every command on it).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_outcome_too_large_for_the_server_is_unrecorded() {
+    let _failovers = crate::common::FAILOVERS.lock().await;
     let server = Server::start(7314, &["--proto-max-bulk-len", "1mb"]).await;
     let store = RedisStore::connect(&server.url())
         .await
@@ -347,6 +349,7 @@ async fn an_outcome_too_large_for_the_server_is_unrecorded() {
 /// and recognizes the server's refusal as permanent.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_outcome_too_large_for_a_server_without_config_is_unrecorded() {
+    let _failovers = crate::common::FAILOVERS.lock().await;
     let server = Server::start(
         7318,
         &[
@@ -449,6 +452,7 @@ async fn too_large_is_unrecorded(store: &RedisStore) {
 /// acknowledged).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_write_sent_again_waits_for_its_replica() {
+    let _failovers = crate::common::FAILOVERS.lock().await;
     use idem::journal::{StepBegin, StepRequest};
     use idem::record::BeginRequest;
     use idem::{Begin, ClaimToken, Fingerprint, Key, Outcome, OutcomeKind, Scope, Store};

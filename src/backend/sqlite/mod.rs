@@ -153,8 +153,8 @@ const FORGET: &str = r#"DELETE FROM "{table}" WHERE scope = ?1 AND key = ?2"#;
 const PURGE: &str = r#"DELETE FROM "{table}" WHERE rowid IN
     (SELECT rowid FROM "{table}" WHERE expires_at <= {now} LIMIT ?1)"#;
 
-/// Whether `pool`'s database lives in memory (no file names it).
-pub(crate) fn in_memory(pool: &sqlx::Pool<Sqlite>) -> bool {
+/// Whether `pool`'s database lives in memory, by its name.
+fn in_memory(pool: &sqlx::Pool<Sqlite>) -> bool {
     let file = pool
         .connect_options()
         .get_filename()
