@@ -18,8 +18,10 @@
 //! an attempt that lost its claim (a zombie) writes nothing the attempt
 //! that took it over can see. Entries outlive a released claim (a body
 //! error, a dropped caller): a retry replays the steps that completed. An
-//! entry is kept for the operation's ttl from its last write, and deleted
-//! with its record by a forget.
+//! entry is kept for the operation's ttl from its last write, and at least
+//! as long as the record of each later claim of its operation
+//! ([`Store::begin`](crate::Store::begin)); it is deleted with its record
+//! by a forget.
 //!
 //! The types here are public for implementations of
 //! [`Store`](crate::Store) outside this crate, as [`record`](crate::record)'s

@@ -203,7 +203,7 @@ impl<DB: Backend> SqlStore<DB> {
         let bound = Bound::request(req);
         for _ in 0..CLAIM_ROUNDS {
             let found = match self.claim(conn, &bound).await {
-                Ok(Claimed::Fence(fence)) => return Ok(Begin::Claimed(Claim::granted(req, fence))),
+                Ok(Claimed::Fence(fence)) => return self.joined(conn, req, fence).await,
                 Ok(Claimed::Found(record, now)) => Some((record, now)),
                 // The key is taken (or, where the claim answers nothing,
                 // maybe ours): read the record to say why.
@@ -214,20 +214,48 @@ impl<DB: Backend> SqlStore<DB> {
             let Some((record, now)) = found else {
                 continue;
             };
-            if let Some(answer) = decide(req, &record, now).answer()? {
-                return Ok(answer);
+            match decide(req, &record, now).answer()? {
+                // Ours: claimed by this very request (a claim statement
+                // that answers nothing, or one sent again).
+                Some(Begin::Claimed(claim)) => return self.joined(conn, req, claim.fence).await,
+                Some(answer) => return Ok(answer),
+                None => {}
             }
             // Free (expired, lapsed): take it over while it still is.
             if let Some(take_over) = &self.sql.take_over {
                 let values = bound.values(take_over)?;
                 if let Some(fence) = DB::fetch_int(conn, &take_over.sql, values).await? {
-                    return Ok(Begin::Claimed(Claim::granted(req, fence)));
+                    return self.joined(conn, req, fence).await;
                 }
             }
         }
         Err(Error::store(format!(
             "the claim did not settle after {CLAIM_ROUNDS} rounds: the record kept changing"
         )))
+    }
+
+    /// A granted claim joins the operation's journal, if it has one: its
+    /// live entries are kept until at least the record expires, so that the
+    /// record never outlives the steps a later attempt would otherwise run
+    /// again (an attempt that takes over, or claims while the journal is
+    /// live, belongs to that operation). Where the claim is an autocommit
+    /// statement, a crash between the two statements leaves the journal to
+    /// its own expiry, a ttl from its last write.
+    async fn joined(
+        &self,
+        conn: &mut DB::Connection,
+        req: &BeginRequest<'_>,
+        fence: i64,
+    ) -> Result<Begin, Error> {
+        let ttl = duration_millis(req.ttl.max(req.lease));
+        let values = vec![
+            Value::Int(ttl),
+            Value::Text(req.scope.as_str()),
+            Value::Text(req.key.as_str()),
+            Value::Int(ttl),
+        ];
+        DB::execute(conn, &self.sql.steps.keep, values).await?;
+        Ok(Begin::Claimed(Claim::granted(req, fence)))
     }
 
     /// Runs the claim statement, and says what it answered.

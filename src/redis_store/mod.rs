@@ -824,6 +824,7 @@ fn claim_call(keys: &Keys, request: &BeginRequest<'_>) -> Invocation<'static> {
     SCRIPTS
         .claim
         .on(&keys.record)
+        .key(&keys.journal)
         .arg(request.scope.as_str())
         .arg(request.key.as_str())
         .arg(&request.fingerprint.as_bytes()[..])

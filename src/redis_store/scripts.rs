@@ -122,7 +122,7 @@ pub(super) struct Scripts {
 }
 
 pub(super) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
-    claim: script(CLAIM),
+    claim: script(&format!("{KEEP_JOURNAL}{CLAIM}")),
     peek: script(PEEK),
     look: script(LOOK),
     renew: script(RENEW),
@@ -133,29 +133,35 @@ pub(super) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     abandon_step: script(ABANDON_STEP),
     complete_step: script(COMPLETE_STEP),
     resolve_step: script(RESOLVE_STEP),
-    keep_steps: script(KEEP_STEPS),
+    keep_steps: script(&format!("{KEEP_JOURNAL}{KEEP_STEPS}")),
 });
+
+/// A function `keep(jrn, until_)`: keeps every live entry of the journal
+/// `jrn` until at least `until_` (ms), and the journal key with them.
+const KEEP_JOURNAL: &str = r#"
+local function keep_journal(jrn, until_)
+  local fields = redis.call('HGETALL', jrn)
+  local kept = false
+  for i = 1, #fields, 2 do
+    local name = fields[i]
+    if string.sub(name, -2) == ':e' then
+      local e = tonumber(fields[i + 1])
+      if e > now and e < until_ then
+        redis.call('HSET', jrn, name, int(until_))
+        kept = true
+      end
+    end
+  end
+  if kept and redis.call('PEXPIRETIME', jrn) < until_ then
+    redis.call('PEXPIREAT', jrn, int(until_))
+  end
+end
+"#;
 
 /// Keeps every live entry of the journal `KEYS[2]` until at least
 /// `ARGV[1]` ms from now, and the journal key with them. Answers 1.
 const KEEP_STEPS: &str = r#"
-local jrn = KEYS[2]
-local until_ = now + tonumber(ARGV[1])
-local fields = redis.call('HGETALL', jrn)
-local kept = false
-for i = 1, #fields, 2 do
-  local name = fields[i]
-  if string.sub(name, -2) == ':e' then
-    local e = tonumber(fields[i + 1])
-    if e > now and e < until_ then
-      redis.call('HSET', jrn, name, int(until_))
-      kept = true
-    end
-  end
-end
-if kept and redis.call('PEXPIRETIME', jrn) < until_ then
-  redis.call('PEXPIREAT', jrn, int(until_))
-end
+keep_journal(KEYS[2], now + tonumber(ARGV[1]))
 return 1
 "#;
 
@@ -165,6 +171,11 @@ return 1
 /// request sent again), else
 /// `{'found', now, <the record's fields as HGETALL lists them>}` for
 /// `record::decide`.
+///
+/// A claim keeps the live entries of the operation's journal (`KEYS[2]`)
+/// until the record expires: an attempt that takes the key over, or
+/// claims it while its journal is live, joins that operation, and its
+/// record must not outlive the steps it would otherwise run again.
 ///
 /// `ARGV`: scope, key, fingerprint, token, lease (ms), ttl (ms).
 const CLAIM: &str = r#"
@@ -198,6 +209,7 @@ redis.call('DEL', rec)
 redis.call('HSET', rec, 's', ARGV[1], 'k', ARGV[2], 'fp', ARGV[3], 'st', 'in_progress',
   'f', int(fence + 1), 'tok', ARGV[4], 'lease', int(lease_until), 'c', int(now), 'exp', int(exp))
 redis.call('PEXPIREAT', rec, int(exp))
+keep_journal(KEYS[2], exp)
 return {'claimed', fence + 1}
 "#;
 

@@ -176,6 +176,9 @@ impl Shared {
         // from before a wait for the lock, which could eat all of it.
         let now = self.clock.now();
         let lease_until = now.saturating_add(duration_millis(req.lease));
+        let expires_at = now
+            .saturating_add(duration_millis(req.ttl))
+            .max(lease_until);
         let claimed = |fence| Record {
             scope: req.scope.clone(),
             key: req.key.clone(),
@@ -186,9 +189,7 @@ impl Shared {
             lease_until: Some(lease_until),
             outcome: None,
             created_at: now,
-            expires_at: now
-                .saturating_add(duration_millis(req.ttl))
-                .max(lease_until),
+            expires_at,
         };
         // Hashed once, for the look-up and the insert.
         let hash = records.hash(req.scope, req.key);
@@ -208,7 +209,20 @@ impl Shared {
                 }
             },
         };
+        // The claim joins the operation's journal, if it has one: the
+        // record must not outlive the steps it would otherwise run again.
+        self.keep_journal(req.scope, req.key, now, expires_at);
         Ok(Begin::Claimed(Claim::granted(req, fence)))
+    }
+
+    /// Keeps every live entry of the journal of `(scope, key)` until at
+    /// least `until` (an expired one stays expired).
+    fn keep_journal(&self, scope: &Scope, key: &Key, now: Millis, until: Millis) {
+        if let Some(steps) = self.journal().get_mut(&Slot::of(scope, key)) {
+            for step in steps.values_mut().filter(|step| step.expires_at > now) {
+                step.expires_at = step.expires_at.max(until);
+            }
+        }
     }
 
     /// The completion: [`Store::complete`], which never waits here.
@@ -412,12 +426,7 @@ impl Store for Shared {
     async fn keep_steps(&self, scope: &Scope, key: &Key, ttl: Duration) -> Result<(), Error> {
         let _records = self.records();
         let now = self.clock.now();
-        let until = now.saturating_add(duration_millis(ttl));
-        if let Some(steps) = self.journal().get_mut(&Slot::of(scope, key)) {
-            for step in steps.values_mut().filter(|step| step.expires_at > now) {
-                step.expires_at = step.expires_at.max(until);
-            }
-        }
+        self.keep_journal(scope, key, now, now.saturating_add(duration_millis(ttl)));
         Ok(())
     }
 

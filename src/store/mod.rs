@@ -50,6 +50,14 @@ pub trait Store: Send + Sync {
     ///
     /// Sending the same request (same token) again after its answer was lost
     /// answers [`Begin::Claimed`] again while the claim stands.
+    ///
+    /// A store with a step journal keeps the operation's live entries until
+    /// at least the new record expires when it grants a claim (as
+    /// [`keep_steps`](Store::keep_steps) would with the record's ttl): an
+    /// attempt that takes the key over, or claims it while its journal
+    /// lives, belongs to that operation, and if it dies before its first
+    /// renewal, the record it leaves must not outlive the steps the next
+    /// attempt would otherwise run again.
     async fn begin(&self, request: &BeginRequest<'_>) -> Result<Begin, Error>;
 
     /// [`begin`](Store::begin), answered without waiting by a store that

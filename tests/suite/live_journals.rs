@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use idem::journal::{StepBegin, StepRecord, StepRequest, StepResolution};
+use idem::journal::{StepBegin, StepRecord, StepRequest, StepResolution, StepState};
 use idem::steps::Step;
 use idem::{
     run, Begin, BeginRequest, Call, Claim, Error, Key, Outcome, Policy, Record, Scope, Store,
@@ -222,6 +222,67 @@ async fn journal_outlives_live_owner<S: Store>(store: S) {
     assert_eq!(b.unwrap(), "ch_1");
 }
 
+/// A claim joins its operation's journal: the record it writes must not
+/// outlive the steps. A takeover used to give the record a fresh ttl and
+/// leave the journal to its own, a ttl from its last write; so when the
+/// attempt that took over died before its first renewal, the next one
+/// took its record over after the journal had expired, and ran the
+/// completed step again.
+///
+/// 1. A claims (lease 600 ms, ttl 1.2 s), its refusing step charges
+///    (`completed`), and A's process dies at once.
+/// 2. Once A's lease lapsed (750 ms), B takes over, replays the step, and
+///    dies 100 ms later, before its first renewal.
+/// 3. Once B's lease lapsed (about 1.45 s after A's charge: past the
+///    journal's own expiry, within B's record's ttl), C takes over.
+///
+/// Expected: C replays `ch_1`; the gateway charged once.
+async fn takeover_keeps_journal<S: Store>(store: S) {
+    let store = Arc::new(store);
+    let key = common::fresh("journal-takeover");
+    let gateway = Arc::new(Gateway::default());
+    let dies = |dead: &Arc<AtomicBool>| Killable {
+        inner: store.clone(),
+        dead: dead.clone(),
+    };
+    let (a_dead, b_dead) = (Arc::default(), Arc::default());
+    let (a_store, b_store) = (dies(&a_dead), dies(&b_dead));
+    let long = Duration::from_secs(30);
+    let a = pay(&a_store, &key, &gateway, long, LONG_TTL);
+    tokio::pin!(a);
+    // The charge is journaled `completed`.
+    let (scope, k) = (Scope::new(SCOPE), Key::new(key.as_str()).unwrap());
+    let charged = async {
+        loop {
+            let steps = store.steps(&scope, &k).await.unwrap();
+            if steps.iter().any(|s| s.state == StepState::Completed) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    };
+    tokio::select! {
+        result = &mut a => panic!("A ended before it was killed: {result:?}"),
+        _ = charged => a_dead.store(true, Ordering::SeqCst),
+    }
+    tokio::time::sleep(LEASE + Duration::from_millis(150)).await;
+    let b = pay(&b_store, &key, &gateway, long, LONG_TTL);
+    tokio::pin!(b);
+    tokio::select! {
+        result = &mut b => panic!("B ended before it was killed: {result:?}"),
+        _ = tokio::time::sleep(Duration::from_millis(100)) => b_dead.store(true, Ordering::SeqCst),
+    }
+    tokio::time::sleep(LEASE).await;
+    let c = pay(&*store, &key, &gateway, Duration::ZERO, LONG_TTL).await;
+    assert_eq!(
+        gateway.charges.load(Ordering::SeqCst),
+        1,
+        "C took B's record over and charged again (C answered {c:?}): B's takeover gave its \
+         record a new ttl, and the journal expired under it"
+    );
+    assert_eq!(c.unwrap(), "ch_1");
+}
+
 /// The same seen from the operator's side: `purge_expired` deleted the
 /// journal of an operation in progress whose owner was alive and
 /// renewing, as expired housekeeping.
@@ -331,6 +392,12 @@ common::backends!(memory, sqlite_file, postgres, mysql, redis => {
     async fn a_live_operations_journal_outlives_its_ttl() {
         let (store, _guard) = backend::store(8).await;
         super::journal_outlives_live_owner(store).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_takeover_keeps_the_journal_as_long_as_its_record() {
+        let (store, _guard) = backend::store(8).await;
+        super::takeover_keeps_journal(store).await;
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
