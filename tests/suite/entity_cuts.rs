@@ -737,12 +737,11 @@ common::backends!(sqlite_file, postgres, mysql => {
     }
 });
 
-/// A caller dropped at every point of entity mode's flow on SQLite.
-#[cfg(feature = "sqlite")]
+/// A caller dropped at every point of entity mode's flow.
 mod dropped_callers {
     use super::*;
 
-    common::backends!(sqlite_file => {
+    common::backends!(sqlite_file, postgres, mysql => {
         use common::namespace::Namespace;
 
         async fn namespace() -> Namespace {
@@ -759,10 +758,11 @@ mod dropped_callers {
         /// finishes. Found by the simulation harness: on SQLite, a connection
         /// dropped inside the row's transaction went back to the pool still
         /// holding the database's write lock, and the callers after it waited
-        /// until they failed "database is locked", or for ever. (On MariaDB
-        /// the same loop showed another wedge, open: the very first call on
-        /// a fresh database dropped at its first poll, after which the next
-        /// call had no answer in 15 s.)
+        /// until they failed "database is locked", or for ever. On MariaDB
+        /// the very first call on a fresh database, dropped at its first
+        /// poll, left the claims' migration lock held by a pooled
+        /// connection, and the next call had no answer in 15 s
+        /// (`dropped_migrations`).
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn no_dropped_caller_leaves_the_database_locked() {
             let ns = namespace().await;

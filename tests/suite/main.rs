@@ -38,6 +38,7 @@ mod consumer;
 mod consumer_races;
 mod content_keys;
 mod default_fingerprint;
+mod dropped_migrations;
 mod entity;
 mod entity_cuts;
 #[cfg(all(feature = "axum", feature = "sqlite", feature = "postgres"))]

@@ -277,6 +277,11 @@ impl Dialect for MySql {
     /// transactional in MySQL.
     async fn migrate(store: &SqlStore<Self>) -> Result<(), Error> {
         let mut conn = store.pool.acquire().await?;
+        // The named lock belongs to the session: a connection that went
+        // back to the pool holding it (this call dropped between the lock
+        // and its release) would keep every later migrator waiting. Closed
+        // after use instead; a migration runs once per table and process.
+        conn.close_on_drop();
         let locked: Option<i64> = sqlx::query_scalar("SELECT GET_LOCK(?, ?)")
             .bind(MIGRATION_LOCK)
             .bind(MIGRATION_LOCK_WAIT)

@@ -8,7 +8,6 @@ use sqlx::sqlite::{
     Sqlite, SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePoolOptions,
     SqliteQueryResult,
 };
-use sqlx::Connection;
 
 use super::dialect::Dialect;
 use super::entity::EntityDatabase;
@@ -16,6 +15,7 @@ use super::journal::StepStatements;
 use super::migrate::{self, Bookkeeping};
 use super::read_first::ReadFirst;
 use super::statements::{ClaimReturns, Numbered, Statements};
+use super::tx::TxConn;
 use super::SqlStore;
 use crate::error::Error;
 
@@ -230,11 +230,14 @@ impl Dialect for Sqlite {
     }
 
     async fn migrate(store: &SqlStore<Self>) -> Result<(), Error> {
-        let mut conn = store.pool.acquire().await?;
+        // Closed rather than pooled if this call is dropped before its
+        // transaction ends (see `TxConn`): a pooled connection would keep
+        // the database's write lock until its next use.
+        let mut conn = TxConn::acquire(&store.pool).await?;
         // IMMEDIATE: the write lock from the start. A deferred transaction
         // that read first could not be upgraded while another migrator
         // writes (SQLITE_BUSY at once, whatever the busy timeout).
-        let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
+        let mut tx = conn.begin(Some("BEGIN IMMEDIATE")).await?;
         migrate::apply::<Sqlite>(
             &mut tx,
             &store.sql.table,
@@ -245,6 +248,7 @@ impl Dialect for Sqlite {
         )
         .await?;
         tx.commit().await?;
+        conn.ended();
         Ok(())
     }
 }
