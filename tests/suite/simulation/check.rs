@@ -140,8 +140,16 @@ pub fn epochs<'r>(h: &History, o: &'r Observed) -> Vec<Vec<(usize, &'r Run)>> {
         Answer::Err(_, ErrorClass::InProgress) => false,
         _ => true,
     };
+    // Where the store was not looked at, a run whose body ran claimed
+    // just before it: on SQLite a caller may wait for the database's lock
+    // long after it called, and claim a key whose record expired
+    // meanwhile.
+    let at = |run: &Run| match run.free {
+        Some(_) => run.start,
+        None => run.body.unwrap_or(run.start),
+    };
     let mut order: Vec<(usize, &Run)> = o.runs.iter().enumerate().collect();
-    order.sort_by_key(|(_, r)| r.start);
+    order.sort_by_key(|(_, r)| at(r));
     let gap = Duration::from_millis(h.ttl_ms / 2);
     let mut epochs: Vec<Vec<(usize, &Run)>> = Vec::new();
     let (mut last_end, mut last_write): (Option<Duration>, Duration) = (None, Duration::ZERO);
@@ -151,7 +159,7 @@ pub fn epochs<'r>(h: &History, o: &'r Observed) -> Vec<Vec<(usize, &'r Run)>> {
             // The store said: nothing of the operation was live.
             (Some(end), Some(free)) => free && run.start >= end,
             (Some(end), None) => {
-                h.ttl_ms != LONG_TTL_MS && run.start >= end && run.start >= last_write + gap
+                h.ttl_ms != LONG_TTL_MS && at(run) >= end && at(run) >= last_write + gap
             }
         };
         if fresh {

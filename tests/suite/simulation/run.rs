@@ -101,6 +101,30 @@ pub struct Run {
     /// operation was live in the store (no live record, no live journal
     /// entry): it began a new operation. `None`: not looked (SQLite).
     pub free: Option<bool>,
+    /// When its body first started, from the history's start: just after
+    /// its claim. `None`: its body never ran (a replay, a refusal).
+    pub body: Option<Duration>,
+}
+
+thread_local! {
+    /// When each attempt's body started, for the history running on this
+    /// thread (each runs on a current-thread runtime of its own).
+    static BODIES: std::cell::RefCell<Vec<(usize, Instant)>> = Default::default();
+}
+
+/// Notes that attempt `index`'s body starts now.
+fn body_starts(index: usize) {
+    BODIES.with(|b| b.borrow_mut().push((index, Instant::now())));
+}
+
+/// When attempt `index`'s body first started, from `start`.
+fn body_started(index: usize, start: Instant) -> Option<Duration> {
+    BODIES.with(|b| {
+        b.borrow()
+            .iter()
+            .find(|(i, _)| *i == index)
+            .map(|(_, at)| at.duration_since(start))
+    })
 }
 
 /// Everything the checker reads.
@@ -271,6 +295,7 @@ async fn record_attempt<S: Store + ?Sized>(
     wait: Option<Duration>,
 ) -> Result<String, SimError> {
     idem::run(store, call(h, wait), async {
+        body_starts(index);
         let id = match (h.policy, sqlite) {
             (StepPolicy::Atomic, Some(sqlite)) => {
                 let mut tx = sqlite.pool().begin().await.map_err(sql)?;
@@ -319,6 +344,7 @@ pub fn run_memory(h: &History) -> Observed {
 }
 
 async fn memory_history(h: &History) -> Observed {
+    BODIES.with(|b| b.borrow_mut().clear());
     let start = Instant::now();
     let plan = Plan::new(h, start);
     let store = Arc::new(Faulty {
@@ -363,6 +389,7 @@ async fn memory_history(h: &History) -> Observed {
         fate: Fate::Finishes,
         answer,
         free: free_now,
+        body: body_started(FINAL, start),
     });
     // Late commits land.
     tokio::time::sleep(Duration::from_millis(h.downstream.commit_after_ms + 1)).await;
@@ -410,6 +437,7 @@ where
                     fate,
                     answer,
                     free,
+                    body: body_started(index, start),
                 }
             })
         })
@@ -477,6 +505,7 @@ async fn sqlite_history(h: &History) -> Observed {
         .execute(sqlite.pool())
         .await
         .expect("the simulation's tables");
+    BODIES.with(|b| b.borrow_mut().clear());
     let start = Instant::now();
     let plan = Plan::new(h, start);
     let store = Arc::new(Faulty {
@@ -526,6 +555,7 @@ async fn sqlite_history(h: &History) -> Observed {
         fate: Fate::Finishes,
         answer,
         free: None,
+        body: body_started(FINAL, start),
     });
     tokio::time::sleep(Duration::from_millis(h.downstream.commit_after_ms + 1)).await;
     let (scope, key) = (Scope::new(SCOPE), Key::new(OP_KEY).unwrap());
@@ -578,6 +608,7 @@ async fn transactional_attempt(
 ) -> Result<String, SimError> {
     let mut tx = sqlite.pool().begin().await.map_err(sql)?;
     let result = idem::run_in_transaction(sqlite, &mut *tx, call(h, wait), |conn| async move {
+        body_starts(index);
         let id = match h.policy {
             // The effect is a row, committed with the record.
             StepPolicy::NoSteps => insert_charge(&mut *conn, OP_KEY, index).await,
@@ -619,6 +650,7 @@ async fn entity_attempt(
     wait: Option<Duration>,
 ) -> Result<String, SimError> {
     let payment: SimPayment = idem::entity::run(sqlite.pool(), call(h, wait), async {
+        body_starts(index);
         let id = charge(h, gateway, index, attempt.fate).await?;
         let value = finish(h, attempt, id).await?;
         Ok::<_, SimError>(SimPayment {
