@@ -88,9 +88,11 @@ pub trait Inventory: Store {
     /// expiry of the store is decided with.
     async fn now(&self) -> Result<Millis, Error>;
 
-    /// Whether the store's records table exists (Redis: always): `false`
-    /// where no `migrate()` ran on this database, or the table name is
-    /// not the application's.
+    /// Whether the store's records table exists: `false` where no
+    /// `migrate()` ran on this database, or the table name is not the
+    /// application's. Redis has no table (`true`), but a store connected
+    /// to one node of a cluster as to a single Redis is refused with
+    /// [`Error::Config`].
     async fn is_set_up(&self) -> Result<bool, Error>;
 
     /// Every record whose key is `key`, in any scope, ordered by scope.

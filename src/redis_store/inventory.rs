@@ -188,8 +188,30 @@ impl Inventory for RedisStore {
         Ok(seconds * 1000 + micros / 1000)
     }
 
-    /// Redis has no table to create: always.
+    /// Redis has no table to create: `true`, unless a store made with
+    /// [`connect`](RedisStore::connect) reaches a node of a cluster, which
+    /// holds only some of the records: an error saying to use
+    /// [`connect_cluster`](RedisStore::connect_cluster).
     async fn is_set_up(&self) -> Result<bool, Error> {
+        let Conn::Single(mut conn) = self.shared.conn.clone() else {
+            return Ok(true);
+        };
+        let info: Value = redis::cmd("INFO")
+            .arg("cluster")
+            .query_async(&mut conn)
+            .await
+            .map_err(store_error)?;
+        let info = match &info {
+            Value::VerbatimString { text, .. } => text.as_str(),
+            other => text(other).unwrap_or_default(),
+        };
+        if info.lines().any(|line| line.trim() == "cluster_enabled:1") {
+            return Err(Error::Config(
+                "this Redis is a node of a Redis Cluster, which holds only some of the records: \
+                 connect to the cluster (RedisStore::connect_cluster)"
+                    .into(),
+            ));
+        }
         Ok(true)
     }
 
