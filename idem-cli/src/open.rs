@@ -171,7 +171,10 @@ async fn open_sqlite(url: &str, shown: &str, table: &str) -> Result<Target, Fail
         .create_if_missing(false)
         .busy_timeout(Duration::from_secs(5));
     let file = options.get_filename().to_owned();
-    let memory = file.as_os_str().is_empty() || file.to_string_lossy().contains(":memory:");
+    let memory = file.as_os_str().is_empty()
+        || url.contains(":memory:")
+        || url.contains("mode=memory")
+        || file.to_string_lossy().contains(":memory:");
     if memory {
         return Err(Failure::BadUrl(format!(
             "{shown} is an in-memory database, which lives inside the process that opened it: \
