@@ -115,24 +115,34 @@ pub(crate) async fn open(
             "postgres" | "postgresql" => {
                 let options = sqlx::postgres::PgConnectOptions::from_str(url)
                     .map_err(|e| bad_url(&shown, e))?;
+                // One attempt first: a pool retries a refused connection
+                // until its timeout, and then no longer says why.
+                let first =
+                    <sqlx::postgres::PgConnection as sqlx::Connection>::connect_with(&options)
+                        .await
+                        .map_err(|e| unreachable(&format!("PostgreSQL at {shown}"), e))?;
                 let pool = sqlx::postgres::PgPoolOptions::new()
                     .max_connections(2)
                     .acquire_timeout(CONNECT_TIMEOUT)
-                    .connect_with(options)
-                    .await
-                    .map_err(|e| unreachable(&format!("PostgreSQL at {shown}"), e))?;
+                    .connect_lazy_with(options);
+                drop(first);
                 sql_target(format!("PostgreSQL at {shown}"), pool, table).await
             }
             "mysql" | "mariadb" => {
                 let url = url.replacen("mariadb:", "mysql:", 1);
                 let options = sqlx::mysql::MySqlConnectOptions::from_str(&url)
                     .map_err(|e| bad_url(&shown, e))?;
+                // One attempt first: a pool retries a refused connection
+                // until its timeout, and then no longer says why.
+                let first =
+                    <sqlx::mysql::MySqlConnection as sqlx::Connection>::connect_with(&options)
+                        .await
+                        .map_err(|e| unreachable(&format!("MySQL at {shown}"), e))?;
                 let pool = sqlx::mysql::MySqlPoolOptions::new()
                     .max_connections(2)
                     .acquire_timeout(CONNECT_TIMEOUT)
-                    .connect_with(options)
-                    .await
-                    .map_err(|e| unreachable(&format!("MySQL at {shown}"), e))?;
+                    .connect_lazy_with(options);
+                drop(first);
                 sql_target(format!("MySQL at {shown}"), pool, table).await
             }
             "redis" | "redis+cluster" => open_redis(url, &shown, prefix).await,
