@@ -43,6 +43,7 @@
 #![warn(missing_docs, unreachable_pub)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+pub mod admin;
 #[cfg(feature = "_sql")]
 mod backend;
 pub mod consumer;

@@ -303,7 +303,7 @@ pub trait EntityDatabase: Backend {
 }
 
 /// The name of the table holding entity mode's claims.
-pub(crate) const CLAIMS_TABLE: &str = "idem_entity_claims";
+pub(crate) const CLAIMS_TABLE: &str = crate::admin::ENTITY_CLAIMS_TABLE;
 
 /// A records store that polls instead of listening: entity mode makes one
 /// per call, and a listening connection per call would be too many.

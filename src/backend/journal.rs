@@ -71,7 +71,8 @@ pub struct StepStatements {
 }
 
 /// The columns of an entry, and the database's time.
-const COLUMNS: &str = "scope, {key}, seq, name, fingerprint, state, claim_token, output, \
+pub(crate) const COLUMNS: &str =
+    "scope, {key}, seq, name, fingerprint, state, claim_token, output, \
                        updated_at, expires_at, {now} AS db_now";
 
 impl StepStatements {
@@ -479,7 +480,7 @@ fn owned(claim: &Claim) -> [Value<'_>; 3] {
 }
 
 /// An entry's row and the database's time of the read.
-fn decode<DB: Backend>(row: &DB::Row) -> Result<(StepRecord, Millis), Error> {
+pub(crate) fn decode<DB: Backend>(row: &DB::Row) -> Result<(StepRecord, Millis), Error> {
     let columns = Columns::<DB>::new(row, "step journal entry");
     let entry = StepRecord {
         scope: columns.scope()?,

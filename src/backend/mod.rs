@@ -22,6 +22,7 @@ use crate::record::BeginRequest;
 pub(crate) mod entity;
 pub(crate) mod exec;
 pub(crate) mod gate;
+mod inventory;
 pub(crate) mod journal;
 pub(crate) mod migrate;
 #[cfg(feature = "mysql")]
@@ -95,6 +96,13 @@ pub(crate) mod dialect {
         const LOCK_SHARE: &'static str = "";
         /// What a read appends to lock its row for an update.
         const LOCK_UPDATE: &'static str = "";
+
+        /// The database's clock in milliseconds since the Unix epoch, as
+        /// an SQL expression.
+        const NOW: &'static str;
+        /// Counts the tables named `{table}` in the connection's database
+        /// or schema.
+        const TABLE_EXISTS: &'static str;
 
         /// What the store keeps to wake waiters in other processes.
         type Wake: Default + Debug + Send + Sync + 'static;

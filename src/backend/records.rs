@@ -438,6 +438,44 @@ impl<DB: Backend> SqlStore<DB> {
             .map(|(record, _)| record))
     }
 
+    /// [`Store::purge_expired`], telling `progress` how many records and
+    /// journal entries each batch deleted.
+    pub(crate) async fn purge_reporting(
+        &self,
+        batch: usize,
+        progress: &(dyn Fn(u64) + Send + Sync),
+    ) -> Result<u64, Error> {
+        let batch = i64::try_from(batch.max(1)).unwrap_or(i64::MAX);
+        let purge = &self.sql.purge;
+        let mut total = 0;
+        loop {
+            let _turn = self.gate.enter().await;
+            let done = on_pool!(self, |conn| async {
+                let values = Bound::batch(batch).values(purge)?;
+                Ok::<_, Error>(DB::execute(&mut conn, &purge.sql, values).await?)
+            })?;
+            let deleted = DB::rows_affected(&done);
+            progress(deleted);
+            total += deleted;
+            if deleted < batch as u64 {
+                break;
+            }
+        }
+        loop {
+            let _turn = self.gate.enter().await;
+            let done = on_pool!(self, |conn| async {
+                let values = vec![Value::Int(batch)];
+                Ok::<_, Error>(DB::execute(&mut conn, &self.sql.steps.purge, values).await?)
+            })?;
+            let deleted = DB::rows_affected(&done);
+            progress(deleted);
+            total += deleted;
+            if deleted < batch as u64 {
+                return Ok(total);
+            }
+        }
+    }
+
     /// The record and the database's time of the read.
     async fn read_on(
         &self,
@@ -616,33 +654,7 @@ impl<DB: Backend> Store for SqlStore<DB> {
     }
 
     async fn purge_expired(&self, batch: usize) -> Result<u64, Error> {
-        let batch = i64::try_from(batch.max(1)).unwrap_or(i64::MAX);
-        let purge = &self.sql.purge;
-        let mut total = 0;
-        loop {
-            let _turn = self.gate.enter().await;
-            let done = on_pool!(self, |conn| async {
-                let values = Bound::batch(batch).values(purge)?;
-                Ok::<_, Error>(DB::execute(&mut conn, &purge.sql, values).await?)
-            })?;
-            let deleted = DB::rows_affected(&done);
-            total += deleted;
-            if deleted < batch as u64 {
-                break;
-            }
-        }
-        loop {
-            let _turn = self.gate.enter().await;
-            let done = on_pool!(self, |conn| async {
-                let values = vec![Value::Int(batch)];
-                Ok::<_, Error>(DB::execute(&mut conn, &self.sql.steps.purge, values).await?)
-            })?;
-            let deleted = DB::rows_affected(&done);
-            total += deleted;
-            if deleted < batch as u64 {
-                return Ok(total);
-            }
-        }
+        self.purge_reporting(batch, &|_| {}).await
     }
 
     async fn begin_step(&self, claim: &Claim, step: &StepRequest<'_>) -> Result<StepBegin, Error> {
@@ -867,7 +879,7 @@ impl<'r, DB: Backend> Columns<'r, DB> {
 
 /// Decodes a record's row; a row this library could not have written is a
 /// store error naming what is wrong.
-fn record_from_row<DB: Backend>(row: &DB::Row) -> Result<Record, Error> {
+pub(crate) fn record_from_row<DB: Backend>(row: &DB::Row) -> Result<Record, Error> {
     let columns = Columns::<DB>::new(row, "idempotency record");
     let kind = if DB::SMALL_OUTCOME_KIND {
         DB::small(row, "outcome_kind")?.map(i64::from)

@@ -441,7 +441,7 @@ impl Prepared {
     /// entries are kept for the policy's ttl, not the claim's.
     fn claim<T: Entity>(&self, policy: Policy) -> Call {
         Call::from_parts(
-            Scope::new(format!("idem.entity.{}", T::TABLE)),
+            crate::admin::entity_claims_scope(T::TABLE),
             Ok(self.key.clone()),
             Ok(Fingerprint::of_bytes(b"idem.entity")),
             // A completed claim is only needed until the row is visible.

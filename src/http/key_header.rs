@@ -212,7 +212,10 @@ impl From<KeyHeaderError> for ProblemDetails {
 /// does not require), so that a handler's key extractor refuses it rather
 /// than read a header the layer did not check or scope.
 #[derive(Clone, Debug)]
-pub(crate) struct Unkeyed(pub(crate) HeaderName);
+pub(crate) struct Unkeyed(
+    // Read by the axum integration's extractor only.
+    #[cfg_attr(not(feature = "axum"), allow(dead_code))] pub(crate) HeaderName,
+);
 
 pub(crate) fn refusal(err: KeyHeaderError, method: &Method, header: &HeaderName) -> ProblemDetails {
     match err {

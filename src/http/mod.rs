@@ -428,7 +428,7 @@ mod principal;
 mod problem;
 mod route;
 mod service;
-mod stored;
+pub(crate) mod stored;
 mod storing;
 
 #[cfg(feature = "axum")]

@@ -2,6 +2,7 @@
 //! script ([`scripts`]), expiry by Redis's own TTL, and waiters woken by
 //! pub/sub on each record's channel.
 
+mod inventory;
 mod reference;
 mod scripts;
 mod subscriptions;

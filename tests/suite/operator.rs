@@ -6,7 +6,9 @@
 //! - `with_migrations_table` keeps the migration bookkeeping where it is
 //!   told to;
 //! - `PassThroughStore` records nothing, so every call runs;
-//! - `examples/idem_admin.rs` inspects, forgets and purges from a URL.
+//! - `admin::Inventory` finds a key in every scope, counts records and
+//!   reports a purge's progress (the `idem` tool, idem-cli, is tested
+//!   through its binary in its own crate).
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
@@ -16,10 +18,6 @@ use idem::{Error, Key};
 use idem::{PassThroughStore, Scope, SqliteStore, Store};
 
 use crate::common;
-
-#[path = "../../examples/idem_admin.rs"]
-#[allow(dead_code)] // its `main` is the example's, not this test's
-mod idem_admin;
 
 use common::servers::{unique_table, DropTables, Server};
 
@@ -127,47 +125,63 @@ async fn pass_through_runs_every_call() {
     assert!(matches!(refused, Err(Error::InvalidKey(_))));
 }
 
+/// A purge reports every batch it deleted, records then journal entries,
+/// and the counts before it said how many were expired.
 #[tokio::test]
-async fn admin_inspects_forgets_and_purges_by_url() {
+async fn inventory_counts_finds_and_reports_a_purge() {
+    use idem::admin::Inventory;
+    use idem::Policy;
+    use std::sync::Mutex;
+    use std::time::Duration;
+
     let dir = tempfile::tempdir().unwrap();
-    let url = format!("sqlite://{}", dir.path().join("admin.db").display());
+    let url = format!("sqlite://{}", dir.path().join("inventory.db").display());
     let store = SqliteStore::connect(&url).await.unwrap();
+    assert!(store.is_set_up().await.unwrap());
+    let other = SqliteStore::new(store.pool().clone())
+        .with_table_name("not_migrated")
+        .unwrap();
+    assert!(!other.is_set_up().await.unwrap());
     let runs = AtomicU32::new(0);
-    charge(&store, "order-42", &runs).await;
-    let admin = |words: &[&str]| {
-        let mut args = vec![url.clone()];
-        args.extend(words.iter().map(|w| w.to_string()));
-        async move { idem_admin::admin(&args).await }
-    };
-    let report = admin(&["inspect", "operator::charge", "order-42"])
+    charge(&store, "k1", &runs).await;
+    run(&store, Call::new("operator::refund", "k1", &1u8), async {
+        Ok::<_, Error>(1u8)
+    })
+    .await
+    .unwrap();
+    for i in 0..5 {
+        let call = Call::new("operator::short", format!("s{i}").as_str(), &1u8)
+            .with_policy(Policy::new().ttl(Duration::from_millis(1)));
+        run(&store, call, async { Ok::<_, Error>(1u8) })
+            .await
+            .unwrap();
+    }
+    tokio::time::sleep(Duration::from_millis(20)).await;
+
+    let found = store
+        .records_with_key(&Key::new("k1").unwrap())
         .await
         .unwrap();
-    assert!(report.contains("state        completed"), "{report}");
-    assert!(report.contains("outcome      Ok: 1"), "{report}");
-    let report = admin(&["forget", "operator::charge", "order-42"])
+    let scopes: Vec<&str> = found.iter().map(|r| r.scope.as_str()).collect();
+    assert_eq!(scopes, ["operator::charge", "operator::refund"]);
+    let stats = store.stats().await.unwrap();
+    let short = stats
+        .scopes
+        .iter()
+        .find(|s| s.scope == "operator::short")
+        .unwrap();
+    assert_eq!((short.completed, short.expired), (5, 5));
+    assert!(stats.oldest_in_progress.is_none());
+    assert!((stats.now - store.now().await.unwrap()).abs() < 60_000);
+
+    let reported = Mutex::new(Vec::new());
+    let deleted = store
+        .purge_expired_reporting(2, &|n| reported.lock().unwrap().push(n))
         .await
         .unwrap();
-    assert!(report.starts_with("forgot key order-42"), "{report}");
-    let report = admin(&["inspect", "operator::charge", "order-42"])
-        .await
-        .unwrap();
-    assert!(report.starts_with("no record"), "{report}");
-    assert_eq!(
-        charge(&store, "order-42", &runs).await,
-        2,
-        "the key runs again"
-    );
-    let report = admin(&["purge"]).await.unwrap();
-    assert_eq!(report, "purged 0 expired records");
-    // Mistakes are explained, never panics.
-    assert!(admin(&["inspect", "scope"])
-        .await
-        .unwrap_err()
-        .starts_with("usage"));
-    assert!(admin(&["forget", "s", "bad key"])
-        .await
-        .unwrap_err()
-        .contains("invalid key"));
-    let other = idem_admin::admin(&["redis://x".into(), "purge".into()]).await;
-    assert!(other.unwrap_err().contains("unsupported URL"));
+    assert_eq!(deleted, 5);
+    // Two full batches, a last one of records, then one of the journal.
+    assert_eq!(*reported.lock().unwrap(), [2, 2, 1, 0]);
+    let after = store.stats().await.unwrap();
+    assert!(after.scopes.iter().all(|s| s.scope != "operator::short"));
 }

@@ -219,6 +219,8 @@ impl Dialect for MySql {
     // transaction, where that lock would last, the read beside stays
     // (`peek_in`).
     const READ_FIRST: ReadFirst = ReadFirst::WhileDuplicates;
+    const NOW: &'static str = NOW;
+    const TABLE_EXISTS: &'static str = BOOKKEEPING.exists;
     type Wake = ();
 
     const QUOTE: char = '`';

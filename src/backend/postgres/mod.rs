@@ -280,6 +280,8 @@ impl Dialect for Postgres {
     const MAX_OUTCOME_BYTES: usize = (1 << 30) - 1 - (1 << 16);
     const MAX_OUTCOME_LIMIT: &'static str =
         "PostgreSQL's limit of 1 GiB on a value and on a message";
+    const NOW: &'static str = NOW;
+    const TABLE_EXISTS: &'static str = BOOKKEEPING.exists;
     type Wake = Listener;
 
     fn param(n: usize) -> String {

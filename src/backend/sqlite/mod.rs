@@ -172,6 +172,8 @@ impl Dialect for Sqlite {
     /// built by default (and by sqlx's bundled build).
     const MAX_OUTCOME_BYTES: usize = 1_000_000_000;
     const MAX_OUTCOME_LIMIT: &'static str = "SQLite's limit of 10^9 bytes on a value";
+    const NOW: &'static str = NOW;
+    const TABLE_EXISTS: &'static str = BOOKKEEPING.exists;
     type Wake = ();
 
     fn param(n: usize) -> String {
