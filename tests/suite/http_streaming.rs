@@ -33,6 +33,7 @@ on_each_store!(
     body_panicking_after_its_head_is_not_run_again,
     status_not_stored_streams_and_releases_the_key,
     body_of_known_length_over_the_limit_is_not_replayable,
+    body_known_over_the_limit_is_not_waited_for,
     slow_finite_body_within_the_wait_is_stored_and_replayed,
     body_slower_than_the_wait_is_streamed_then_not_replayable,
 );
@@ -164,6 +165,12 @@ fn app(seen: &Arc<Seen>) -> Router {
         .route(
             "/known",
             on(seen, |_| vec![7u8; 2 * MIB as usize].into_response()),
+        )
+        .route(
+            "/known-gated",
+            on(seen, |seen| {
+                Body::new(KnownGated::new(seen)).into_response()
+            }),
         )
         .route(
             "/big",
@@ -490,6 +497,75 @@ async fn body_of_known_length_over_the_limit_is_not_replayable<S: Store + 'stati
     assert_eq!(body.len() as u64, 2 * MIB);
     assert!(body.iter().all(|&b| b == 7));
     let retry = head(server.post("/known", &key), "a retry").await;
+    assert_not_replayable(retry).await;
+    assert_eq!(seen.runs.count(), 1);
+}
+
+/// A body of 2 MiB whose length is known from the start (its size hint
+/// is exact), and whose first byte comes only once the test opens
+/// `seen.gate`.
+struct KnownGated {
+    seen: Arc<Seen>,
+    gate: Option<std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>>,
+    left: u64,
+}
+
+impl KnownGated {
+    fn new(seen: Arc<Seen>) -> Self {
+        let opened = seen.clone();
+        KnownGated {
+            seen,
+            gate: Some(Box::pin(async move { opened.gate.notified().await })),
+            left: 2 * MIB,
+        }
+    }
+}
+
+impl http_body::Body for KnownGated {
+    type Data = Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, Self::Error>>> {
+        if let Some(gate) = self.gate.as_mut() {
+            std::task::ready!(gate.as_mut().poll(cx));
+            self.gate = None;
+        }
+        if self.left == 0 {
+            return std::task::Poll::Ready(None);
+        }
+        self.left -= CHUNK as u64;
+        self.seen.produced.fetch_add(CHUNK as u64, Ordering::SeqCst);
+        std::task::Poll::Ready(Some(Ok(http_body::Frame::data(chunk(0)))))
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        http_body::SizeHint::with_exact(self.left)
+    }
+}
+
+/// A body whose length is known to be over the limit before any of it
+/// comes is sent at once: the layer does not wait for bytes it will not
+/// keep. Its head comes while the body has produced nothing (the wait for
+/// a body's end is a minute here, so a layer that read first would hold
+/// the head that long), and the retry gets 410.
+async fn body_known_over_the_limit_is_not_waited_for<S: Store + 'static>(store: S) {
+    let layer = IdempotencyLayer::new(store).max_stored_body_wait(Duration::from_secs(60));
+    let (server, seen) = serve_with(layer).await;
+    let key = fresh_key();
+    let first = head(
+        server.post("/known-gated", &key),
+        "a body of 2 MiB, known, not yet produced",
+    )
+    .await;
+    assert_eq!(first.status(), StatusCode::OK);
+    assert_eq!(seen.produced.load(Ordering::SeqCst), 0);
+    seen.gate.notify_one();
+    let body = first.bytes().await.unwrap();
+    assert_eq!(body.len() as u64, 2 * MIB);
+    let retry = head(server.post("/known-gated", &key), "a retry").await;
     assert_not_replayable(retry).await;
     assert_eq!(seen.runs.count(), 1);
 }
