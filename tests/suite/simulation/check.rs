@@ -36,15 +36,14 @@ pub fn repeat(h: &History, runs: &[&Run], struck: usize) -> Repeat {
     let failed = runs
         .iter()
         .any(|r| matches!(r.answer, Answer::Err(..) | Answer::Dropped));
-    // README, *What happens on a call*: another caller takes the key over
-    // from a live owner "only ... after an outage longer than the lease"
-    // (store_faults.rs: "an outage longer than the lease lets the claim
-    // lapse"); the owner's step may still be in flight, and nothing is
-    // promised for its downstream call.
+    // README, *What the simulation checks*, effects: "a store outage
+    // longer than the lease let another caller take over from an owner
+    // that was still running (`rerun`, `reconcile`)".
     let lapsed = claim_may_lapse(h);
-    // The journal itself lapses when its upkeep fails for longer than it
-    // is kept (README, *Durable steps*: an entry is kept "for the
-    // operation's ttl (at least its lease) from its last write").
+    // The same: "or the journal could not be kept for longer than the
+    // ttl (`refuse`, atomic phases)"; README, *Durable steps*: an entry is
+    // kept "for the operation's ttl (at least its lease) from its last
+    // write", kept again at each renewal.
     let journal_lapsed = h
         .outages
         .iter()
@@ -84,26 +83,27 @@ pub fn repeat(h: &History, runs: &[&Run], struck: usize) -> Repeat {
         // A step whose earlier call may still land is neither reconciled
         // nor run again before its settle window closes (`Step::settle`).
         StepPolicy::Reconcile => Repeat::Never,
-        // README, *Durable steps*: refuse gives "no second effect, ever".
+        // README, *Durable steps*: refuse gives "no second effect, unless
+        // the store could not keep the journal for longer than the
+        // operation's ttl".
         StepPolicy::Refuse => Repeat::Never,
         // An atomic phase's row commits with its journal entry.
         StepPolicy::Atomic => Repeat::Never,
     }
 }
 
-/// Whether the `Ok` answers of one operation may differ:
+/// Whether the `Ok` answers of one operation may differ. README, *What
+/// the simulation checks*, answers: "except after such an outage, or when
+/// a store without `detach` failed to save it: then each caller gets its
+/// own body's value":
 ///
 /// - a live owner may lose its claim to a store outage longer than its
-///   lease (renewals failing, or an operation stalled past the lease):
-///   README, *What happens on a call*, the outcome is stored "until it
-///   lands or another caller took the key over (only possible after an
-///   outage longer than the lease)", and the owner's caller still gets
-///   its own value (ARCHITECTURE, invariant 4: "When a body ran, its
-///   caller gets its value");
-/// - README, same table: "A store of your own without a background
-///   (`Store::detach` answers `None`) leaves the key claimed until its
-///   lease runs out" when storing the outcome fails, and the engine's docs
-///   go on: "after the lease a retry runs the operation again".
+///   lease (renewals failing, or an operation stalled past the lease),
+///   and its caller still gets its own value (ARCHITECTURE, invariant 4:
+///   "When a body ran, its caller gets its value");
+/// - README, the guarantees table: a store without a background "cannot:
+///   the key stays claimed, no longer renewed, until its lease runs out,
+///   and a retry then runs the body again".
 pub fn answers_may_differ(h: &History) -> bool {
     let lapses = claim_may_lapse(h);
     let unsaved = !h.detach
