@@ -737,6 +737,11 @@ macro_rules! backend {
                             if !Self::send(&self.pool, &first[0], REPLAY_KEY).await {
                                 first.push(sql("read"));
                             }
+                            // The journal kept after a granted claim, where
+                            // the claim does not keep it itself.
+                            if named.iter().any(|(name, _, _)| *name == "keep") {
+                                first.push(sql("keep"));
+                            }
                             first.extend([insert, sql("complete")]);
                             for statement in &first[1..] {
                                 Self::send(&self.pool, statement, REPLAY_KEY).await;

@@ -76,6 +76,10 @@ pub(crate) mod dialect {
         /// The claim locks no record it does not claim, even inside a
         /// caller's transaction.
         const CLAIM_LOCKS_ONLY_ITS_OWN: bool = false;
+        /// The claim and takeover statements keep the operation's journal
+        /// themselves (PostgreSQL's writable CTEs); otherwise a granted
+        /// claim sends the journal's `keep` statement after them.
+        const CLAIM_KEEPS_JOURNAL: bool = false;
         /// Whether a claim on the store's pool reads the record first, and
         /// claims only when the read has no answer (see
         /// [`read_first`](crate::backend::read_first)).

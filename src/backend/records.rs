@@ -238,15 +238,19 @@ impl<DB: Backend> SqlStore<DB> {
     /// live entries are kept until at least the record expires, so that the
     /// record never outlives the steps a later attempt would otherwise run
     /// again (an attempt that takes over, or claims while the journal is
-    /// live, belongs to that operation). Where the claim is an autocommit
-    /// statement, a crash between the two statements leaves the journal to
-    /// its own expiry, a ttl from its last write.
+    /// live, belongs to that operation). PostgreSQL's claim statements do
+    /// it themselves; elsewhere, where the claim is an autocommit statement,
+    /// a crash between the two statements leaves the journal to its own
+    /// expiry, a ttl from its last write.
     async fn joined(
         &self,
         conn: &mut DB::Connection,
         req: &BeginRequest<'_>,
         fence: i64,
     ) -> Result<Begin, Error> {
+        if DB::CLAIM_KEEPS_JOURNAL {
+            return Ok(Begin::Claimed(Claim::granted(req, fence)));
+        }
         let ttl = duration_millis(req.ttl.max(req.lease));
         let values = vec![
             Value::Int(ttl),

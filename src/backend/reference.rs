@@ -2,12 +2,15 @@
 //! (pgbench, a bare sqlx loop), so that they never drift from the store.
 
 use super::records::SqlStore;
+use super::statements::{Param, Statement};
 use super::Backend;
 
 impl<DB: Backend> SqlStore<DB> {
     /// The store's statements as `(name, SQL, parameters in order)`:
     /// `"claim"`, `"read"` (the record read after a claim that returned no
-    /// row), `"complete"` and `"select"` (the record by scope and key: the
+    /// row), `"keep"` (the journal kept after a granted claim, where the
+    /// claim does not keep it itself), `"complete"` and `"select"` (the
+    /// record by scope and key: the
     /// read before a claim, where a store reads first while duplicates are
     /// common, which a run of first executions is not).
     /// The parameter names are those of the store's `Param`
@@ -15,13 +18,20 @@ impl<DB: Backend> SqlStore<DB> {
     #[doc(hidden)]
     pub fn __reference_statements(&self) -> Vec<(&'static str, String, Vec<String>)> {
         let sql = &self.sql;
+        let keep = Statement {
+            sql: sql.steps.keep.clone(),
+            params: &[Param::Ttl, Param::Scope, Param::Key, Param::Ttl],
+        };
+        let keep = (!DB::CLAIM_KEEPS_JOURNAL).then_some(("keep", &keep));
         [
-            ("claim", &sql.claim),
-            ("read", &sql.claimed),
-            ("complete", &sql.complete),
-            ("select", &sql.select),
+            Some(("claim", &sql.claim)),
+            Some(("read", &sql.claimed)),
+            keep,
+            Some(("complete", &sql.complete)),
+            Some(("select", &sql.select)),
         ]
         .into_iter()
+        .flatten()
         .map(|(name, s)| {
             let params = s.params.iter().map(|p| format!("{p:?}")).collect();
             (name, s.sql.clone(), params)

@@ -84,10 +84,10 @@ impl RowLock {
     }
 }
 
-/// Kills every other session whose running statement starts with
-/// `prefix` (`pg_terminate_backend` / `KILL`). Answers how many.
-async fn kill_sessions_running(db: &Db, prefix: &str) -> usize {
-    let pattern = format!("{}%", prefix.replace('%', "\\%").replace('_', "\\_"));
+/// Kills every other session whose running statement contains `part`
+/// (`pg_terminate_backend` / `KILL`). Answers how many.
+async fn kill_sessions_running(db: &Db, part: &str) -> usize {
+    let pattern = format!("%{}%", part.replace('%', "\\%").replace('_', "\\_"));
     match db {
         Db::Postgres(pool) => {
             let pids: Vec<i32> = sqlx::query_scalar(
@@ -126,7 +126,7 @@ async fn kill_sessions_running(db: &Db, prefix: &str) -> usize {
     }
 }
 
-/// Kills sessions running a statement that starts with `prefix` until
+/// Kills sessions running a statement that contains `prefix` until
 /// `until` is ready; answers its output and how many sessions were killed.
 async fn kill_until<T>(
     db: &Db,
@@ -182,7 +182,7 @@ async fn killed_while_claiming(store: Arc<dyn Store>, db: Db, table: &str) {
     // PostgreSQL takes an expired record over with an UPDATE (its INSERT
     // does nothing on a conflict); MySQL upserts.
     let claim_sql = match &db {
-        Db::Postgres(_) => format!("UPDATE {}", db.ident(table)),
+        Db::Postgres(_) => format!("UPDATE {} AS t SET", db.ident(table)),
         Db::MySql(_) => format!("INSERT INTO {}", db.ident(table)),
     };
     let (result, killed) = kill_until(&db, &claim_sql, charge(&*store, key, short, &runs)).await;

@@ -162,12 +162,19 @@ const CLAIM: &str = r#"WITH c AS (SELECT {now} AS now),
         WHERE NOT EXISTS (SELECT 1 FROM held)
         ON CONFLICT (scope, key) DO NOTHING
         RETURNING scope, key, fingerprint, state, fence, claim_token, lease_until,
-            outcome_kind, outcome, created_at, expires_at)
+            outcome_kind, outcome, created_at, expires_at),
+    kept AS (
+        UPDATE "{table}_steps" AS j SET expires_at = c.now + GREATEST($5, $6)
+        FROM c
+        WHERE j.scope = $1 AND j.key = $2 AND EXISTS (SELECT 1 FROM ins)
+          AND j.expires_at > c.now AND j.expires_at < c.now + GREATEST($5, $6))
     SELECT ins.*, c.now AS db_now FROM ins, c
     UNION ALL
     SELECT held.*, c.now AS db_now FROM held, c"#;
 
-const TAKE_OVER: &str = r#"UPDATE "{table}" AS t SET
+const TAKE_OVER: &str = r#"WITH c AS (SELECT {now} AS now),
+    taken AS (
+    UPDATE "{table}" AS t SET
         fingerprint = $3,
         state = 'in_progress',
         fence = t.fence + 1,
@@ -177,13 +184,19 @@ const TAKE_OVER: &str = r#"UPDATE "{table}" AS t SET
         outcome = NULL,
         created_at = c.now,
         expires_at = c.now + GREATEST($5, $6)
-    FROM (SELECT {now} AS now) AS c
+    FROM c
     WHERE t.scope = $1 AND t.key = $2
       AND (t.expires_at <= c.now
            OR (t.state = 'in_progress'
                AND t.lease_until <= c.now
                AND t.fingerprint = $3))
-    RETURNING t.fence"#;
+    RETURNING t.fence),
+    kept AS (
+        UPDATE "{table}_steps" AS j SET expires_at = c.now + GREATEST($5, $6)
+        FROM c
+        WHERE j.scope = $1 AND j.key = $2 AND EXISTS (SELECT 1 FROM taken)
+          AND j.expires_at > c.now AND j.expires_at < c.now + GREATEST($5, $6))
+    SELECT fence FROM taken"#;
 
 const SELECT: &str = r#"SELECT scope, key, fingerprint, state, fence, claim_token, lease_until,
         outcome_kind, outcome, created_at, expires_at, {now} AS db_now
@@ -274,6 +287,7 @@ impl Dialect for Postgres {
     const LOCK_UPDATE: &'static str = " FOR UPDATE";
     const PEEK_IN_CALLER: bool = true;
     const CLAIM_LOCKS_ONLY_ITS_OWN: bool = true;
+    const CLAIM_KEEPS_JOURNAL: bool = true;
     /// A `bytea` value, and the whole message that binds the completion's
     /// values, hold less than 1 GiB (the server's `MaxAllocSize`); some
     /// room is left for the statement's other values.
