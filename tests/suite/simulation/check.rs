@@ -140,14 +140,13 @@ pub fn epochs<'r>(h: &History, o: &'r Observed) -> Vec<Vec<(usize, &'r Run)>> {
         Answer::Err(_, ErrorClass::InProgress) => false,
         _ => true,
     };
-    // Where the store was not looked at, a run whose body ran claimed
-    // just before it: on SQLite a caller may wait for the database's lock
-    // long after it called, and claim a key whose record expired
-    // meanwhile.
-    let at = |run: &Run| match run.free {
-        Some(_) => run.start,
-        None => run.body.unwrap_or(run.start),
-    };
+    // When a run met the operation: a run whose body ran claimed just
+    // before it (on SQLite a caller may wait for the database's lock long
+    // after it called, and claim a key whose record expired meanwhile);
+    // any other met what it was answered with when it was answered (a
+    // claim stalled in the store may come back with a later operation's
+    // outcome).
+    let at = |run: &Run| run.body.unwrap_or(run.end);
     let mut order: Vec<(usize, &Run)> = o.runs.iter().enumerate().collect();
     order.sort_by_key(|(_, r)| at(r));
     let gap = Duration::from_millis(h.ttl_ms / 2);
@@ -157,7 +156,7 @@ pub fn epochs<'r>(h: &History, o: &'r Observed) -> Vec<Vec<(usize, &'r Run)>> {
         let fresh = match (last_end, run.free) {
             (None, _) => true,
             // The store said: nothing of the operation was live.
-            (Some(end), Some(free)) => free && run.start >= end,
+            (Some(end), Some(free)) => free && at(run) >= end,
             (Some(end), None) => {
                 h.ttl_ms != LONG_TTL_MS && at(run) >= end && at(run) >= last_write + gap
             }
@@ -166,7 +165,13 @@ pub fn epochs<'r>(h: &History, o: &'r Observed) -> Vec<Vec<(usize, &'r Run)>> {
             epochs.push(Vec::new());
         }
         epochs.last_mut().unwrap().push((i, run));
-        last_end = Some(last_end.map_or(run.end, |end| end.max(run.end)));
+        // A run answered `InProgress` never held the key (a claim stalled
+        // past the record's expiry, say): it does not keep a later claim
+        // from beginning a new operation.
+        let held = !matches!(run.answer, Answer::Err(_, ErrorClass::InProgress));
+        if held || last_end.is_none() {
+            last_end = Some(last_end.map_or(run.end, |end| end.max(run.end)));
+        }
         if wrote(i, run) {
             last_write = last_write.max(run.end);
         }
