@@ -49,7 +49,10 @@
 //!   key and one step.
 //!
 //! A key whose record may have expired between two attempts (a ttl about
-//! the lease) starts a new operation: the checks hold per such epoch.
+//! the lease) starts a new operation: the checks hold per such epoch. A
+//! run belongs to the operation it met: the one it claimed (its body's
+//! start), or the one whose answer it got (a claim stalled in the store,
+//! or waiting for SQLite's lock, can outlive the record it was sent for).
 //!
 //! # Running and replaying
 //!
