@@ -614,15 +614,15 @@ impl<R> Step<R> {
     /// another attempt, which follows the step's policy (rerun by default,
     /// its rows rolled back with the entry).
     ///
-    /// Except where your transaction already holds a lock that every
-    /// other writer waits for: SQLite's one write lock, once the
-    /// transaction wrote or began `IMMEDIATE`. The store's write would wait
-    /// for your own lock, so a step that reruns when in doubt writes its
-    /// start on `conn` (it commits or rolls back with your rows, and a
+    /// Except on SQLite once your transaction read, wrote or began
+    /// `IMMEDIATE`: the store's write would wait for your write lock, or
+    /// its commit would leave your transaction's snapshot stale, and your
+    /// next write would fail. A step that reruns when in doubt then writes
+    /// its start on `conn` (it commits or rolls back with your rows, and a
     /// phase whose transaction never committed runs again), and a step
     /// that refuses or reconciles, whose start must be kept whatever your
     /// transaction does, fails at once with [`Error::Config`]: call it
-    /// before your transaction writes.
+    /// first in your transaction (a deferred `BEGIN`, nothing read yet).
     ///
     /// Storing the entry fails (and the error is returned) when the
     /// operation's claim was lost: roll the transaction back.
@@ -643,8 +643,9 @@ impl<R> Step<R> {
     {
         let name = self.name;
         // The entry is started before the call: through the store, unless
-        // the caller's transaction holds a lock the store would wait for
-        // (SQLite's write lock); then on `conn`, where it commits or rolls
+        // the caller's transaction holds a lock the store would wait for,
+        // or a snapshot its commit would break (SQLite, once the
+        // transaction read or wrote); then on `conn`, where it commits or rolls
         // back with the phase's rows. A step that refuses or reconciles
         // needs its start kept whatever the transaction does: it cannot
         // be written there.
@@ -652,10 +653,10 @@ impl<R> Step<R> {
         if on_conn && self.in_doubt != InDoubt::Rerun {
             return Err(Error::Config(format!(
                 "step {name:?} refuses or reconciles when in doubt, so its start must be kept \
-                 whatever becomes of your transaction; but your transaction already holds the \
-                 database's write lock (SQLite: it wrote, or began IMMEDIATE), which the start \
-                 would wait for: call the step before your transaction writes (a deferred \
-                 BEGIN), or let it rerun when in doubt"
+                 whatever becomes of your transaction; but your transaction already read or \
+                 wrote (SQLite: the start would wait for its write lock, or leave its snapshot \
+                 stale): call the step first in your transaction (a deferred BEGIN, nothing \
+                 read yet), or let it rerun when in doubt"
             ))
             .into());
         }

@@ -184,9 +184,11 @@ pub(crate) mod dialect {
         }
 
         /// Whether a transaction on `conn` holds a lock that every other
-        /// writer waits for (SQLite's one write lock). No by default:
-        /// row locks.
-        fn holds_write_lock(
+        /// writer waits for, or a snapshot that another connection's
+        /// commit would break (SQLite: once the transaction read or wrote,
+        /// or began `IMMEDIATE`). No by default: row locks, and snapshots
+        /// that survive others' commits.
+        fn holds_lock_or_snapshot(
             conn: &mut Self::Connection,
         ) -> impl Future<Output = Result<bool, Error>> + Send {
             let _ = conn;
@@ -273,7 +275,7 @@ macro_rules! transactional_store {
                 $crate::backend::SqlStore::complete_step_on(self, $conn, claim, step, output).await
             }
             async fn journals_on(&self, $c: &mut $on) -> Result<bool, $crate::error::Error> {
-                <$db as $crate::backend::dialect::Dialect>::holds_write_lock($conn).await
+                <$db as $crate::backend::dialect::Dialect>::holds_lock_or_snapshot($conn).await
             }
             async fn begin_step_on(
                 &self,

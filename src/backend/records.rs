@@ -199,11 +199,29 @@ impl<DB: Backend> SqlStore<DB> {
         conn: &mut DB::Connection,
         req: &BeginRequest<'_>,
     ) -> Result<Begin, Error> {
+        self.claim_on(conn, req, false).await
+    }
+
+    /// [`begin_on`](Self::begin_on); `keep_journal`: a granted claim keeps
+    /// the operation's journal ([`joined`](Self::joined)). Not in a
+    /// caller's transaction (transactional mode): its record commits
+    /// completed or not at all, so no later claim takes it over while in
+    /// progress, and on MariaDB the keep's empty `UPDATE` would hold a gap
+    /// lock on the journal's index, holding up other keys' steps, until
+    /// the caller commits.
+    async fn claim_on(
+        &self,
+        conn: &mut DB::Connection,
+        req: &BeginRequest<'_>,
+        keep_journal: bool,
+    ) -> Result<Begin, Error> {
         DB::check_request(req)?;
         let bound = Bound::request(req);
         for _ in 0..CLAIM_ROUNDS {
             let found = match self.claim(conn, &bound).await {
-                Ok(Claimed::Fence(fence)) => return self.joined(conn, req, fence).await,
+                Ok(Claimed::Fence(fence)) => {
+                    return self.joined(conn, req, fence, keep_journal).await
+                }
                 Ok(Claimed::Found(record, now)) => Some((record, now)),
                 // The key is taken (or, where the claim answers nothing,
                 // maybe ours): read the record to say why.
@@ -217,7 +235,9 @@ impl<DB: Backend> SqlStore<DB> {
             match decide(req, &record, now).answer()? {
                 // Ours: claimed by this very request (a claim statement
                 // that answers nothing, or one sent again).
-                Some(Begin::Claimed(claim)) => return self.joined(conn, req, claim.fence).await,
+                Some(Begin::Claimed(claim)) => {
+                    return self.joined(conn, req, claim.fence, keep_journal).await
+                }
                 Some(answer) => return Ok(answer),
                 None => {}
             }
@@ -225,7 +245,7 @@ impl<DB: Backend> SqlStore<DB> {
             if let Some(take_over) = &self.sql.take_over {
                 let values = bound.values(take_over)?;
                 if let Some(fence) = DB::fetch_int(conn, &take_over.sql, values).await? {
-                    return self.joined(conn, req, fence).await;
+                    return self.joined(conn, req, fence, keep_journal).await;
                 }
             }
         }
@@ -247,8 +267,9 @@ impl<DB: Backend> SqlStore<DB> {
         conn: &mut DB::Connection,
         req: &BeginRequest<'_>,
         fence: i64,
+        keep_journal: bool,
     ) -> Result<Begin, Error> {
-        if DB::CLAIM_KEEPS_JOURNAL {
+        if DB::CLAIM_KEEPS_JOURNAL || !keep_journal {
             return Ok(Begin::Claimed(Claim::granted(req, fence)));
         }
         let ttl = duration_millis(req.ttl.max(req.lease));
@@ -571,7 +592,7 @@ impl<DB: Backend> Store for SqlStore<DB> {
                     return Ok(answer);
                 }
             }
-            let answer = self.begin_on(&mut conn, req).await?;
+            let answer = self.claim_on(&mut conn, req, true).await?;
             self.duplicates.note(!matches!(answer, Begin::Claimed(_)));
             // Committed: the duplicates of this process may wait for it
             // without reading the record.

@@ -333,8 +333,9 @@ pub trait TransactionalStore<C: Send + ?Sized>: Store {
     /// Whether the journal writes of a step whose rows commit with its
     /// entry must go on `conn`: the caller's transaction holds a lock that
     /// the store's own connections would wait for until the database gives
-    /// up (SQLite's one write lock, once the transaction wrote or began
-    /// `IMMEDIATE`). `false` (the default): they go through the store.
+    /// up, or a snapshot their commit would break (SQLite, once the
+    /// transaction read, wrote or began `IMMEDIATE`). `false` (the
+    /// default): they go through the store.
     async fn journals_on(&self, conn: &mut C) -> Result<bool, Error> {
         let _ = conn;
         Ok(false)

@@ -101,3 +101,95 @@ common::backends!(sqlite_file, postgres, mysql => {
             .unwrap();
     }
 });
+
+/// An atomic phase after a read, in a deferred SQLite transaction (a check
+/// before the write): the transaction holds a read snapshot, not the
+/// write lock. The step's start used to be committed through the store's
+/// pool, which left the caller's snapshot stale in WAL mode: the phase's
+/// insert then failed at once (SQLITE_BUSY_SNAPSHOT) and rolled back,
+/// after the start had been committed. Under `refuse` every retry answered
+/// `OutcomeUnknown` though nothing happened; under `rerun` every attempt
+/// failed the same way.
+///
+/// Expected: `rerun` writes its start in the transaction and commits one
+/// row; `refuse` is refused at once with `Error::Config`, and neither its
+/// start nor a row is left behind, so the call can be fixed and retried.
+#[cfg(feature = "sqlite")]
+mod after_a_read {
+    use super::*;
+
+    common::backends!(sqlite_file => {
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn a_phase_after_a_read_commits_or_is_refused_at_once() {
+            let (store, _guard) = backend::store(8).await;
+            let pool = store.pool().clone();
+            sqlx::query("CREATE TABLE orders_read_first (k TEXT NOT NULL)")
+                .execute(&pool)
+                .await
+                .unwrap();
+            for refuse in [true, false] {
+                let key = common::fresh("read-first");
+                let attempt = || {
+                    let (store, pool, key) = (&store, &pool, &key);
+                    async move {
+                        let call = Call::new("refused_phases.read_first", key.as_str(), &1);
+                        run(store, call, async move {
+                            let mut tx = pool.begin().await?;
+                            let _seen: i64 = sqlx::query_scalar(
+                                "SELECT count(*) FROM orders_read_first WHERE k = ?1",
+                            )
+                            .bind(key.as_str())
+                            .fetch_one(&mut *tx)
+                            .await?;
+                            let step = if refuse {
+                                Step::new("order").refuse()
+                            } else {
+                                Step::new("order")
+                            };
+                            let row = step
+                                .in_transaction(store, &mut *tx, |conn, _key: StepKey| async move {
+                                    let inserted =
+                                        sqlx::query("INSERT INTO orders_read_first (k) VALUES (?1)")
+                                            .bind(key.as_str())
+                                            .execute(&mut *conn)
+                                            .await
+                                            .map(|done| done.rows_affected())
+                                            .map_err(Error::from);
+                                    (inserted, conn)
+                                })
+                                .await?;
+                            tx.commit().await?;
+                            Ok::<_, Error>(row)
+                        })
+                        .await
+                    }
+                };
+                let first = attempt().await;
+                let retry = attempt().await;
+                let rows: i64 =
+                    sqlx::query_scalar("SELECT count(*) FROM orders_read_first WHERE k = ?1")
+                        .bind(key.as_str())
+                        .fetch_one(&pool)
+                        .await
+                        .unwrap();
+                let journal = idem::Store::steps(
+                    &store,
+                    &idem::Scope::new("refused_phases.read_first"),
+                    &idem::Key::new(key.as_str()).unwrap(),
+                )
+                .await
+                .unwrap();
+                if refuse {
+                    assert!(matches!(first, Err(Error::Config(_))), "refuse: {first:?}");
+                    assert!(matches!(retry, Err(Error::Config(_))), "refuse, retry: {retry:?}");
+                    assert_eq!(rows, 0, "refuse: a row without its step");
+                    assert!(journal.is_empty(), "refuse: a start left behind: {journal:?}");
+                } else {
+                    assert_eq!(first.unwrap(), 1, "rerun: the phase did not commit");
+                    assert_eq!(retry.unwrap(), 1, "rerun: the retry is no replay");
+                    assert_eq!(rows, 1, "rerun: one row");
+                }
+            }
+        }
+    });
+}

@@ -207,14 +207,19 @@ impl Dialect for Sqlite {
         result.rows_affected()
     }
 
-    async fn holds_write_lock(conn: &mut SqliteConnection) -> Result<bool, Error> {
+    async fn holds_lock_or_snapshot(conn: &mut SqliteConnection) -> Result<bool, Error> {
         let mut handle = conn.lock_handle().await?;
         let db = handle.as_raw_handle().as_ptr();
         // SAFETY: `db` is the connection's open handle, locked for this
         // thread's use while `handle` lives; a null schema asks about
         // every database attached to it.
         let state = unsafe { libsqlite3_sys::sqlite3_txn_state(db, std::ptr::null()) };
-        Ok(state == libsqlite3_sys::SQLITE_TXN_WRITE as std::os::raw::c_int)
+        // A read counts as much as a write: a commit through another
+        // connection would leave the transaction's snapshot stale, and its
+        // first write would then fail at once (SQLITE_BUSY_SNAPSHOT in WAL
+        // mode; in rollback mode the commit would wait for its shared
+        // lock).
+        Ok(state != libsqlite3_sys::SQLITE_TXN_NONE as std::os::raw::c_int)
     }
 
     fn write_gate(pool: &sqlx::Pool<Sqlite>) -> Option<std::path::PathBuf> {
