@@ -155,6 +155,10 @@
 //! (with `fingerprint = ()`, as the key is the content); it does not say
 //! whether the call was a duplicate, which `Deduplicator` does.
 
+#[cfg(feature = "kafka")]
+#[cfg_attr(docsrs, doc(cfg(feature = "kafka")))]
+pub mod kafka;
+
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;

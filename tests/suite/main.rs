@@ -34,6 +34,8 @@ mod bounded_saves;
 mod cache_expiry;
 #[cfg(all(feature = "sqlite", feature = "postgres"))]
 mod consumer;
+#[cfg(all(feature = "kafka", feature = "sqlite", feature = "postgres"))]
+mod consumer_kafka;
 #[cfg(all(feature = "postgres", feature = "mysql"))]
 mod consumer_races;
 mod content_keys;
