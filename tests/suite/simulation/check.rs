@@ -45,10 +45,12 @@ pub fn repeat(h: &History, runs: &[&Run], struck: usize) -> Repeat {
     // The journal itself lapses when its upkeep fails for longer than it
     // is kept (README, *Durable steps*: an entry is kept "for the
     // operation's ttl (at least its lease) from its last write").
-    let journal_lapsed = h
-        .outages
-        .iter()
-        .any(|o| matches!(o.op, Op::Renew | Op::KeepSteps) && o.len_ms >= h.ttl_ms.max(h.lease_ms));
+    // A failover's window counts as such an outage of the writes it loses
+    // (`History::unreplicated`).
+    let journal_lapsed = [Op::Renew, Op::KeepSteps]
+        .into_iter()
+        .flat_map(|op| h.unreplicated(op))
+        .any(|len_ms| len_ms >= h.ttl_ms.max(h.lease_ms));
     match h.policy {
         StepPolicy::Rerun | StepPolicy::Reconcile if lapsed => Repeat::Documented,
         StepPolicy::Refuse | StepPolicy::Atomic if journal_lapsed => Repeat::Documented,
@@ -113,12 +115,12 @@ pub fn answers_may_differ(h: &History) -> bool {
 }
 
 /// Whether a live owner may lose its claim: an operation stalls past the
-/// lease, or renewals fail for a lease or more.
+/// lease, or renewals fail (or a failover loses them) for a lease or more.
 fn claim_may_lapse(h: &History) -> bool {
     h.faults.iter().any(|f| f.kind == FaultKind::DelayPastLease)
-        || h.outages
-            .iter()
-            .any(|o| o.op == Op::Renew && o.len_ms >= h.lease_ms)
+        || h.unreplicated(Op::Renew)
+            .into_iter()
+            .any(|len_ms| len_ms >= h.lease_ms)
 }
 
 /// Splits the runs (by start) into epochs: a run that starts when no
