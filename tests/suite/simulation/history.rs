@@ -286,12 +286,12 @@ fn scale(backend: Backend) -> Scale {
         // Every write waits for the replica (up to `REPLICA_WAIT_MS` while
         // the replica is promoted), on the store's one connection.
         Backend::RedisFailover => Scale {
-            lease: 200..=500,
-            wait: 0..=600,
-            work: 0..=800,
-            commit: 1..=300,
-            start: 0..=400,
-            fate: 1..=300,
+            lease: 150..=400,
+            wait: 0..=500,
+            work: 0..=600,
+            commit: 1..=250,
+            start: 0..=300,
+            fate: 1..=250,
             outage: 50..=600,
         },
     }
@@ -301,23 +301,34 @@ fn scale(backend: Backend) -> Scale {
 /// (`wait_for_replicas`) in a failover's histories.
 pub const REPLICA_WAIT_MS: u64 = 40;
 
-fn fate(s: &Scale) -> impl Strategy<Value = Fate> {
+/// With a failover, callers that end while their step's call is in
+/// flight (whose journal entry a retry must find) are drawn as often as
+/// callers that wait.
+fn fate(s: &Scale, backend: Backend) -> impl Strategy<Value = Fate> {
+    let finishes = if backend == Backend::RedisFailover {
+        1
+    } else {
+        3
+    };
     prop_oneof![
-        3 => Just(Fate::Finishes),
+        finishes => Just(Fate::Finishes),
         1 => s.fate.clone().prop_map(|ms| Fate::DroppedAfter { ms }),
         1 => (1u32..=8).prop_map(|polls| Fate::DroppedAtPoll { polls }),
         1 => s.fate.clone().prop_map(|ms| Fate::StepTimesOut { ms }),
     ]
 }
 
-fn attempt(s: &Scale) -> impl Strategy<Value = Attempt> {
-    (s.start.clone(), fate(s), prop::bool::weighted(0.25)).prop_map(|(at_ms, fate, body_fails)| {
-        Attempt {
+fn attempt(s: &Scale, backend: Backend) -> impl Strategy<Value = Attempt> {
+    (
+        s.start.clone(),
+        fate(s, backend),
+        prop::bool::weighted(0.25),
+    )
+        .prop_map(|(at_ms, fate, body_fails)| Attempt {
             at_ms,
             fate,
             body_fails,
-        }
-    })
+        })
 }
 
 fn fault_kind() -> impl Strategy<Value = FaultKind> {
@@ -358,13 +369,20 @@ fn downstream(s: &Scale) -> impl Strategy<Value = Downstream> {
         })
 }
 
-fn policy() -> impl Strategy<Value = StepPolicy> {
+/// With a failover, the steps that a lost journal write would run twice
+/// (`refuse`, `reconcile`) are drawn most.
+fn policy(backend: Backend) -> impl Strategy<Value = StepPolicy> {
+    let journaled = if backend == Backend::RedisFailover {
+        3
+    } else {
+        1
+    };
     prop_oneof![
-        Just(StepPolicy::NoSteps),
-        Just(StepPolicy::Rerun),
-        Just(StepPolicy::Reconcile),
-        Just(StepPolicy::Refuse),
-        Just(StepPolicy::Atomic),
+        1 => Just(StepPolicy::NoSteps),
+        1 => Just(StepPolicy::Rerun),
+        journaled => Just(StepPolicy::Reconcile),
+        journaled => Just(StepPolicy::Refuse),
+        1 => Just(StepPolicy::Atomic),
     ]
 }
 
@@ -382,9 +400,24 @@ fn mode(backend: Backend) -> impl Strategy<Value = Mode> {
 /// A failover whose `window_ms` is in percent of the lease (a short
 /// window, a write or two lost, the lease held; or one longer than the
 /// lease, renewals lost: a retry may take the key over).
+///
+/// Drawn towards the operations every history sends early (claims, step
+/// starts and completions, renewals), so that most histories fail over
+/// while an attempt runs.
 fn failover() -> impl Strategy<Value = Failover> {
     let percent = prop_oneof![0u64..=25, 100u64..=200];
-    (op(), 0u32..=2, percent).prop_map(|(op, nth, window_ms)| Failover { op, nth, window_ms })
+    let op = prop_oneof![
+        3 => Just(Op::Begin),
+        5 => Just(Op::BeginStep),
+        2 => Just(Op::CompleteStep),
+        2 => Just(Op::Complete),
+        2 => Just(Op::Renew),
+        1 => Just(Op::Release),
+        1 => Just(Op::KeepSteps),
+        1 => Just(Op::Peek),
+    ];
+    let nth = prop_oneof![3 => Just(0u32), 1 => Just(1u32)];
+    (op, nth, percent).prop_map(|(op, nth, window_ms)| Failover { op, nth, window_ms })
 }
 
 /// The histories of `backend`.
@@ -411,14 +444,14 @@ pub fn history(backend: Backend) -> impl Strategy<Value = History> {
     );
     let shape = (
         mode(backend),
-        policy(),
+        policy(backend),
         downstream(&s),
         prop::bool::weighted(0.1),
         prop::bool::weighted(0.1),
         prop::bool::weighted(0.8),
     );
     let events = (
-        prop::collection::vec(attempt(&s), 1..=4),
+        prop::collection::vec(attempt(&s, backend), 1..=4),
         prop::collection::vec(fault(), 0..=3),
         prop::collection::vec(outage(&s), 0..=1),
         failover(),
@@ -465,11 +498,13 @@ fn fit(h: &mut History) {
         }
     }
     // A failover's histories meet the failover alone, on a store that
-    // waits for its replica.
+    // waits for its replica, and a downstream that does not dedupe: a
+    // journal write the failover lost shows as a second effect.
     if h.backend == Backend::RedisFailover {
         h.faults.clear();
         h.outages.clear();
         h.size_limit = false;
+        h.downstream.dedupes = false;
     }
     match h.mode {
         // Steps there are unjournaled: reconcile and refuse are refused

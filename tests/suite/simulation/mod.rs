@@ -42,7 +42,7 @@
 //!   clock (a current-thread runtime), so a history of minutes takes
 //!   milliseconds; the other stores' clock is the database's, so their
 //!   histories run in real time, on shorter spans (leases of 60 to 200 ms;
-//!   200 to 500 ms with a failover, where writes wait for the replica).
+//!   150 to 400 ms with a failover, where writes wait for the replica).
 //!   On the real stores a short ttl (1.5 or 2 leases) is drawn half the
 //!   time, and bodies that work after their step two times in three (four
 //!   in five on PostgreSQL and MariaDB): in entity mode such a body
@@ -136,7 +136,7 @@ pub const MYSQL_SEEDS: u64 = 100;
 pub const REDIS_SEEDS: u64 = 100;
 /// Seeds per run of `simulation::redis_failover` unless `IDEM_SIM_SEEDS`
 /// says.
-pub const REDIS_FAILOVER_SEEDS: u64 = 20;
+pub const REDIS_FAILOVER_SEEDS: u64 = 48;
 
 fn env(name: &str) -> Option<u64> {
     let value = std::env::var(name).ok()?;
