@@ -276,7 +276,10 @@ fn scale(backend: Backend) -> Scale {
         // few, and so do the servers'.
         Backend::Sqlite | Backend::Postgres | Backend::MySql | Backend::Redis => Scale {
             lease: 60..=200,
-            wait: 0..=300,
+            // On the servers a duplicate may wait out a body that outlives
+            // the ttl, and claim the key as soon as that body fails: its
+            // step's journal entry must be there.
+            wait: if backend.server() { 0..=800 } else { 0..=300 },
             work: 0..=400,
             commit: 1..=150,
             start: 0..=200,
@@ -319,10 +322,13 @@ fn fate(s: &Scale, backend: Backend) -> impl Strategy<Value = Fate> {
 }
 
 fn attempt(s: &Scale, backend: Backend) -> impl Strategy<Value = Attempt> {
+    // On the servers bodies fail more often: a body that outlived the ttl
+    // and failed leaves its journal to the next attempt.
+    let fails = if backend.server() { 0.4 } else { 0.25 };
     (
         s.start.clone(),
         fate(s, backend),
-        prop::bool::weighted(0.25),
+        prop::bool::weighted(fails),
     )
         .prop_map(|(at_ms, fate, body_fails)| Attempt {
             at_ms,
@@ -449,6 +455,7 @@ pub fn history(backend: Backend) -> impl Strategy<Value = History> {
         prop::bool::weighted(0.1),
         prop::bool::weighted(0.1),
         prop::bool::weighted(0.8),
+        prop::bool::weighted(if backend.server() { 0.5 } else { 0.0 }),
     );
     let events = (
         prop::collection::vec(attempt(&s, backend), 1..=4),
@@ -459,7 +466,7 @@ pub fn history(backend: Backend) -> impl Strategy<Value = History> {
     (timing, shape, events).prop_map(
         move |(
             (lease_ms, ttl, wait_ms, work_ms),
-            (mode, policy, downstream, large_outcome, size_limit, detach),
+            (mode, policy, downstream, large_outcome, size_limit, detach, outlives),
             (attempts, faults, outages, failover),
         )| {
             let mut h = History {
@@ -482,10 +489,29 @@ pub fn history(backend: Backend) -> impl Strategy<Value = History> {
                     ..failover
                 }),
             };
+            if outlives {
+                outlive(&mut h, ttl.unwrap_or(3));
+            }
             fit(&mut h);
             h
         },
     )
+}
+
+/// Makes the first caller's body outlive a short ttl (`halves` of the
+/// lease), then fail, while the other callers wait for it: the next one
+/// claims the key as that body fails, and must find its step's journal
+/// entry, kept while the body ran (issue 35's third seam: in entity mode
+/// the journal lives under the claim's per-table scope). The drawn spans
+/// give the lengths past the ttl.
+fn outlive(h: &mut History, halves: u64) {
+    h.ttl_ms = h.lease_ms * halves / 2;
+    h.work_ms = h.ttl_ms + h.work_ms % h.lease_ms;
+    h.wait_ms = h.work_ms + h.lease_ms + h.wait_ms % 200;
+    if let Some(first) = h.attempts.iter_mut().min_by_key(|a| a.at_ms) {
+        first.fate = Fate::Finishes;
+        first.body_fails = true;
+    }
 }
 
 /// Keeps a drawn history to the combinations the library offers, so that

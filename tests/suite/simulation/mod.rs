@@ -36,7 +36,9 @@
 //!   to the old primary for a window (up to a quarter of a lease, or one
 //!   to two leases), then the old primary is SIGKILLed and the store
 //!   talks to the promoted replica. The old primary's writes of the
-//!   window are lost; the writes that wait for the replica fail in it;
+//!   window are lost; the writes that wait for the replica fail in it
+//!   (a window longer than the lease loses renewals too: the checker
+//!   counts it as such an outage);
 //! - **time**: leases of 30 ms to 2 s, ttls about the lease or an hour,
 //!   bodies that outlive them. The memory store runs on tokio's paused
 //!   clock (a current-thread runtime), so a history of minutes takes
@@ -45,8 +47,17 @@
 //!   150 to 400 ms with a failover, where writes wait for the replica).
 //!   On the real stores a short ttl (1.5 or 2 leases) is drawn half the
 //!   time, and bodies that work after their step two times in three (four
-//!   in five on PostgreSQL and MariaDB): in entity mode such a body
-//!   outlives the ttl while its step's journal entry must live on.
+//!   in five on PostgreSQL and MariaDB);
+//! - **biases** where a seam needs a shape that independent draws rarely
+//!   give: on PostgreSQL and MariaDB, half the histories have their first
+//!   caller's body outlive a short ttl and then fail, while the others
+//!   wait for it (the next claims the key and must find the step's
+//!   journal entry: in entity mode it lives under the claim's per-table
+//!   scope), duplicates wait up to 800 ms and bodies fail two times in
+//!   five; with a failover, step starts are where it strikes most,
+//!   `refuse` and `reconcile` are drawn most, callers end early as often
+//!   as they wait, and the downstream never dedupes (a lost journal write
+//!   shows as a second effect).
 //!
 //! # What it checks ([`check`])
 //!
@@ -80,8 +91,11 @@
 //! histories a fault struck. `simulation::redis_failover` holds
 //! `common::FAILOVERS`.
 //! `IDEM_SIM_SEED=<n>` runs that one seed. Failures known to be open
-//! (`check::check` names them: today, a ten-second wait in entity mode on
-//! SQLite after an early end) are counted and printed, not failed, unless
+//! (`check::known_open` names them: today, a ten-second wait in entity
+//! mode on SQLite after an early end; on MariaDB, a blocked duplicate
+//! that InnoDB rolls back as a deadlock victim in transactional mode, and
+//! calls without an answer after the first entity-mode call on a fresh
+//! database was dropped early) are counted and printed, not failed, unless
 //! `IDEM_SIM_STRICT=1`. A failing seed is shrunk by
 //! proptest, and the test panics with the history as drawn, the smallest
 //! failing one, what broke, and the one command that replays it, as:
@@ -129,11 +143,11 @@ pub const MEMORY_SEEDS: u64 = 5_000;
 /// Seeds per run of `simulation::sqlite` unless `IDEM_SIM_SEEDS` says.
 pub const SQLITE_SEEDS: u64 = 100;
 /// Seeds per run of `simulation::postgres` unless `IDEM_SIM_SEEDS` says.
-pub const POSTGRES_SEEDS: u64 = 100;
+pub const POSTGRES_SEEDS: u64 = 65;
 /// Seeds per run of `simulation::mysql` unless `IDEM_SIM_SEEDS` says.
-pub const MYSQL_SEEDS: u64 = 100;
+pub const MYSQL_SEEDS: u64 = 60;
 /// Seeds per run of `simulation::redis` unless `IDEM_SIM_SEEDS` says.
-pub const REDIS_SEEDS: u64 = 100;
+pub const REDIS_SEEDS: u64 = 75;
 /// Seeds per run of `simulation::redis_failover` unless `IDEM_SIM_SEEDS`
 /// says.
 pub const REDIS_FAILOVER_SEEDS: u64 = 48;
