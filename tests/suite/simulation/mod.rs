@@ -95,8 +95,8 @@
 //! mode on SQLite after an early end; on MariaDB, a blocked duplicate
 //! that InnoDB rolls back as a deadlock victim in transactional mode, and
 //! calls without an answer after the first entity-mode call on a fresh
-//! database was dropped early) are counted and printed, not failed, unless
-//! `IDEM_SIM_STRICT=1`. A failing seed is shrunk by
+//! database was dropped while it held the migration lock) are counted and
+//! printed, not failed, unless `IDEM_SIM_STRICT=1`. A failing seed is shrunk by
 //! proptest, and the test panics with the history as drawn, the smallest
 //! failing one, what broke, and the one command that replays it, as:
 //!

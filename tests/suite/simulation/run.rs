@@ -522,14 +522,13 @@ pub trait SimSql: idem::entity::EntityDatabase {
 }
 
 macro_rules! sim_sql {
-    ($feature:literal, $db:ty, $backend:ident, $tables:expr, $param:expr, fresh: |$tag:ident| $fresh:expr) => {
+    ($feature:literal, $db:ty, $tables:expr, $param:expr, fresh: $fresh:expr) => {
         #[cfg(feature = $feature)]
         impl SimSql for $db {
             type Store = idem::SqlStore<$db>;
 
             async fn store() -> (Self::Store, Box<dyn std::any::Any>) {
-                let $tag = "sim";
-                let (store, keep): (Self::Store, Box<dyn std::any::Any>) = $fresh;
+                let (store, keep): (Self::Store, Box<dyn std::any::Any>) = $fresh.await;
                 sqlx::raw_sql($tables)
                     .execute(store.pool())
                     .await
@@ -547,24 +546,18 @@ macro_rules! sim_sql {
                 index: usize,
             ) -> Result<u64, SimError> {
                 let p = $param;
-                let (one, two) = (p(1), p(2));
-                sqlx::query(&format!(
-                    "INSERT INTO sim_charges (step_key, attempt) VALUES ({one}, {two})"
-                ))
-                .bind(key)
-                .bind(index as i64)
-                .execute(&mut *conn)
-                .await
-                .map_err(sql)?;
-                let id: Option<i64> = sqlx::query_scalar(&format!(
-                    "SELECT MAX(id) FROM sim_charges WHERE step_key = {one} AND attempt = {two}"
+                // `RETURNING`: SQLite, PostgreSQL, MariaDB 10.5+.
+                let id: i64 = sqlx::query_scalar(&format!(
+                    "INSERT INTO sim_charges (step_key, attempt) VALUES ({}, {}) RETURNING id",
+                    p(1),
+                    p(2)
                 ))
                 .bind(key)
                 .bind(index as i64)
                 .fetch_one(&mut *conn)
                 .await
                 .map_err(sql)?;
-                Ok(id.expect("the row just inserted") as u64)
+                Ok(id as u64)
             }
 
             async fn rows(pool: &sqlx::Pool<Self>) -> (Vec<Effect>, usize) {
@@ -602,7 +595,7 @@ macro_rules! sim_sql {
     };
 }
 
-sim_sql!("sqlite", sqlx::Sqlite, sqlite_file, "
+sim_sql!("sqlite", sqlx::Sqlite, "
     CREATE TABLE sim_payments (
         id INTEGER PRIMARY KEY AUTOINCREMENT,
         token TEXT NOT NULL UNIQUE,
@@ -613,12 +606,12 @@ sim_sql!("sqlite", sqlx::Sqlite, sqlite_file, "
         step_key TEXT NOT NULL,
         attempt INTEGER NOT NULL
     );
-", |n| format!("?{n}"), fresh: |_tag| {
+", |n| format!("?{n}"), fresh: async {
     let (store, guard) = crate::common::backend::sqlite_file::store(8).await;
-    (store, Box::new(guard))
+    (store, Box::new(guard) as Box<dyn std::any::Any>)
 });
 
-sim_sql!("postgres", sqlx::Postgres, postgres, "
+sim_sql!("postgres", sqlx::Postgres, "
     CREATE TABLE sim_payments (
         id BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
         token TEXT NOT NULL UNIQUE,
@@ -629,11 +622,13 @@ sim_sql!("postgres", sqlx::Postgres, postgres, "
         step_key TEXT NOT NULL,
         attempt BIGINT NOT NULL
     );
-", |n| format!("${n}"), fresh: |tag| server_store::<sqlx::Postgres>(crate::common::backend::postgres::namespace(tag).await).await);
+", |n| format!("${n}"), fresh: async {
+    server_store(crate::common::backend::postgres::namespace("sim").await).await
+});
 
 // The default, case-insensitive collation: sqlx 0.8 does not decode a
 // `_bin` column into a `String`.
-sim_sql!("mysql", sqlx::MySql, mysql, "
+sim_sql!("mysql", sqlx::MySql, "
     CREATE TABLE sim_payments (
         id BIGINT AUTO_INCREMENT PRIMARY KEY,
         token VARCHAR(255) CHARACTER SET ascii NOT NULL UNIQUE,
@@ -644,7 +639,9 @@ sim_sql!("mysql", sqlx::MySql, mysql, "
         step_key VARCHAR(255) NOT NULL,
         attempt BIGINT NOT NULL
     ) ENGINE = InnoDB;
-", |_| "?".to_owned(), fresh: |tag| server_store::<sqlx::MySql>(crate::common::backend::mysql::namespace(tag).await).await);
+", |_| "?".to_owned(), fresh: async {
+    server_store(crate::common::backend::mysql::namespace("sim").await).await
+});
 
 /// A store in `ns`, a schema or a database of the history's own (entity
 /// mode's claims go to a table of the pool's database), migrated; the
