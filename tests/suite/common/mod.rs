@@ -10,6 +10,7 @@
 //! - [`backend`]: fresh stores, pools and namespaces, one module per
 //!   backend, all alike;
 //! - [`http`]: a real server on 127.0.0.1 and a real client;
+//! - [`own_redis`]: Redis servers a test starts, kills and promotes;
 //! - [`backends!`]: a test body, written once, run on each backend.
 //!
 //! A test that cannot reach its server fails with a message naming the
@@ -20,6 +21,8 @@ pub mod backend;
 pub mod broker;
 pub mod http;
 pub mod namespace;
+#[cfg(feature = "redis")]
+pub mod own_redis;
 #[cfg(feature = "redis")]
 pub mod redis;
 pub mod servers;
@@ -154,8 +157,8 @@ pub fn fresh(tag: &str) -> String {
 }
 
 /// Held by the tests that kill Redis servers and promote replicas
-/// (`redis_failover`, `redis_own_servers`): run side by side, each one's
-/// failover waited on the other's stopped processes and lost its time
-/// bounds on a loaded machine.
+/// (`redis_failover`, `redis_own_servers`, `simulation::redis_failover`):
+/// run side by side, each one's failover waited on the other's stopped
+/// processes and lost its time bounds on a loaded machine.
 #[allow(dead_code)]
 pub static FAILOVERS: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());

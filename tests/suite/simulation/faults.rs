@@ -1,12 +1,16 @@
 //! The store under a history's fault plan: every method of `idem::Store`
 //! is forwarded, and the ones a call's decisions go through (claim, look,
 //! renewal, completion, release, step start, step completion, journal
-//! upkeep) meet the plan's faults and outages.
+//! upkeep) meet the plan's faults and outages. With a [`Failing`] pair
+//! of servers, the plan fails the primary over at the history's
+//! [`Failover`](super::history::Failover), and the store talks to the
+//! promoted replica from then on.
 
 use std::collections::HashMap;
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -21,12 +25,26 @@ tokio::task_local! {
     pub static ATTEMPT: usize;
 }
 
+/// A primary and its replica that a plan fails over.
+pub trait Failing: Send + Sync {
+    /// Promotes the replica: the primary's later writes reach no replica.
+    fn promote(&self) -> Pin<Box<dyn Future<Output = ()> + Send + '_>>;
+    /// Kills the old primary, and answers the store on the promoted
+    /// replica (keyed as the store on the primary was).
+    fn kill_primary(&self) -> Arc<dyn Store>;
+}
+
 /// The fault plan and what it has done so far; shared by a store and its
 /// detached handles.
 pub struct Plan {
     history: History,
     start: Instant,
     seen: Mutex<HashMap<Op, u32>>,
+    failing: Option<Arc<dyn Failing>>,
+    /// When the replica was promoted.
+    promoted: Mutex<Option<Instant>>,
+    /// The store on the promoted replica, once the old primary is killed.
+    after: OnceLock<Arc<dyn Store>>,
     /// Faults stop (the store recovers) once this is set.
     pub calm: AtomicBool,
     /// How many operations a fault or an outage struck.
@@ -34,24 +52,36 @@ pub struct Plan {
     /// The attempts that claimed the key when nothing of the operation
     /// was live in the store: each began a new operation.
     pub fresh: Mutex<Vec<usize>>,
+    /// Whether [`fresh`](Self::fresh) is looked for (a store that answers
+    /// at once, in memory): elsewhere the look would only send requests
+    /// it drops.
+    pub probe: bool,
 }
 
 /// What happens to one operation.
 enum Action {
     Pass,
+    /// The failover begins: the replica is promoted first.
+    Promote,
     Strike(FaultKind),
     Down,
 }
 
 impl Plan {
-    pub fn new(history: &History, start: Instant) -> Arc<Plan> {
+    /// The plan of `history`, which fails `failing` over (when given) at
+    /// its failover.
+    pub fn new(history: &History, start: Instant, failing: Option<Arc<dyn Failing>>) -> Arc<Plan> {
         Arc::new(Plan {
             history: history.clone(),
             start,
             seen: Mutex::default(),
+            failing,
+            promoted: Mutex::default(),
+            after: OnceLock::new(),
             calm: AtomicBool::new(false),
             struck: AtomicUsize::new(0),
             fresh: Mutex::default(),
+            probe: history.backend == super::history::Backend::Memory,
         })
     }
 
@@ -63,13 +93,47 @@ impl Plan {
             .any(|o| o.op == op && (o.from_ms..o.from_ms + o.len_ms).contains(&now))
     }
 
+    /// Whether the `nth` operation `op` begins the failover.
+    fn fails_over(&self, op: Op, nth: u32) -> bool {
+        self.failing.is_some()
+            && self.promoted.lock().unwrap().is_none()
+            && self
+                .history
+                .failover
+                .is_some_and(|f| f.op == op && f.nth == nth)
+    }
+
+    /// The store on the promoted replica once the failover's window has
+    /// passed (or the store has recovered): the old primary is killed the
+    /// first time this finds the window over.
+    fn promoted_store(&self) -> Option<&Arc<dyn Store>> {
+        if let Some(after) = self.after.get() {
+            return Some(after);
+        }
+        let failing = self.failing.as_ref()?;
+        let window = Duration::from_millis(self.history.failover?.window_ms);
+        let promoted = (*self.promoted.lock().unwrap())?;
+        if promoted.elapsed() < window && !self.calm.load(Ordering::SeqCst) {
+            return None;
+        }
+        Some(self.after.get_or_init(|| failing.kill_primary()))
+    }
+
+    /// The store has recovered: faults stop, and a failover's window
+    /// ends (the old primary is killed if it was not).
+    pub fn recover(&self) {
+        self.calm.store(true, Ordering::SeqCst);
+        let _ = self.promoted_store();
+    }
+
     /// Whether the next `op` would meet a fault, without counting it.
     fn would_strike(&self, op: Op) -> bool {
         if self.calm.load(Ordering::SeqCst) {
             return false;
         }
         let nth = self.seen.lock().unwrap().get(&op).copied().unwrap_or(0);
-        self.down(op)
+        self.fails_over(op, nth)
+            || self.down(op)
             || self
                 .history
                 .faults
@@ -87,6 +151,10 @@ impl Plan {
         };
         if self.calm.load(Ordering::SeqCst) {
             return Action::Pass;
+        }
+        if self.fails_over(op, nth) {
+            self.struck.fetch_add(1, Ordering::SeqCst);
+            return Action::Promote;
         }
         if self.down(op) {
             self.struck.fetch_add(1, Ordering::SeqCst);
@@ -116,6 +184,13 @@ impl Plan {
         let injected = |what: &str| Error::store(format!("injected fault: {what} on {op:?}"));
         match self.action(op) {
             Action::Pass => operation.await,
+            Action::Promote => {
+                // `operation` is the old primary's: it reaches no replica.
+                let failing = self.failing.as_ref().expect("a pair to fail over");
+                failing.promote().await;
+                *self.promoted.lock().unwrap() = Some(Instant::now());
+                operation.await
+            }
             Action::Down => Err(injected("outage")),
             Action::Strike(FaultKind::Fail) => Err(injected("fail")),
             Action::Strike(FaultKind::LoseReply) => {
@@ -144,6 +219,15 @@ pub struct Faulty<S> {
 }
 
 impl<S: Store> Faulty<S> {
+    /// The store the next operation goes to: `inner`, or after a
+    /// failover, the store on the promoted replica.
+    fn current(&self) -> &dyn Store {
+        match self.plan.promoted_store() {
+            Some(after) => &**after,
+            None => &self.inner,
+        }
+    }
+
     /// Notes the calling attempt as beginning a new operation when nothing
     /// of it is live in the store (its expired record and journal
     /// entries purged, an operator's housekeeping that changes no
@@ -154,10 +238,13 @@ impl<S: Store> Faulty<S> {
         let Ok(attempt) = ATTEMPT.try_with(|a| *a) else {
             return;
         };
+        if !self.plan.probe {
+            return;
+        }
         let looked = async {
-            self.inner.purge_expired(100).await?;
-            let record = self.inner.get(request.scope, request.key).await?;
-            let steps = self.inner.steps(request.scope, request.key).await?;
+            self.current().purge_expired(100).await?;
+            let record = self.current().get(request.scope, request.key).await?;
+            let steps = self.current().steps(request.scope, request.key).await?;
             Ok::<_, Error>(record.is_none() && steps.is_empty())
         };
         if let Some(Ok(true)) = looked.now_or_never() {
@@ -165,10 +252,15 @@ impl<S: Store> Faulty<S> {
         }
     }
 
-    /// `begin`, its freshness noted as it is applied.
-    async fn begin_noted(&self, request: &BeginRequest<'_>) -> Result<Begin, Error> {
+    /// `begin` on `store` (chosen as it is sent), its freshness noted as
+    /// it is applied.
+    async fn begin_noted(
+        &self,
+        store: &dyn Store,
+        request: &BeginRequest<'_>,
+    ) -> Result<Begin, Error> {
         self.note_fresh(request);
-        self.inner.begin(request).await
+        store.begin(request).await
     }
 
     /// An outcome the store cannot hold, refused as a passing failure (a
@@ -193,26 +285,30 @@ impl<S: Store> Store for Faulty<S> {
             return None;
         }
         self.note_fresh(request);
-        let answer = self.inner.begin_now(request)?;
+        let answer = self.current().begin_now(request)?;
         let _ = self.plan.action(Op::Begin);
         Some(answer)
     }
     async fn begin(&self, request: &BeginRequest<'_>) -> Result<Begin, Error> {
         self.plan
-            .through(Op::Begin, self.begin_noted(request))
+            .through(Op::Begin, self.begin_noted(self.current(), request))
             .await
     }
     async fn peek(&self, request: &BeginRequest<'_>) -> Result<Option<Begin>, Error> {
-        self.plan.through(Op::Peek, self.inner.peek(request)).await
+        self.plan
+            .through(Op::Peek, self.current().peek(request))
+            .await
     }
     async fn renew(&self, claim: &Claim) -> Result<(), Error> {
-        self.plan.through(Op::Renew, self.inner.renew(claim)).await
+        self.plan
+            .through(Op::Renew, self.current().renew(claim))
+            .await
     }
     fn complete_now(&self, claim: &Claim, outcome: &Outcome) -> Option<Result<(), Error>> {
         if self.plan.would_strike(Op::Complete) || self.too_large(outcome).is_some() {
             return None;
         }
-        let answer = self.inner.complete_now(claim, outcome)?;
+        let answer = self.current().complete_now(claim, outcome)?;
         let _ = self.plan.action(Op::Complete);
         Some(answer)
     }
@@ -221,25 +317,25 @@ impl<S: Store> Store for Faulty<S> {
             return Err(err);
         }
         self.plan
-            .through(Op::Complete, self.inner.complete(claim, outcome))
+            .through(Op::Complete, self.current().complete(claim, outcome))
             .await
     }
     async fn release(&self, claim: &Claim) -> Result<(), Error> {
         self.plan
-            .through(Op::Release, self.inner.release(claim))
+            .through(Op::Release, self.current().release(claim))
             .await
     }
     async fn get(&self, scope: &Scope, key: &Key) -> Result<Option<Record>, Error> {
-        self.inner.get(scope, key).await
+        self.current().get(scope, key).await
     }
     async fn forget(&self, scope: &Scope, key: &Key) -> Result<bool, Error> {
-        self.inner.forget(scope, key).await
+        self.current().forget(scope, key).await
     }
     async fn purge_expired(&self, batch: usize) -> Result<u64, Error> {
-        self.inner.purge_expired(batch).await
+        self.current().purge_expired(batch).await
     }
     fn deletes_expired_itself(&self) -> bool {
-        self.inner.deletes_expired_itself()
+        self.current().deletes_expired_itself()
     }
     async fn wait_for_change(
         &self,
@@ -247,21 +343,21 @@ impl<S: Store> Store for Faulty<S> {
         key: &Key,
         timeout: Duration,
     ) -> Result<(), Error> {
-        self.inner.wait_for_change(scope, key, timeout).await
+        self.current().wait_for_change(scope, key, timeout).await
     }
     async fn wait_for_outcome(
         &self,
         request: &BeginRequest<'_>,
         timeout: Duration,
     ) -> Result<Option<Begin>, Error> {
-        self.inner.wait_for_outcome(request, timeout).await
+        self.current().wait_for_outcome(request, timeout).await
     }
     fn wakes_across_processes(&self) -> bool {
-        self.inner.wakes_across_processes()
+        self.current().wakes_across_processes()
     }
     async fn begin_step(&self, claim: &Claim, step: &StepRequest<'_>) -> Result<StepBegin, Error> {
         self.plan
-            .through(Op::BeginStep, self.inner.begin_step(claim, step))
+            .through(Op::BeginStep, self.current().begin_step(claim, step))
             .await
     }
     async fn complete_step(
@@ -273,16 +369,16 @@ impl<S: Store> Store for Faulty<S> {
         self.plan
             .through(
                 Op::CompleteStep,
-                self.inner.complete_step(claim, step, output),
+                self.current().complete_step(claim, step, output),
             )
             .await
     }
     async fn steps(&self, scope: &Scope, key: &Key) -> Result<Vec<StepRecord>, Error> {
-        self.inner.steps(scope, key).await
+        self.current().steps(scope, key).await
     }
     async fn keep_steps(&self, scope: &Scope, key: &Key, ttl: Duration) -> Result<(), Error> {
         self.plan
-            .through(Op::KeepSteps, self.inner.keep_steps(scope, key, ttl))
+            .through(Op::KeepSteps, self.current().keep_steps(scope, key, ttl))
             .await
     }
     async fn resolve_step(
@@ -293,12 +389,12 @@ impl<S: Store> Store for Faulty<S> {
         name: &str,
         resolution: &StepResolution,
     ) -> Result<bool, Error> {
-        self.inner
+        self.current()
             .resolve_step(scope, key, seq, name, resolution)
             .await
     }
     fn journal_beside(&self) -> bool {
-        self.inner.journal_beside()
+        self.current().journal_beside()
     }
     /// The same store and plan in the background, when the history gives
     /// the store a background at all.

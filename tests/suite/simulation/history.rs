@@ -12,6 +12,32 @@ pub enum Backend {
     Memory,
     /// `SqliteStore` on a file of its own, in real time.
     Sqlite,
+    /// `PostgresStore` on tables of its own (entity mode: a schema of its
+    /// own), in real time.
+    Postgres,
+    /// `MySqlStore` on MariaDB, on tables of its own (entity mode: a
+    /// database of its own), in real time.
+    MySql,
+    /// `RedisStore` on the single Redis, under a prefix of its own, in
+    /// real time.
+    Redis,
+    /// `RedisStore` with `wait_for_replicas` on a primary and a replica
+    /// of the history's own, with a [`Failover`] at a drawn point.
+    RedisFailover,
+}
+
+impl Backend {
+    /// A SQL database: transactional and entity modes, atomic phases.
+    pub fn sql(self) -> bool {
+        matches!(self, Backend::Sqlite | Backend::Postgres | Backend::MySql)
+    }
+
+    /// A database server (its own clock), where entity mode's and
+    /// transactional mode's histories are biased towards bodies that
+    /// outlive the ttl.
+    pub fn server(self) -> bool {
+        matches!(self, Backend::Postgres | Backend::MySql)
+    }
 }
 
 /// How the operation holds its key.
@@ -19,9 +45,9 @@ pub enum Backend {
 pub enum Mode {
     /// `idem::run`: a record in the store's table.
     Record,
-    /// `idem::run_in_transaction` on a sqlx transaction (SQLite).
+    /// `idem::run_in_transaction` on a sqlx transaction (SQL backends).
     Transactional,
-    /// `idem::entity::run`: the row carries the token (SQLite).
+    /// `idem::entity::run`: the row carries the token (SQL backends).
     Entity,
 }
 
@@ -37,7 +63,7 @@ pub enum StepPolicy {
     /// `Step::new(..).refuse()`: `OutcomeUnknown` in doubt.
     Refuse,
     /// `Step::in_transaction`: the effect is a row, committed with the
-    /// step's journal entry (SQLite).
+    /// step's journal entry (SQL backends).
     Atomic,
 }
 
@@ -142,6 +168,19 @@ pub struct Outage {
     pub len_ms: u64,
 }
 
+/// A replication failover (Redis): as the `nth` (from 0) operation `op`
+/// is about to be sent, the replica is promoted (`REPLICAOF NO ONE`); the
+/// store goes on talking to the old primary for `window_ms`, whose writes
+/// of that time no replica gets, then the old primary is killed (SIGKILL)
+/// and the store talks to the promoted replica. What the old primary had
+/// alone is lost, as in a failover.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Failover {
+    pub op: Op,
+    pub nth: u32,
+    pub window_ms: u64,
+}
+
 /// One operation key's history.
 #[derive(Clone, Debug)]
 pub struct History {
@@ -165,6 +204,7 @@ pub struct History {
     pub attempts: Vec<Attempt>,
     pub faults: Vec<Fault>,
     pub outages: Vec<Outage>,
+    pub failover: Option<Failover>,
 }
 
 /// The call's `max_outcome` in every history.
@@ -188,7 +228,24 @@ impl History {
 
     /// Whether a store fault may strike.
     pub fn faulty(&self) -> bool {
-        !self.faults.is_empty() || !self.outages.is_empty() || self.size_limit
+        !self.faults.is_empty()
+            || !self.outages.is_empty()
+            || self.size_limit
+            || self.failover.is_some()
+    }
+
+    /// The spans (from, length) in which `op` may not reach the store
+    /// that later decisions read: its outages, and for the writes that do
+    /// not wait for a replica (renewals, the journal's keeping) a
+    /// failover's window, from the last renewal a replica may have had
+    /// (a third of a lease before the promotion).
+    pub fn unreplicated(&self, op: Op) -> Vec<u64> {
+        let outages = self.outages.iter().filter(|o| o.op == op).map(|o| o.len_ms);
+        let failover = self
+            .failover
+            .filter(|_| matches!(op, Op::Renew | Op::KeepSteps))
+            .map(|f| f.window_ms + self.lease_ms / 3 + 1);
+        outages.chain(failover).collect()
     }
 }
 
@@ -215,36 +272,69 @@ fn scale(backend: Backend) -> Scale {
             fate: 1..=500,
             outage: 100..=40_000,
         },
-        // The engine's shortest lease is 30 ms; SQLite's writes take a few.
-        Backend::Sqlite => Scale {
+        // The engine's shortest lease is 30 ms; SQLite's writes take a
+        // few, and so do the servers'.
+        Backend::Sqlite | Backend::Postgres | Backend::MySql | Backend::Redis => Scale {
             lease: 60..=200,
-            wait: 0..=300,
+            // On the servers a duplicate may wait out a body that outlives
+            // the ttl, and claim the key as soon as that body fails: its
+            // step's journal entry must be there.
+            wait: if backend.server() { 0..=800 } else { 0..=300 },
             work: 0..=400,
             commit: 1..=150,
             start: 0..=200,
             fate: 1..=150,
             outage: 50..=600,
         },
+        // Every write waits for the replica (up to `REPLICA_WAIT_MS` while
+        // the replica is promoted), on the store's one connection.
+        Backend::RedisFailover => Scale {
+            lease: 150..=400,
+            wait: 0..=500,
+            work: 0..=600,
+            commit: 1..=250,
+            start: 0..=300,
+            fate: 1..=250,
+            outage: 50..=600,
+        },
     }
 }
 
-fn fate(s: &Scale) -> impl Strategy<Value = Fate> {
+/// How long a write waits for the replica's acknowledgement
+/// (`wait_for_replicas`) in a failover's histories.
+pub const REPLICA_WAIT_MS: u64 = 40;
+
+/// With a failover, callers that end while their step's call is in
+/// flight (whose journal entry a retry must find) are drawn as often as
+/// callers that wait.
+fn fate(s: &Scale, backend: Backend) -> impl Strategy<Value = Fate> {
+    let finishes = if backend == Backend::RedisFailover {
+        1
+    } else {
+        3
+    };
     prop_oneof![
-        3 => Just(Fate::Finishes),
+        finishes => Just(Fate::Finishes),
         1 => s.fate.clone().prop_map(|ms| Fate::DroppedAfter { ms }),
         1 => (1u32..=8).prop_map(|polls| Fate::DroppedAtPoll { polls }),
         1 => s.fate.clone().prop_map(|ms| Fate::StepTimesOut { ms }),
     ]
 }
 
-fn attempt(s: &Scale) -> impl Strategy<Value = Attempt> {
-    (s.start.clone(), fate(s), prop::bool::weighted(0.25)).prop_map(|(at_ms, fate, body_fails)| {
-        Attempt {
+fn attempt(s: &Scale, backend: Backend) -> impl Strategy<Value = Attempt> {
+    // On the servers bodies fail more often: a body that outlived the ttl
+    // and failed leaves its journal to the next attempt.
+    let fails = if backend.server() { 0.4 } else { 0.25 };
+    (
+        s.start.clone(),
+        fate(s, backend),
+        prop::bool::weighted(fails),
+    )
+        .prop_map(|(at_ms, fate, body_fails)| Attempt {
             at_ms,
             fate,
             body_fails,
-        }
-    })
+        })
 }
 
 fn fault_kind() -> impl Strategy<Value = FaultKind> {
@@ -285,32 +375,67 @@ fn downstream(s: &Scale) -> impl Strategy<Value = Downstream> {
         })
 }
 
-fn policy() -> impl Strategy<Value = StepPolicy> {
+/// With a failover, the steps that a lost journal write would run twice
+/// (`refuse`, `reconcile`) are drawn most.
+fn policy(backend: Backend) -> impl Strategy<Value = StepPolicy> {
+    let journaled = if backend == Backend::RedisFailover {
+        3
+    } else {
+        1
+    };
     prop_oneof![
-        Just(StepPolicy::NoSteps),
-        Just(StepPolicy::Rerun),
-        Just(StepPolicy::Reconcile),
-        Just(StepPolicy::Refuse),
-        Just(StepPolicy::Atomic),
+        1 => Just(StepPolicy::NoSteps),
+        1 => Just(StepPolicy::Rerun),
+        journaled => Just(StepPolicy::Reconcile),
+        journaled => Just(StepPolicy::Refuse),
+        1 => Just(StepPolicy::Atomic),
     ]
 }
 
-fn mode() -> impl Strategy<Value = Mode> {
+/// On the servers, entity mode is drawn most: its journal lives under
+/// the claim's per-table scope, a seam record mode does not have.
+fn mode(backend: Backend) -> impl Strategy<Value = Mode> {
+    let entity = if backend.server() { 2 } else { 1 };
     prop_oneof![
-        Just(Mode::Record),
-        Just(Mode::Transactional),
-        Just(Mode::Entity)
+        1 => Just(Mode::Record),
+        1 => Just(Mode::Transactional),
+        entity => Just(Mode::Entity)
     ]
+}
+
+/// A failover whose `window_ms` is in percent of the lease (a short
+/// window, a write or two lost, the lease held; or one longer than the
+/// lease, renewals lost: a retry may take the key over).
+///
+/// Drawn towards the operations every history sends early (claims, step
+/// starts and completions, renewals), so that most histories fail over
+/// while an attempt runs.
+fn failover() -> impl Strategy<Value = Failover> {
+    let percent = prop_oneof![0u64..=25, 100u64..=200];
+    let op = prop_oneof![
+        3 => Just(Op::Begin),
+        5 => Just(Op::BeginStep),
+        2 => Just(Op::CompleteStep),
+        2 => Just(Op::Complete),
+        2 => Just(Op::Renew),
+        1 => Just(Op::Release),
+        1 => Just(Op::KeepSteps),
+        1 => Just(Op::Peek),
+    ];
+    let nth = prop_oneof![3 => Just(0u32), 1 => Just(1u32)];
+    (op, nth, percent).prop_map(|(op, nth, window_ms)| Failover { op, nth, window_ms })
 }
 
 /// The histories of `backend`.
 pub fn history(backend: Backend) -> impl Strategy<Value = History> {
     let s = scale(backend);
-    // SQLite runs fewer seeds: bodies that outlive a short ttl are drawn
-    // more often there.
+    // The real stores run fewer seeds: bodies that outlive a short ttl
+    // are drawn more often there, most on the servers (entity mode's
+    // journal must outlive its ttl while the body runs).
     let (long_ttl, no_work, work) = match backend {
         Backend::Memory => (3, 2, 1),
-        Backend::Sqlite => (1, 1, 2),
+        Backend::Postgres | Backend::MySql => (1, 1, 4),
+        _ => (1, 1, 2),
     };
     let timing = (
         s.lease.clone(),
@@ -324,23 +449,25 @@ pub fn history(backend: Backend) -> impl Strategy<Value = History> {
         prop_oneof![no_work => Just(0u64), work => s.work.clone()],
     );
     let shape = (
-        mode(),
-        policy(),
+        mode(backend),
+        policy(backend),
         downstream(&s),
         prop::bool::weighted(0.1),
         prop::bool::weighted(0.1),
         prop::bool::weighted(0.8),
+        prop::bool::weighted(if backend.server() { 0.5 } else { 0.0 }),
     );
     let events = (
-        prop::collection::vec(attempt(&s), 1..=4),
+        prop::collection::vec(attempt(&s, backend), 1..=4),
         prop::collection::vec(fault(), 0..=3),
         prop::collection::vec(outage(&s), 0..=1),
+        failover(),
     );
     (timing, shape, events).prop_map(
         move |(
             (lease_ms, ttl, wait_ms, work_ms),
-            (mode, policy, downstream, large_outcome, size_limit, detach),
-            (attempts, faults, outages),
+            (mode, policy, downstream, large_outcome, size_limit, detach, outlives),
+            (attempts, faults, outages, failover),
         )| {
             let mut h = History {
                 backend,
@@ -357,21 +484,53 @@ pub fn history(backend: Backend) -> impl Strategy<Value = History> {
                 attempts,
                 faults,
                 outages,
+                failover: (backend == Backend::RedisFailover).then_some(Failover {
+                    window_ms: lease_ms * failover.window_ms / 100,
+                    ..failover
+                }),
             };
+            if outlives {
+                outlive(&mut h, ttl.unwrap_or(3));
+            }
             fit(&mut h);
             h
         },
     )
 }
 
+/// Makes the first caller's body outlive a short ttl (`halves` of the
+/// lease), then fail, while the other callers wait for it: the next one
+/// claims the key as that body fails, and must find its step's journal
+/// entry, kept while the body ran (issue 35's third seam: in entity mode
+/// the journal lives under the claim's per-table scope). The drawn spans
+/// give the lengths past the ttl.
+fn outlive(h: &mut History, halves: u64) {
+    h.ttl_ms = h.lease_ms * halves / 2;
+    h.work_ms = h.ttl_ms + h.work_ms % h.lease_ms;
+    h.wait_ms = h.work_ms + h.lease_ms + h.wait_ms % 200;
+    if let Some(first) = h.attempts.iter_mut().min_by_key(|a| a.at_ms) {
+        first.fate = Fate::Finishes;
+        first.body_fails = true;
+    }
+}
+
 /// Keeps a drawn history to the combinations the library offers, so that
 /// a history tests a promise rather than a documented refusal.
 fn fit(h: &mut History) {
-    if h.backend == Backend::Memory {
+    if !h.backend.sql() {
         h.mode = Mode::Record;
         if h.policy == StepPolicy::Atomic {
             h.policy = StepPolicy::Refuse;
         }
+    }
+    // A failover's histories meet the failover alone, on a store that
+    // waits for its replica, and a downstream that does not dedupe: a
+    // journal write the failover lost shows as a second effect.
+    if h.backend == Backend::RedisFailover {
+        h.faults.clear();
+        h.outages.clear();
+        h.size_limit = false;
+        h.downstream.dedupes = false;
     }
     match h.mode {
         // Steps there are unjournaled: reconcile and refuse are refused

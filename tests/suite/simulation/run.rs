@@ -148,7 +148,7 @@ pub struct Observed {
 fn horizon(h: &History) -> Duration {
     match h.backend {
         Backend::Memory => Duration::from_secs(600),
-        Backend::Sqlite => Duration::from_secs(30),
+        _ => Duration::from_secs(30),
     }
 }
 
@@ -284,10 +284,15 @@ async fn finish(h: &History, attempt: &Attempt, id: u64) -> Result<String, SimEr
     Ok(render(id, h.large_outcome))
 }
 
-/// One attempt in record mode, on any store.
+/// An atomic phase's charge (SQL backends), made when the body comes to
+/// it.
+type Atomic<'a> = Pin<Box<dyn Future<Output = Result<u64, SimError>> + 'a>>;
+
+/// One attempt in record mode, on any store; `atomic` is the body's
+/// charge when the history's policy is an atomic phase.
 async fn record_attempt<S: Store + ?Sized>(
     store: &S,
-    sqlite: Option<&idem::SqliteStore>,
+    atomic: Option<Atomic<'_>>,
     gateway: &Arc<Gateway>,
     h: &History,
     index: usize,
@@ -296,17 +301,8 @@ async fn record_attempt<S: Store + ?Sized>(
 ) -> Result<String, SimError> {
     idem::run(store, call(h, wait), async {
         body_starts(index);
-        let id = match (h.policy, sqlite) {
-            (StepPolicy::Atomic, Some(sqlite)) => {
-                let mut tx = sqlite.pool().begin().await.map_err(sql)?;
-                let id = Step::new("charge")
-                    .in_transaction(sqlite, &mut *tx, |conn, key| async move {
-                        (insert_charge(conn, key.as_str(), index).await, conn)
-                    })
-                    .await?;
-                tx.commit().await.map_err(sql)?;
-                id
-            }
+        let id = match (h.policy, atomic) {
+            (StepPolicy::Atomic, Some(atomic)) => atomic.await?,
             _ => charge(h, gateway, index, attempt.fate).await?,
         };
         finish(h, attempt, id).await
@@ -314,106 +310,147 @@ async fn record_attempt<S: Store + ?Sized>(
     .await
 }
 
-/// The effect of an atomic phase, or of a transactional body without
-/// steps: a row, committed with the caller's transaction.
-async fn insert_charge(
-    conn: &mut sqlx::SqliteConnection,
-    key: &str,
-    index: usize,
-) -> Result<u64, SimError> {
-    let done = sqlx::query("INSERT INTO sim_charges (step_key, attempt) VALUES (?1, ?2)")
-        .bind(key)
-        .bind(index as i64)
-        .execute(conn)
-        .await
-        .map_err(sql)?;
-    Ok(done.last_insert_rowid() as u64)
+/// An atomic phase on a transaction of the store's pool: the charge's row
+/// commits with the step's journal entry.
+async fn atomic_charge<D: SimSql>(store: &D::Store, index: usize) -> Result<u64, SimError> {
+    let mut tx = D::pool(store).begin().await.map_err(sql)?;
+    let id = Step::new("charge")
+        .in_transaction(store, &mut *tx, |conn, key| async move {
+            (D::insert_charge(conn, key.as_str(), index).await, conn)
+        })
+        .await?;
+    tx.commit().await.map_err(sql)?;
+    Ok(id)
+}
+
+/// Runs a history on a current-thread runtime of its own, its clock
+/// paused when `paused` (the memory store).
+fn on_runtime(paused: bool, history: impl Future<Output = Observed>) -> Observed {
+    let mut runtime = tokio::runtime::Builder::new_current_thread();
+    runtime.enable_all().start_paused(paused);
+    let runtime = runtime.build().expect("a runtime");
+    let local = tokio::task::LocalSet::new();
+    runtime.block_on(local.run_until(history))
 }
 
 /// The memory store's histories: on a current-thread runtime whose clock
 /// is paused, so that leases, ttls, waits and delays pass in no time and
 /// the run depends on the seed alone.
 pub fn run_memory(h: &History) -> Observed {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .start_paused(true)
-        .build()
-        .expect("a runtime");
-    let local = tokio::task::LocalSet::new();
-    runtime.block_on(local.run_until(memory_history(h)))
+    on_runtime(
+        true,
+        record_history(h, idem::MemoryStore::new(), None, |store| Some(store.len())),
+    )
 }
 
-async fn memory_history(h: &History) -> Observed {
-    BODIES.with(|b| b.borrow_mut().clear());
+/// The Redis histories: on keys of their own, in real time.
+#[cfg(feature = "redis")]
+pub fn run_redis(h: &History) -> Observed {
+    on_runtime(false, async {
+        let (store, _guard) = crate::common::backend::redis::store(1).await;
+        record_history(h, store, None, |_| None).await
+    })
+}
+
+/// The Redis failover's histories: on a primary and a replica of their
+/// own, the store waiting for the replica after every write a decision
+/// reads, failed over at the history's failover.
+#[cfg(feature = "redis")]
+pub fn run_redis_failover(h: &History) -> Observed {
+    on_runtime(false, async {
+        let pair = super::failover::Pair::start().await;
+        let store = pair.store_on_primary().await;
+        record_history(h, store, Some(pair), |_| None).await
+    })
+}
+
+/// A record-mode history on `inner` (under the history's faults, failed
+/// over by `failing` if given); `records` counts the records it holds at
+/// the end, where the store can tell.
+async fn record_history<S: Store + 'static>(
+    h: &History,
+    inner: S,
+    failing: Option<Arc<dyn super::faults::Failing>>,
+    records: impl Fn(&S) -> Option<usize>,
+) -> Observed {
     let start = Instant::now();
-    let plan = Plan::new(h, start);
+    let plan = Plan::new(h, start, failing);
     let store = Arc::new(Faulty {
-        inner: idem::MemoryStore::new(),
+        inner,
         plan: plan.clone(),
     });
     let gateway = Gateway::new(h.downstream);
-    let mut runs = attempts(h, start, &plan, true, |index, attempt, wait| {
+    let one = |index: usize, attempt: Attempt, wait: Option<Duration>| {
         let (store, gateway, h) = (store.clone(), gateway.clone(), h.clone());
         async move { record_attempt(&*store, None, &gateway, &h, index, &attempt, wait).await }
-    })
-    .await;
-    quiet(h, start, &plan).await;
+    };
+    let runs = calls(h, start, &plan, one).await;
+    let (stuck, journal) = leftovers(&*store).await;
+    Observed {
+        runs,
+        effects: gateway.effects(),
+        stuck,
+        records: records(&store.inner),
+        journal: Some(journal),
+        struck: plan.struck.load(Ordering::SeqCst),
+    }
+}
+
+/// Whether the operation's record is still in progress, and how many
+/// journal entries it has.
+async fn leftovers(store: &dyn Store) -> (bool, usize) {
+    let (scope, key) = (Scope::new(SCOPE), Key::new(OP_KEY).unwrap());
+    let record = store.get(&scope, &key).await.expect("read the record");
+    let journal = store.steps(&scope, &key).await.expect("the journal");
+    (
+        record.is_some_and(|r| r.state == State::InProgress),
+        journal.len(),
+    )
+}
+
+/// The attempts of `h` through `one` (see [`attempts`]), then, once the
+/// store has recovered, the final clean call; then late commits land.
+async fn calls<F, Fut>(h: &History, start: Instant, plan: &Arc<Plan>, one: F) -> Vec<Run>
+where
+    F: Fn(usize, Attempt, Option<Duration>) -> Fut,
+    Fut: Future<Output = Result<String, SimError>> + 'static,
+{
+    BODIES.with(|b| b.borrow_mut().clear());
+    let mut runs = attempts(h, start, plan, &one).await;
+    quiet(h, start, plan).await;
     let final_call = Attempt {
         at_ms: 0,
         fate: Fate::Finishes,
         body_fails: false,
     };
+    let wait = match h.backend {
+        Backend::Memory => Duration::from_secs(5),
+        _ => Duration::from_secs(2),
+    };
     let begun = start.elapsed();
     let answer = ATTEMPT
         .scope(
             FINAL,
-            with_fate(
-                h,
-                Fate::Finishes,
-                record_attempt(
-                    &*store,
-                    None,
-                    &gateway,
-                    h,
-                    FINAL,
-                    &final_call,
-                    Some(Duration::from_secs(5)),
-                ),
-            ),
+            with_fate(h, Fate::Finishes, one(FINAL, final_call, Some(wait))),
         )
         .await;
-    let free_now = Some(plan.fresh.lock().unwrap().contains(&FINAL));
     runs.push(Run {
         start: begun,
         end: start.elapsed(),
         fate: Fate::Finishes,
         answer,
-        free: free_now,
+        free: plan
+            .probe
+            .then(|| plan.fresh.lock().unwrap().contains(&FINAL)),
         body: body_started(FINAL, start),
     });
-    // Late commits land.
     tokio::time::sleep(Duration::from_millis(h.downstream.commit_after_ms + 1)).await;
-    let (scope, key) = (Scope::new(SCOPE), Key::new(OP_KEY).unwrap());
-    let record = store.get(&scope, &key).await.expect("read the record");
-    Observed {
-        runs,
-        effects: gateway.effects(),
-        stuck: record.is_some_and(|r| r.state == State::InProgress),
-        records: Some(store.inner.len()),
-        journal: Some(store.steps(&scope, &key).await.expect("the journal").len()),
-        struck: plan.struck.load(Ordering::SeqCst),
-    }
+    runs
 }
 
 /// Runs every attempt of `h` as a task of its own, from its start time,
 /// through its fate; `attempt(index, attempt, wait)` is its call.
-async fn attempts<F, Fut>(
-    h: &History,
-    start: Instant,
-    plan: &Arc<Plan>,
-    probe: bool,
-    attempt: F,
-) -> Vec<Run>
+async fn attempts<F, Fut>(h: &History, start: Instant, plan: &Arc<Plan>, attempt: F) -> Vec<Run>
 where
     F: Fn(usize, Attempt, Option<Duration>) -> Fut,
     Fut: Future<Output = Result<String, SimError>> + 'static,
@@ -430,7 +467,9 @@ where
                 tokio::time::sleep_until(start + at).await;
                 let begun = start.elapsed();
                 let answer = ATTEMPT.scope(index, with_fate(&h, fate, call)).await;
-                let free = probe.then(|| plan.fresh.lock().unwrap().contains(&index));
+                let free = plan
+                    .probe
+                    .then(|| plan.fresh.lock().unwrap().contains(&index));
                 Run {
                     start: begun,
                     end: start.elapsed(),
@@ -450,22 +489,23 @@ where
 }
 
 /// Waits until the store has recovered and every lease a fault or a
-/// stopped background left behind has passed, then calms the store.
+/// stopped background left behind has passed, then calms the store (and
+/// ends a failover's window).
 async fn quiet(h: &History, start: Instant, plan: &Plan) {
     tokio::time::sleep_until(start + Duration::from_millis(h.outages_end_ms())).await;
     let settle = match h.backend {
         // A background save pauses at most 1 s between attempts.
         Backend::Memory => Duration::from_millis(2_500),
-        Backend::Sqlite => Duration::from_millis(300),
+        _ => Duration::from_millis(300),
     };
     tokio::time::sleep(
         2 * h.lease() + settle + Duration::from_millis(h.downstream.commit_after_ms),
     )
     .await;
-    plan.calm.store(true, Ordering::SeqCst);
+    plan.recover();
 }
 
-/// A SQLite payment row: entity mode's token and value.
+/// A payment row: entity mode's token and value.
 #[derive(Debug, Clone, PartialEq, sqlx::FromRow, idem::Entity)]
 #[idem(table = "sim_payments")]
 pub struct SimPayment {
@@ -476,7 +516,114 @@ pub struct SimPayment {
     pub charge: String,
 }
 
-const TABLES: &str = "
+/// A SQL backend of the simulation: its store, in a database of the
+/// history's own beside the simulation's tables (`sim_payments`, entity
+/// mode's rows; `sim_charges`, the rows an atomic phase or a
+/// transactional body commits), and what differs in its SQL.
+pub trait SimSql: idem::entity::EntityDatabase {
+    type Store: Store + idem::TransactionalStore<Self::Connection> + Clone + 'static;
+
+    /// A fresh store with the simulation's tables, and what removes them
+    /// when dropped.
+    async fn store() -> (Self::Store, Box<dyn std::any::Any>);
+
+    fn pool(store: &Self::Store) -> &sqlx::Pool<Self>;
+
+    /// A charge's row, on the caller's connection: its id.
+    async fn insert_charge(
+        conn: &mut Self::Connection,
+        key: &str,
+        index: usize,
+    ) -> Result<u64, SimError>;
+
+    /// The charges' rows as effects, and how many payment rows there are.
+    async fn rows(pool: &sqlx::Pool<Self>) -> (Vec<Effect>, usize);
+
+    /// `idem::entity::run` of a payment.
+    async fn entity<Fut>(
+        pool: &sqlx::Pool<Self>,
+        call: Call,
+        body: Fut,
+    ) -> Result<SimPayment, SimError>
+    where
+        Fut: Future<Output = Result<SimPayment, SimError>>;
+}
+
+macro_rules! sim_sql {
+    ($feature:literal, $db:ty, $tables:expr, $param:expr, fresh: $fresh:expr) => {
+        #[cfg(feature = $feature)]
+        impl SimSql for $db {
+            type Store = idem::SqlStore<$db>;
+
+            async fn store() -> (Self::Store, Box<dyn std::any::Any>) {
+                let (store, keep): (Self::Store, Box<dyn std::any::Any>) = $fresh.await;
+                sqlx::raw_sql($tables)
+                    .execute(store.pool())
+                    .await
+                    .expect("the simulation's tables");
+                (store, keep)
+            }
+
+            fn pool(store: &Self::Store) -> &sqlx::Pool<Self> {
+                store.pool()
+            }
+
+            async fn insert_charge(
+                conn: &mut Self::Connection,
+                key: &str,
+                index: usize,
+            ) -> Result<u64, SimError> {
+                let p = $param;
+                // `RETURNING`: SQLite, PostgreSQL, MariaDB 10.5+.
+                let id: i64 = sqlx::query_scalar(&format!(
+                    "INSERT INTO sim_charges (step_key, attempt) VALUES ({}, {}) RETURNING id",
+                    p(1),
+                    p(2)
+                ))
+                .bind(key)
+                .bind(index as i64)
+                .fetch_one(&mut *conn)
+                .await
+                .map_err(sql)?;
+                Ok(id as u64)
+            }
+
+            async fn rows(pool: &sqlx::Pool<Self>) -> (Vec<Effect>, usize) {
+                let rows: Vec<(i64, String, i64)> =
+                    sqlx::query_as("SELECT id, step_key, attempt FROM sim_charges ORDER BY id")
+                        .fetch_all(pool)
+                        .await
+                        .expect("the charges");
+                let payments: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM sim_payments")
+                    .fetch_one(pool)
+                    .await
+                    .expect("the payments");
+                let effects = rows
+                    .into_iter()
+                    .map(|(id, key, attempt)| Effect {
+                        id: id as u64,
+                        key,
+                        attempt: attempt as usize,
+                    })
+                    .collect();
+                (effects, payments as usize)
+            }
+
+            async fn entity<Fut>(
+                pool: &sqlx::Pool<Self>,
+                call: Call,
+                body: Fut,
+            ) -> Result<SimPayment, SimError>
+            where
+                Fut: Future<Output = Result<SimPayment, SimError>>,
+            {
+                idem::entity::run(pool, call, body).await
+            }
+        }
+    };
+}
+
+sim_sql!("sqlite", sqlx::Sqlite, "
     CREATE TABLE sim_payments (
         id INTEGER PRIMARY KEY AUTOINCREMENT,
         token TEXT NOT NULL UNIQUE,
@@ -487,135 +634,135 @@ const TABLES: &str = "
         step_key TEXT NOT NULL,
         attempt INTEGER NOT NULL
     );
-";
+", |n| format!("?{n}"), fresh: async {
+    let (store, guard) = crate::common::backend::sqlite_file::store(8).await;
+    (store, Box::new(guard) as Box<dyn std::any::Any>)
+});
 
-/// The SQLite histories: a fresh database file each, in real time.
-pub fn run_sqlite(h: &History) -> Observed {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("a runtime");
-    let local = tokio::task::LocalSet::new();
-    runtime.block_on(local.run_until(sqlite_history(h)))
+sim_sql!("postgres", sqlx::Postgres, "
+    CREATE TABLE sim_payments (
+        id BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+        token TEXT NOT NULL UNIQUE,
+        charge TEXT NOT NULL
+    );
+    CREATE TABLE sim_charges (
+        id BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+        step_key TEXT NOT NULL,
+        attempt BIGINT NOT NULL
+    );
+", |n| format!("${n}"), fresh: async {
+    server_store(crate::common::backend::postgres::namespace("sim").await).await
+});
+
+// The default, case-insensitive collation: sqlx 0.8 does not decode a
+// `_bin` column into a `String`.
+sim_sql!("mysql", sqlx::MySql, "
+    CREATE TABLE sim_payments (
+        id BIGINT AUTO_INCREMENT PRIMARY KEY,
+        token VARCHAR(255) CHARACTER SET ascii NOT NULL UNIQUE,
+        charge TEXT NOT NULL
+    ) ENGINE = InnoDB;
+    CREATE TABLE sim_charges (
+        id BIGINT AUTO_INCREMENT PRIMARY KEY,
+        step_key VARCHAR(255) NOT NULL,
+        attempt BIGINT NOT NULL
+    ) ENGINE = InnoDB;
+", |_| "?".to_owned(), fresh: async {
+    server_store(crate::common::backend::mysql::namespace("sim").await).await
+});
+
+/// A store in `ns`, a schema or a database of the history's own (entity
+/// mode's claims go to a table of the pool's database), migrated; the
+/// namespace is dropped with what this answers beside the store.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+async fn server_store<D>(
+    ns: crate::common::namespace::Namespace,
+) -> (idem::SqlStore<D>, Box<dyn std::any::Any>)
+where
+    D: idem::Backend,
+{
+    let pool = sqlx::pool::PoolOptions::<D>::new()
+        .max_connections(8)
+        .acquire_timeout(Duration::from_secs(60))
+        .connect(ns.url())
+        .await
+        .unwrap_or_else(|err| panic!("connect to {}: {err}", ns.name()));
+    let store = idem::SqlStore::<D>::new(pool);
+    store.migrate().await.expect("migrate the store");
+    (store, Box::new(ns))
 }
 
-async fn sqlite_history(h: &History) -> Observed {
-    let (sqlite, _guard) = crate::common::backend::sqlite_file::store(8).await;
-    sqlx::raw_sql(TABLES)
-        .execute(sqlite.pool())
-        .await
-        .expect("the simulation's tables");
-    BODIES.with(|b| b.borrow_mut().clear());
+/// The histories of a SQL backend, in real time: record mode (faults and
+/// atomic phases), transactional mode and entity mode.
+pub fn run_sql<D: SimSql>(h: &History) -> Observed {
+    on_runtime(false, sql_history::<D>(h))
+}
+
+async fn sql_history<D: SimSql>(h: &History) -> Observed {
+    let (sql, keep) = D::store().await;
     let start = Instant::now();
-    let plan = Plan::new(h, start);
+    let plan = Plan::new(h, start, None);
     let store = Arc::new(Faulty {
-        inner: sqlite.clone(),
+        inner: sql.clone(),
         plan: plan.clone(),
     });
     let gateway = Gateway::new(h.downstream);
-    let one = {
-        let (store, sqlite, gateway, h) =
-            (store.clone(), sqlite.clone(), gateway.clone(), h.clone());
-        move |index: usize, attempt: Attempt, wait: Option<Duration>| {
-            let (store, sqlite, gateway, h) =
-                (store.clone(), sqlite.clone(), gateway.clone(), h.clone());
-            async move {
-                match h.mode {
-                    Mode::Record => {
-                        record_attempt(&*store, Some(&sqlite), &gateway, &h, index, &attempt, wait)
-                            .await
-                    }
-                    Mode::Transactional => {
-                        transactional_attempt(&sqlite, &gateway, &h, index, &attempt, wait).await
-                    }
-                    Mode::Entity => {
-                        entity_attempt(&sqlite, &gateway, &h, index, &attempt, wait).await
-                    }
+    let one = |index: usize, attempt: Attempt, wait: Option<Duration>| {
+        let (store, sql, gateway, h) = (store.clone(), sql.clone(), gateway.clone(), h.clone());
+        async move {
+            let (gateway, attempt) = (&gateway, &attempt);
+            match h.mode {
+                Mode::Record => {
+                    let atomic = (h.policy == StepPolicy::Atomic)
+                        .then(|| Box::pin(atomic_charge::<D>(&sql, index)) as Atomic<'_>);
+                    record_attempt(&*store, atomic, gateway, &h, index, attempt, wait).await
                 }
+                Mode::Transactional => {
+                    transactional_attempt::<D>(&sql, gateway, &h, index, attempt, wait).await
+                }
+                Mode::Entity => entity_attempt::<D>(&sql, gateway, &h, index, attempt, wait).await,
             }
         }
     };
-    let mut runs = attempts(h, start, &plan, false, &one).await;
-    quiet(h, start, &plan).await;
-    let final_call = Attempt {
-        at_ms: 0,
-        fate: Fate::Finishes,
-        body_fails: false,
-    };
-    let begun = start.elapsed();
-    let answer = with_fate(
-        h,
-        Fate::Finishes,
-        one(FINAL, final_call, Some(Duration::from_secs(2))),
-    )
-    .await;
-    runs.push(Run {
-        start: begun,
-        end: start.elapsed(),
-        fate: Fate::Finishes,
-        answer,
-        free: None,
-        body: body_started(FINAL, start),
-    });
-    tokio::time::sleep(Duration::from_millis(h.downstream.commit_after_ms + 1)).await;
-    let (scope, key) = (Scope::new(SCOPE), Key::new(OP_KEY).unwrap());
-    let stuck = match h.mode {
-        Mode::Entity => false,
-        _ => sqlite
-            .get(&scope, &key)
-            .await
-            .expect("read the record")
-            .is_some_and(|r| r.state == State::InProgress),
-    };
-    let journal = match h.mode {
-        Mode::Record => Some(sqlite.steps(&scope, &key).await.expect("the journal").len()),
-        _ => None,
-    };
+    let runs = calls(h, start, &plan, one).await;
+    let (stuck, journal) = leftovers(&sql).await;
     let mut effects = gateway.effects();
-    let rows: Vec<(i64, String, i64)> =
-        sqlx::query_as("SELECT id, step_key, attempt FROM sim_charges ORDER BY id")
-            .fetch_all(sqlite.pool())
-            .await
-            .expect("the charges");
-    effects.extend(rows.into_iter().map(|(id, key, attempt)| Effect {
-        id: id as u64,
-        key,
-        attempt: attempt as usize,
-    }));
-    let payments: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM sim_payments")
-        .fetch_one(sqlite.pool())
-        .await
-        .expect("the payments");
+    let (rows, payments) = D::rows(D::pool(&sql)).await;
+    effects.extend(rows);
+    D::pool(&sql).close().await;
+    drop(keep);
     Observed {
         runs,
         effects,
-        stuck,
-        records: (h.mode == Mode::Entity).then_some(payments as usize),
-        journal,
+        // Entity mode keeps its claims elsewhere, transactional mode its
+        // journal nowhere.
+        stuck: h.mode != Mode::Entity && stuck,
+        records: (h.mode == Mode::Entity).then_some(payments),
+        journal: (h.mode == Mode::Record).then_some(journal),
         struck: plan.struck.load(Ordering::SeqCst),
     }
 }
 
 /// One attempt in transactional mode: the claim, the body's rows and the
 /// completion on one transaction, committed after an `Ok`.
-async fn transactional_attempt(
-    sqlite: &idem::SqliteStore,
+async fn transactional_attempt<D: SimSql>(
+    store: &D::Store,
     gateway: &Arc<Gateway>,
     h: &History,
     index: usize,
     attempt: &Attempt,
     wait: Option<Duration>,
 ) -> Result<String, SimError> {
-    let mut tx = sqlite.pool().begin().await.map_err(sql)?;
-    let result = idem::run_in_transaction(sqlite, &mut *tx, call(h, wait), |conn| async move {
+    let mut tx = D::pool(store).begin().await.map_err(sql)?;
+    let result = idem::run_in_transaction(store, &mut *tx, call(h, wait), |conn| async move {
         body_starts(index);
         let id = match h.policy {
             // The effect is a row, committed with the record.
-            StepPolicy::NoSteps => insert_charge(&mut *conn, OP_KEY, index).await,
+            StepPolicy::NoSteps => D::insert_charge(&mut *conn, OP_KEY, index).await,
             StepPolicy::Atomic => {
                 Step::new("charge")
-                    .in_transaction(sqlite, &mut *conn, |conn, key| async move {
-                        (insert_charge(conn, key.as_str(), index).await, conn)
+                    .in_transaction(store, &mut *conn, |conn, key| async move {
+                        (D::insert_charge(conn, key.as_str(), index).await, conn)
                     })
                     .await
             }
@@ -641,15 +788,15 @@ async fn transactional_attempt(
 }
 
 /// One attempt in entity mode: the row is the outcome.
-async fn entity_attempt(
-    sqlite: &idem::SqliteStore,
+async fn entity_attempt<D: SimSql>(
+    store: &D::Store,
     gateway: &Arc<Gateway>,
     h: &History,
     index: usize,
     attempt: &Attempt,
     wait: Option<Duration>,
 ) -> Result<String, SimError> {
-    let payment: SimPayment = idem::entity::run(sqlite.pool(), call(h, wait), async {
+    let payment = D::entity(D::pool(store), call(h, wait), async {
         body_starts(index);
         let id = charge(h, gateway, index, attempt.fate).await?;
         let value = finish(h, attempt, id).await?;
