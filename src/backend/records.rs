@@ -226,7 +226,7 @@ impl<DB: Backend> SqlStore<DB> {
                 // The key is taken (or, where the claim answers nothing,
                 // maybe ours): read the record to say why.
                 Ok(Claimed::Unknown) => self.read_on(conn, &self.sql.claimed, &bound).await?,
-                Err(err) => return self.answer_refused_claim(err, req).await,
+                Err(err) => return self.answer_refused_claim(err, req, keep_journal).await,
             };
             // Gone meanwhile: claim again.
             let Some((record, now)) = found else {
@@ -337,11 +337,29 @@ impl<DB: Backend> SqlStore<DB> {
     /// snapshot is older than the record (MariaDB's snapshot isolation),
     /// the record is read beside the caller's transaction and a duplicate
     /// is answered from it.
+    ///
+    /// In a caller's transaction (`on_pool` false), a claim the database
+    /// chose as a deadlock's victim is answered [`Error::InProgress`]: two
+    /// duplicates blocked on the same owner's claim, which rolled back,
+    /// deadlock on MariaDB's index locks, and InnoDB rolls one of their
+    /// transactions back. Nothing can run on it any more (MySQL goes on in
+    /// autocommit after such a rollback), so the caller retries the whole
+    /// transaction, as after any conflict.
     async fn answer_refused_claim(
         &self,
         err: Error,
         req: &BeginRequest<'_>,
+        on_pool: bool,
     ) -> Result<Begin, Error> {
+        if !on_pool && DB::is_deadlock(&err) {
+            tracing::info!(
+                error = %err,
+                "the claim in the caller's transaction was a deadlock's victim; retry the transaction"
+            );
+            return Err(Error::InProgress {
+                retry_after: Duration::from_secs(1),
+            });
+        }
         if DB::changed_since_read(&err) {
             if let Some(answer) = self.peek_beside(req).await? {
                 return Ok(answer);

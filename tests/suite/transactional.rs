@@ -215,6 +215,60 @@ common::backends!(sqlite_file, postgres, mysql => {
         assert_eq!((orders.rows("k4").await, orders.runs()), (1, 2));
     }
 
+    /// Three duplicates blocked on a first transaction that rolls back.
+    /// On MariaDB they then deadlock on the index's locks, and InnoDB rolls
+    /// one of their transactions back: that caller used to get
+    /// `Error::Store` (found by the simulation, seed 2 of
+    /// `simulation::mysql`). Each duplicate now replays, runs the body, or
+    /// is told `InProgress` (retry the transaction); one row in the end.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn several_duplicates_when_the_first_rolls_back() {
+        let orders = orders().await;
+        for round in 0..5 {
+            let key: &'static str = Box::leak(format!("k7-{round}").into_boxed_str());
+            orders.fail_next.store(true, Ordering::SeqCst);
+            let gate = Arc::new(Gate::default());
+            let (o, g) = (orders.clone(), gate.clone());
+            let first = tokio::spawn(async move {
+                let mut tx = o.pool.begin().await?;
+                let r = o.create(&mut tx, key, "widget", Some(&g)).await;
+                tx.rollback().await?;
+                r
+            });
+            gate.reached.notified().await;
+            let duplicates: Vec<_> = (0..3)
+                .map(|_| {
+                    let o = orders.clone();
+                    tokio::spawn(async move {
+                        let mut tx = o.pool.begin().await?;
+                        let r = o.create(&mut tx, key, "widget", None).await;
+                        if r.is_ok() {
+                            tx.commit().await?;
+                        }
+                        r
+                    })
+                })
+                .collect();
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            gate.open.notify_one();
+            assert!(matches!(first.await.unwrap(), Err(OrderError::Failed)));
+            let mut values = std::collections::BTreeSet::new();
+            for duplicate in duplicates {
+                match duplicate.await.unwrap() {
+                    Ok(value) => {
+                        values.insert(value);
+                    }
+                    Err(OrderError::Idem(idem::Error::InProgress { .. })) => {}
+                    Err(err) => panic!("round {round}: a duplicate got {err:?}"),
+                }
+            }
+            assert!(values.len() <= 1, "round {round}: {values:?}");
+            let rows = orders.rows(key).await;
+            assert!(rows <= 1, "round {round}: {rows} rows");
+            assert_eq!(rows as usize, values.len(), "round {round}");
+        }
+    }
+
     /// A record-mode owner (body 300 ms, lease 1.5 s) and a duplicate
     /// in transactional mode: the duplicate waits with plain reads
     /// and holds no lock on the record, so the owner's completion
