@@ -5,7 +5,7 @@
 use async_trait::async_trait;
 
 use super::exec::Value;
-use super::journal::{decode, steps_table};
+use super::journal::{decode, numbered, steps_table};
 use super::records::{record_from_row, Columns};
 use super::{Backend, SqlStore};
 use crate::admin::{Inventory, ScopeStats, Stats, StepStats};
@@ -34,18 +34,7 @@ impl InventoryStatements {
                 .replace("{steps}", &format!("{q}{}{q}", steps_table(table)))
                 .replace("{key}", &format!("{q}key{q}"))
                 .replace("{now}", DB::NOW);
-            // The `?`s, in order, as the backend writes placeholders.
-            let mut out = String::with_capacity(sql.len());
-            let mut n = 0;
-            for c in sql.chars() {
-                if c == '?' {
-                    n += 1;
-                    out.push_str(&DB::param(n));
-                } else {
-                    out.push(c);
-                }
-            }
-            out
+            numbered::<DB>(&sql)
         };
         const COLUMNS: &str = "scope, {key}, fingerprint, state, fence, claim_token, \
                                lease_until, outcome_kind, outcome, created_at, expires_at";

@@ -91,18 +91,7 @@ impl StepStatements {
                 .replace("{now}", now)
                 .replace("{share}", DB::LOCK_SHARE)
                 .replace("{update}", DB::LOCK_UPDATE);
-            // The `?`s, in order, as the backend writes placeholders.
-            let mut out = String::with_capacity(sql.len() + 16);
-            let mut n = 0;
-            for c in sql.chars() {
-                if c == '?' {
-                    n += 1;
-                    out.push_str(&DB::param(n));
-                } else {
-                    out.push(c);
-                }
-            }
-            out
+            numbered::<DB>(&sql)
         };
         StepStatements {
             fence: fill(
@@ -173,6 +162,22 @@ const STARTER_GONE: &str = "NOT EXISTS (SELECT 1 FROM {records} AS r \
 /// takeover until the statement's transaction ends.
 const OWNED: &str =
     "r.scope = ? AND r.{key} = ? AND r.claim_token = ? AND r.state = 'in_progress'{share}";
+
+/// `sql` with its `?`s written as `DB` writes placeholders, numbered in
+/// order.
+pub(crate) fn numbered<DB: Backend>(sql: &str) -> String {
+    let mut out = String::with_capacity(sql.len() + 16);
+    let mut n = 0;
+    for c in sql.chars() {
+        if c == '?' {
+            n += 1;
+            out.push_str(&DB::param(n));
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
 
 /// The journal table of the records table `table`.
 pub(crate) fn steps_table(table: &str) -> String {
