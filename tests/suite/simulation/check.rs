@@ -319,20 +319,16 @@ pub fn check(h: &History, o: &Observed) -> Result<Passed, String> {
 /// them): counted and printed, not failed, until it is fixed;
 /// `IDEM_SIM_STRICT=1` fails them.
 fn known_open(h: &History, broken: &[String]) -> Option<&'static str> {
-    let all = |f: fn(&str) -> bool| broken.iter().all(|b| f(b));
-    // In entity mode on SQLite, after an attempt that ended early (dropped,
-    // or its step's client gave up), a later call can wait about ten
-    // seconds (the write gate's patience, or SQLite's busy timeout) before
-    // it is answered: seed 132 of `simulation::sqlite` (timing-dependent).
-    // A dropped caller's connection holding the write lock for ever is
-    // fixed (`entity_cuts::*::no_dropped_caller_leaves_the_database_locked`);
-    // this shorter wait is not yet.
-    if h.backend == Backend::Sqlite
-        && h.mode == Mode::Entity
-        && h.attempts.iter().any(|a| a.fate.ends_early())
-        && all(|b| b.starts_with("wait:") && !b.contains("had no answer"))
-    {
-        return Some("entity mode on SQLite: a call waited out the write gate after an early end");
-    }
+    // None open today. Seen before, now gone:
+    // - in entity mode on SQLite, after an attempt that ended early, a
+    //   later call waited about ten seconds (SQLite's busy timeout) before
+    //   it was answered (seed 132, once in 260 strict seeds). Not seen in
+    //   569 strict seeds since a first call dropped while migrating no
+    //   longer leaves the write lock held by a pooled connection
+    //   (`dropped_migrations`);
+    // - on MariaDB, a transactional duplicate that InnoDB chose as a
+    //   deadlock's victim, and a migration lock held by a dropped first
+    //   entity-mode call: fixed, each with its test.
+    let _ = (h, broken);
     None
 }

@@ -94,11 +94,10 @@
 //! histories a fault struck. `simulation::redis_failover` holds
 //! `common::FAILOVERS`.
 //! `IDEM_SIM_SEED=<n>` runs that one seed. Failures known to be open
-//! (`check::known_open` names them: today, a ten-second wait in entity
-//! mode on SQLite after an early end; on MariaDB, a blocked duplicate
-//! that InnoDB rolls back as a deadlock victim in transactional mode, and
-//! calls without an answer after the first entity-mode call on a fresh
-//! database was dropped while it held the migration lock) are counted and
+//! (`check::known_open` names them; none today: the three it named, a
+//! ten-second wait in entity mode on SQLite, a MariaDB deadlock victim in
+//! transactional mode and MariaDB's migration lock held by a dropped
+//! call, are fixed or no longer seen) are counted and
 //! printed, not failed, unless `IDEM_SIM_STRICT=1`. A failing seed is shrunk by
 //! proptest, and the test panics with the history as drawn, the smallest
 //! failing one, what broke, and the one command that replays it, as:
