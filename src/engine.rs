@@ -1388,13 +1388,23 @@ async fn wait_out<R: Records>(
             waited = true;
         }
         let pause = left.map_or(step, |left| step.min(left));
-        let handed = records.wait_for_change(request, pause).await?;
+        // The reads of the wait end with the wait: a store that stops
+        // answering (a connection cut without a reset, a primary killed
+        // mid-failover) must not keep the caller past its bound. Only
+        // reads: a claim that was sent is left to finish, as its answer
+        // says whether this caller holds the key.
+        let Some(handed) = bounded(left, records.wait_for_change(request, pause)).await else {
+            return Err(in_progress(call, waited));
+        };
         step = (step * 2).min(records.max_poll());
-        let answer = match handed {
+        let answer = match handed? {
             Some(answer) => answer,
-            None => match records.peek(request).await? {
-                Some(answer) => answer,
-                None => records.begin(request).await?,
+            None => match bounded(left, records.peek(request)).await {
+                None => return Err(in_progress(call, waited)),
+                Some(peeked) => match peeked? {
+                    Some(answer) => answer,
+                    None => records.begin(request).await?,
+                },
             },
         };
         if !matches!(answer, Begin::InProgress { .. }) {
@@ -1402,6 +1412,19 @@ async fn wait_out<R: Records>(
         }
     }
 }
+
+/// `op`, given up (`None`) once `left` (and a little more, for the store's
+/// own answer to a wait that ends at the bound) has passed; no bound for
+/// `None`.
+async fn bounded<F: Future>(left: Option<Duration>, op: F) -> Option<F::Output> {
+    match left {
+        Some(left) => within(left + WAIT_SLACK, op).await,
+        None => Some(op.await),
+    }
+}
+
+/// How long past its wait a waiting caller gives the store to answer.
+const WAIT_SLACK: Duration = Duration::from_millis(100);
 
 /// The error of a call that finds the key held by another and may not
 /// wait (any longer), traced and counted.

@@ -184,3 +184,109 @@ async fn the_wait_ends_on_time_when_the_store_stops_answering() {
         "the documented wait is two seconds; it took {waited:?}"
     );
 }
+
+/// A store whose reads stop being answered once a claim found the key in
+/// progress, as a primary killed in a failover while a duplicate waits on
+/// it (found by `simulation::redis_failover`, seed 24: a wait of 221 ms
+/// took 9.4 s).
+struct SilentOnceWaiting {
+    records: MemoryStore,
+    silent: std::sync::atomic::AtomicBool,
+}
+
+impl SilentOnceWaiting {
+    async fn answers(&self) {
+        if self.silent.load(Ordering::SeqCst) {
+            std::future::pending::<()>().await;
+        }
+    }
+}
+
+#[async_trait]
+impl Store for SilentOnceWaiting {
+    async fn begin(&self, request: &BeginRequest<'_>) -> Result<Begin, Error> {
+        let answer = self.records.begin(request).await;
+        if matches!(answer, Ok(Begin::InProgress { .. })) {
+            self.silent.store(true, Ordering::SeqCst);
+        }
+        answer
+    }
+    async fn peek(&self, request: &BeginRequest<'_>) -> Result<Option<Begin>, Error> {
+        self.answers().await;
+        self.records.peek(request).await
+    }
+    async fn wait_for_change(
+        &self,
+        scope: &Scope,
+        key: &Key,
+        timeout: Duration,
+    ) -> Result<(), Error> {
+        self.answers().await;
+        self.records.wait_for_change(scope, key, timeout).await
+    }
+    async fn renew(&self, claim: &Claim) -> Result<(), Error> {
+        self.records.renew(claim).await
+    }
+    async fn complete(&self, claim: &Claim, outcome: &Outcome) -> Result<(), Error> {
+        self.records.complete(claim, outcome).await
+    }
+    async fn release(&self, claim: &Claim) -> Result<(), Error> {
+        self.records.release(claim).await
+    }
+    async fn get(&self, scope: &Scope, key: &Key) -> Result<Option<Record>, Error> {
+        self.records.get(scope, key).await
+    }
+    async fn forget(&self, scope: &Scope, key: &Key) -> Result<bool, Error> {
+        self.records.forget(scope, key).await
+    }
+    async fn purge_expired(&self, batch: usize) -> Result<u64, Error> {
+        self.records.purge_expired(batch).await
+    }
+}
+
+/// A duplicate that waits (300 ms) on a store that stops answering its
+/// reads is told `InProgress` when its wait is over, not kept for as long
+/// as the store is silent.
+#[tokio::test]
+async fn a_waiting_duplicate_keeps_its_bound_when_the_store_goes_silent() {
+    let store = Arc::new(SilentOnceWaiting {
+        records: MemoryStore::new(),
+        silent: Default::default(),
+    });
+    let call = |wait| {
+        Call::new("bounded_saves.silent", "k1", &500)
+            .with_policy(Policy::new().lease(Duration::from_secs(30)).wait(wait))
+    };
+    let holding = Arc::new(tokio::sync::Notify::new());
+    let release = Arc::new(tokio::sync::Notify::new());
+    let owner = {
+        let (store, holding, release) = (store.clone(), holding.clone(), release.clone());
+        tokio::spawn(async move {
+            run(&*store, call(Duration::ZERO), async move {
+                holding.notify_one();
+                release.notified().await;
+                Ok::<_, Error>("ch_1".to_owned())
+            })
+            .await
+        })
+    };
+    holding.notified().await;
+    let started = Instant::now();
+    let duplicate = tokio::time::timeout(
+        Duration::from_secs(10),
+        run(&*store, call(Duration::from_millis(300)), async {
+            Ok::<_, Error>("ch_2".to_owned())
+        }),
+    )
+    .await
+    .expect("the duplicate was kept waiting on a store that does not answer");
+    let waited = started.elapsed();
+    assert!(
+        matches!(duplicate, Err(Error::InProgress { .. })),
+        "{duplicate:?}"
+    );
+    assert!(waited < Duration::from_millis(1000), "waited {waited:?}");
+    store.silent.store(false, Ordering::SeqCst);
+    release.notify_one();
+    assert_eq!(owner.await.unwrap().unwrap(), "ch_1");
+}
