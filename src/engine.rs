@@ -1399,13 +1399,15 @@ async fn wait_out<R: Records>(
         step = (step * 2).min(records.max_poll());
         let answer = match handed? {
             Some(answer) => answer,
-            None => match bounded(left, records.peek(request)).await {
-                None => return Err(in_progress(call, waited)),
-                Some(peeked) => match peeked? {
+            None => {
+                let Some(peeked) = bounded(left, records.peek(request)).await else {
+                    return Err(in_progress(call, waited));
+                };
+                match peeked? {
                     Some(answer) => answer,
                     None => records.begin(request).await?,
-                },
-            },
+                }
+            }
         };
         if !matches!(answer, Begin::InProgress { .. }) {
             return Ok(answer);

@@ -269,18 +269,30 @@ impl<DB: Backend> SqlStore<DB> {
         fence: i64,
         keep_journal: bool,
     ) -> Result<Begin, Error> {
-        if DB::CLAIM_KEEPS_JOURNAL || !keep_journal {
-            return Ok(Begin::Claimed(Claim::granted(req, fence)));
+        if keep_journal && !DB::CLAIM_KEEPS_JOURNAL {
+            self.keep_steps_on(conn, req.scope, req.key, req.ttl.max(req.lease))
+                .await?;
         }
-        let ttl = duration_millis(req.ttl.max(req.lease));
+        Ok(Begin::Claimed(Claim::granted(req, fence)))
+    }
+
+    /// [`Store::keep_steps`] on a given connection.
+    async fn keep_steps_on(
+        &self,
+        conn: &mut DB::Connection,
+        scope: &Scope,
+        key: &Key,
+        ttl: Duration,
+    ) -> Result<(), Error> {
+        let ttl = duration_millis(ttl);
         let values = vec![
             Value::Int(ttl),
-            Value::Text(req.scope.as_str()),
-            Value::Text(req.key.as_str()),
+            Value::Text(scope.as_str()),
+            Value::Text(key.as_str()),
             Value::Int(ttl),
         ];
         DB::execute(conn, &self.sql.steps.keep, values).await?;
-        Ok(Begin::Claimed(Claim::granted(req, fence)))
+        Ok(())
     }
 
     /// Runs the claim statement, and says what it answered.
@@ -489,34 +501,27 @@ impl<DB: Backend> SqlStore<DB> {
         progress: &(dyn Fn(u64) + Send + Sync),
     ) -> Result<u64, Error> {
         let batch = i64::try_from(batch.max(1)).unwrap_or(i64::MAX);
-        let purge = &self.sql.purge;
+        let records = Bound::batch(batch).values(&self.sql.purge)?;
+        let steps = vec![Value::Int(batch)];
         let mut total = 0;
-        loop {
-            let _turn = self.gate.enter().await;
-            let done = on_pool!(self, |conn| async {
-                let values = Bound::batch(batch).values(purge)?;
-                Ok::<_, Error>(DB::execute(&mut conn, &purge.sql, values).await?)
-            })?;
-            let deleted = DB::rows_affected(&done);
-            progress(deleted);
-            total += deleted;
-            if deleted < batch as u64 {
-                break;
+        for (sql, values) in [
+            (&self.sql.purge.sql, records),
+            (&self.sql.steps.purge, steps),
+        ] {
+            loop {
+                let _turn = self.gate.enter().await;
+                let done = on_pool!(self, |conn| async {
+                    Ok::<_, Error>(DB::execute(&mut conn, sql, values.clone()).await?)
+                })?;
+                let deleted = DB::rows_affected(&done);
+                progress(deleted);
+                total += deleted;
+                if deleted < batch as u64 {
+                    break;
+                }
             }
         }
-        loop {
-            let _turn = self.gate.enter().await;
-            let done = on_pool!(self, |conn| async {
-                let values = vec![Value::Int(batch)];
-                Ok::<_, Error>(DB::execute(&mut conn, &self.sql.steps.purge, values).await?)
-            })?;
-            let deleted = DB::rows_affected(&done);
-            progress(deleted);
-            total += deleted;
-            if deleted < batch as u64 {
-                return Ok(total);
-            }
-        }
+        Ok(total)
     }
 
     /// The record and the database's time of the read.
@@ -664,18 +669,8 @@ impl<DB: Backend> Store for SqlStore<DB> {
     }
 
     async fn keep_steps(&self, scope: &Scope, key: &Key, ttl: Duration) -> Result<(), Error> {
-        let ttl = duration_millis(ttl);
         let _turn = self.gate.enter().await;
-        on_pool!(self, |conn| async {
-            let values = vec![
-                Value::Int(ttl),
-                Value::Text(scope.as_str()),
-                Value::Text(key.as_str()),
-                Value::Int(ttl),
-            ];
-            DB::execute(&mut conn, &self.sql.steps.keep, values).await?;
-            Ok::<_, Error>(())
-        })
+        on_pool!(self, |conn| self.keep_steps_on(&mut conn, scope, key, ttl))
     }
 
     async fn forget(&self, scope: &Scope, key: &Key) -> Result<bool, Error> {

@@ -69,13 +69,11 @@ impl<DB: Database> TxConn<DB> {
 }
 
 /// Whether `pool`'s connections may be closed without losing the database:
-/// all but an in-memory SQLite database's. A SQLite database is taken to
-/// be in a file only when its name is a file on disk (an in-memory one may
-/// be named anything, `file:name?mode=memory` included).
+/// all but an in-memory SQLite database's.
 fn closable<DB: Database>(pool: &Pool<DB>) -> bool {
     #[cfg(feature = "sqlite")]
     if let Some(pool) = (pool as &dyn std::any::Any).downcast_ref::<Pool<sqlx::Sqlite>>() {
-        return pool.connect_options().get_filename().is_file();
+        return !super::sqlite::in_memory(pool);
     }
     let _ = pool;
     true

@@ -153,14 +153,11 @@ const FORGET: &str = r#"DELETE FROM "{table}" WHERE scope = ?1 AND key = ?2"#;
 const PURGE: &str = r#"DELETE FROM "{table}" WHERE rowid IN
     (SELECT rowid FROM "{table}" WHERE expires_at <= {now} LIMIT ?1)"#;
 
-/// Whether `pool`'s database lives in memory, by its name.
-fn in_memory(pool: &sqlx::Pool<Sqlite>) -> bool {
-    let file = pool
-        .connect_options()
-        .get_filename()
-        .to_string_lossy()
-        .into_owned();
-    file.is_empty() || file.contains(":memory:") || file.contains("mode=memory")
+/// Whether `pool`'s database lives in memory: its name is no file on disk
+/// (an in-memory database may be named anything, `file:name?mode=memory`
+/// included).
+pub(crate) fn in_memory(pool: &sqlx::Pool<Sqlite>) -> bool {
+    !pool.connect_options().get_filename().is_file()
 }
 
 impl Dialect for Sqlite {
