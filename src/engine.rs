@@ -165,8 +165,9 @@ const MAX_SAVE_PAUSE: Duration = Duration::from_secs(1);
 /// again when it finds nothing (20 ms apart, then twice as far each time:
 /// some 1.3 s in all).
 const LATE_CLAIM_LOOKS: u32 = 6;
-/// The `Retry-After` hint given with [`Error::InProgress`].
-const RETRY_AFTER: Duration = Duration::from_secs(1);
+/// The shortest `Retry-After` hint given with [`Error::InProgress`] (the
+/// hint is the lease the key's holder has left).
+const MIN_RETRY_AFTER: Duration = Duration::from_millis(100);
 
 /// One idempotent invocation: which operation, which key, which payload,
 /// the [`Policy`], and which outcomes are stored (the outcome policy `O`).
@@ -1310,14 +1311,14 @@ where
     O: OutcomePolicy<T, E>,
 {
     let first = records.begin(request).await?;
-    let answer = if let Begin::InProgress { .. } = first {
+    let answer = if let Begin::InProgress { lease_left, .. } = first {
         // Waiting is the rare path, and its state (timers, reads) large:
         // it is a future of its own, on the heap, so that a call that
         // claims or replays at once neither carries nor copies it. The
         // first answer is not reassigned here: a variable the wait's
         // answer was written back into kept both across the wait (this
         // future was 272 bytes then, 200 now).
-        Box::pin(wait_out(records, call, request)).await?
+        Box::pin(wait_out(records, call, request, lease_left)).await?
     } else {
         first
     };
@@ -1338,7 +1339,9 @@ where
             return Err(Error::KeyReused);
         }
         // `wait_out` answers an error rather than this.
-        Begin::InProgress { .. } => return Err(in_progress(call, true)),
+        Begin::InProgress { lease_left, .. } => {
+            return Err(in_progress(call, true, Held::now(lease_left)))
+        }
     };
     if claim.is_takeover() {
         tracing::info!(
@@ -1368,7 +1371,9 @@ async fn wait_out<R: Records>(
     records: &mut R,
     call: &Checked,
     request: &BeginRequest<'_>,
+    lease_left: Duration,
 ) -> Result<Begin, Error> {
+    let mut held = Held::now(lease_left);
     // From the call's start, read once for the whole call. `None`: a
     // bound too far to be represented, so no bound.
     let deadline = call.started.checked_add(call.policy.wait_bound());
@@ -1378,7 +1383,7 @@ async fn wait_out<R: Records>(
         let now = Instant::now();
         let left = deadline.map(|d| d.saturating_duration_since(now));
         if left.is_some_and(|left| left.is_zero()) || !records.may_wait() {
-            return Err(in_progress(call, waited));
+            return Err(in_progress(call, waited, held));
         }
         if !waited {
             tracing::debug!(
@@ -1394,14 +1399,14 @@ async fn wait_out<R: Records>(
         // reads: a claim that was sent is left to finish, as its answer
         // says whether this caller holds the key.
         let Some(handed) = bounded(left, records.wait_for_change(request, pause)).await else {
-            return Err(in_progress(call, waited));
+            return Err(in_progress(call, waited, held));
         };
         step = (step * 2).min(records.max_poll());
         let answer = match handed? {
             Some(answer) => answer,
             None => {
                 let Some(peeked) = bounded(left, records.peek(request)).await else {
-                    return Err(in_progress(call, waited));
+                    return Err(in_progress(call, waited, held));
                 };
                 match peeked? {
                     Some(answer) => answer,
@@ -1409,9 +1414,35 @@ async fn wait_out<R: Records>(
                 }
             }
         };
-        if !matches!(answer, Begin::InProgress { .. }) {
-            return Ok(answer);
+        match answer {
+            Begin::InProgress { lease_left, .. } => held = Held::now(lease_left),
+            answer => return Ok(answer),
         }
+    }
+}
+
+/// The lease left on the key's holder, as last read, and when.
+#[derive(Clone, Copy)]
+struct Held {
+    lease_left: Duration,
+    read: Instant,
+}
+
+impl Held {
+    fn now(lease_left: Duration) -> Held {
+        Held {
+            lease_left,
+            read: Instant::now(),
+        }
+    }
+
+    /// The soonest the key can move: when the holder's lease runs out,
+    /// should the holder be gone (a live holder renews it, and a waiting
+    /// caller told to come back then finds it running still, or done).
+    fn retry_after(self) -> Duration {
+        self.lease_left
+            .saturating_sub(self.read.elapsed())
+            .max(MIN_RETRY_AFTER)
     }
 }
 
@@ -1430,7 +1461,7 @@ const WAIT_SLACK: Duration = Duration::from_millis(100);
 
 /// The error of a call that finds the key held by another and may not
 /// wait (any longer), traced and counted.
-fn in_progress(call: &Checked, waited: bool) -> Error {
+fn in_progress(call: &Checked, waited: bool, held: Held) -> Error {
     tracing::info!(
         decision = "in progress",
         waited,
@@ -1438,7 +1469,7 @@ fn in_progress(call: &Checked, waited: bool) -> Error {
     );
     metrics::in_progress(&call.scope);
     Error::InProgress {
-        retry_after: RETRY_AFTER,
+        retry_after: held.retry_after(),
     }
 }
 

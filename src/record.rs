@@ -324,6 +324,9 @@ pub enum Begin {
     InProgress {
         /// When that lease runs out.
         lease_until: Millis,
+        /// How long that lease had left when the record was read: the
+        /// soonest the key can move should its holder be gone.
+        lease_left: Duration,
     },
 }
 
@@ -378,7 +381,12 @@ pub fn decide(request: &BeginRequest<'_>, record: &Record, now: Millis) -> Decis
     match (record.state, &record.outcome, record.lease_until) {
         (State::Completed, Some(outcome), _) => Decision::Answer(Begin::Replay(outcome.clone())),
         (State::InProgress, _, Some(lease_until)) if lease_until > now => {
-            Decision::Answer(Begin::InProgress { lease_until })
+            Decision::Answer(Begin::InProgress {
+                lease_until,
+                lease_left: Duration::from_millis(
+                    u64::try_from(lease_until.saturating_sub(now)).unwrap_or(0),
+                ),
+            })
         }
         (State::InProgress, _, Some(_)) => Decision::Retry,
         // A completed record without an outcome, or one in progress without
@@ -441,7 +449,10 @@ mod tests {
         );
         assert_eq!(
             decide(&running, &fp, 1_000),
-            Decision::Answer(Begin::InProgress { lease_until: 2_000 })
+            Decision::Answer(Begin::InProgress {
+                lease_until: 2_000,
+                lease_left: Duration::from_millis(1_000),
+            })
         );
         assert_eq!(decide(&running, &fp, 2_000), Decision::Retry);
         assert_eq!(decide(&done, &other, 10_000), Decision::Retry);

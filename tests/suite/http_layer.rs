@@ -31,6 +31,7 @@ common::backends!(sqlite_file, postgres =>
         missing_key_is_400,
         malformed_keys_are_400,
         fail_fast_is_409,
+        retry_after_is_the_lease_left,
         concurrent_duplicates_run_once,
         server_error_released_then_retried,
         stored_statuses_follow_the_policy,
@@ -452,6 +453,42 @@ async fn fail_fast_is_409<S: SqlStore>(store: S) {
     let retry = server.post("/gated", &key, "x").send().await.unwrap();
     assert!(replayed(retry.headers()));
     assert_eq!(seen.runs(), 1);
+}
+
+/// The `Retry-After` of a 409 is when the key can move: the lease its
+/// holder has left (a lease of 20 s, not a fixed second), whether the
+/// duplicate waited first or not.
+async fn retry_after_is_the_lease_left<S: SqlStore + Clone>(store: S) {
+    let lease = Duration::from_secs(20);
+    let layers = [
+        IdempotencyLayer::new(store.clone())
+            .lease(lease)
+            .fail_fast(),
+        IdempotencyLayer::new(store)
+            .lease(lease)
+            .wait(Duration::from_millis(1500)),
+    ];
+    for layer in layers {
+        let (server, seen) = serve(layer).await;
+        let key = fresh_key();
+        let first = tokio::spawn(server.post("/gated", &key, "x").send());
+        seen.started.notified().await;
+        let duplicate = server.post("/gated", &key, "x").send().await.unwrap();
+        let retry_after: u64 = duplicate.headers()[RETRY_AFTER]
+            .to_str()
+            .unwrap()
+            .parse()
+            .unwrap();
+        // The lease less the wait (1.5 s) and the time the test took,
+        // rounded up to whole seconds.
+        assert!(
+            (15..=20).contains(&retry_after),
+            "Retry-After: {retry_after}"
+        );
+        problem(duplicate, Problem::InProgress).await;
+        seen.release.notify_one();
+        assert_eq!(first.await.unwrap().unwrap().status(), StatusCode::CREATED);
+    }
 }
 
 async fn concurrent_duplicates_run_once<S: SqlStore>(store: S) {
