@@ -40,6 +40,19 @@ pub(crate) mod warm;
 
 pub use records::SqlStore;
 
+/// The statement logging of the pools a store opens itself (`connect`):
+/// sqlx logs every statement at DEBUG, and one slower than a second at
+/// WARN with its whole SQL. A store's statements are the library's, not
+/// the service's, and a slow one (a claim that waited for a lock) is
+/// answered and counted by the engine: every statement at TRACE, a slow
+/// one at INFO. A pool you open yourself keeps the logging you give it.
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
+pub(crate) fn service_logging<O: sqlx::ConnectOptions>(options: O) -> O {
+    options
+        .log_statements(log::LevelFilter::Trace)
+        .log_slow_statements(log::LevelFilter::Info, std::time::Duration::from_secs(1))
+}
+
 /// The default name of the records table.
 pub(crate) const DEFAULT_TABLE: &str = "idem_records";
 

@@ -399,8 +399,12 @@ fn database_error(err: &Error) -> Option<&dyn sqlx::error::DatabaseError> {
 impl SqlStore<MySql> {
     /// Connects a pool to `url` (`mysql://user:password@host:port/db`) and
     /// applies the migrations to the default table `idem_records`.
+    ///
+    /// The pool logs its statements at TRACE, and one slower than a
+    /// second at INFO (sqlx's defaults are DEBUG and WARN).
     pub async fn connect(url: &str) -> Result<Self, Error> {
-        let pool = MySqlPoolOptions::new().connect(url).await?;
+        let options = super::service_logging(url.parse::<sqlx::mysql::MySqlConnectOptions>()?);
+        let pool = MySqlPoolOptions::new().connect_with(options).await?;
         let store = SqlStore::new(pool);
         store.migrate().await?;
         Ok(store)

@@ -380,8 +380,12 @@ fn index_name(table: &str) -> String {
 impl SqlStore<Postgres> {
     /// Connects a pool to `url` (`postgres://user:password@host:port/db`)
     /// and applies the migrations to the default table `idem_records`.
+    ///
+    /// The pool logs its statements at TRACE, and one slower than a
+    /// second at INFO (sqlx's defaults are DEBUG and WARN).
     pub async fn connect(url: &str) -> Result<Self, Error> {
-        let pool = PgPoolOptions::new().connect(url).await?;
+        let options = super::service_logging(url.parse::<sqlx::postgres::PgConnectOptions>()?);
+        let pool = PgPoolOptions::new().connect_with(options).await?;
         let store = SqlStore::new(pool);
         store.migrate().await?;
         Ok(store)

@@ -264,8 +264,11 @@ impl SqlStore<Sqlite> {
     ///
     /// An in-memory database lives in one connection that the pool never
     /// closes, so it lasts as long as the store.
+    ///
+    /// The pool logs its statements at TRACE, and one slower than a
+    /// second at INFO (sqlx's defaults are DEBUG and WARN).
     pub async fn connect(url: &str) -> Result<Self, Error> {
-        let options = SqliteConnectOptions::from_str(url)?
+        let options = super::service_logging(SqliteConnectOptions::from_str(url)?)
             .create_if_missing(true)
             .busy_timeout(Duration::from_secs(10));
         let in_memory = url.contains(":memory:") || url.contains("mode=memory");
