@@ -74,6 +74,16 @@
 //! `retry_after` says when the window closes. An absent answer from the
 //! downstream is trusted only after it.
 //!
+//! A call that failed **cleanly** leaves no doubt: when the downstream
+//! says nothing happened ("503, nothing was charged", a declined card),
+//! return [`Failed::Cleanly`] from [`Step::try_run`]. The step's start is
+//! taken back, and the next attempt runs it as one never started: no
+//! reconcile, no refusal, no settle window, no warning. An error `run`
+//! returns, or [`Failed::InDoubt`], leaves the step in doubt as above.
+//! (Only a start this attempt made afresh is taken back: after a rerun of
+//! a step an earlier attempt left in doubt, that earlier call may still
+//! have landed, and the step stays in doubt.)
+//!
 //! In-doubt steps are logged and counted (`idem_steps_in_doubt_total`, by
 //! `resolution`). Completed and replayed steps are counted in
 //! `idem_steps_total`, by `decision`.
@@ -133,7 +143,9 @@ use crate::key::{AsKey, Key, KeyError, Scope};
 use crate::record::Claim;
 use crate::store::{Store, TransactionalStore};
 
-/// The name of the steps counter (`decision`: `ran`, `replayed`).
+/// The name of the steps counter (`decision`: `ran`, `replayed`,
+/// `failed_cleanly` (its call failed with no effect, and its start was
+/// taken back)).
 pub const STEPS: &str = "idem_steps_total";
 /// The name of the in-doubt steps counter (`resolution`: `rerun`,
 /// `reconciled`, `reconciled_none` (reconcile found nothing and the step
@@ -427,6 +439,41 @@ pub enum InDoubt {
     Refuse,
 }
 
+/// How a step's call failed, for [`Step::try_run`]: whether it may have
+/// had its effect downstream.
+///
+/// `?` on a plain error in the call makes it [`Failed::InDoubt`], the
+/// safe default (`From<E>`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Failed<E> {
+    /// The call certainly had no effect: the downstream refused it before
+    /// acting, or said so ("503: nothing was charged", a declined card, a
+    /// validation error). The step's start is taken back: the next attempt
+    /// runs it as one never started, without asking the downstream, and
+    /// with no warning.
+    Cleanly(E),
+    /// The call may have had its effect (a timeout, a lost answer, an
+    /// error the call cannot classify): the step is in doubt at the next
+    /// attempt, which follows the step's policy, as after an error from
+    /// [`Step::run`].
+    InDoubt(E),
+}
+
+impl<E> Failed<E> {
+    /// The error, whichever way the call failed.
+    pub fn into_inner(self) -> E {
+        match self {
+            Failed::Cleanly(e) | Failed::InDoubt(e) => e,
+        }
+    }
+}
+
+impl<E> From<E> for Failed<E> {
+    fn from(e: E) -> Self {
+        Failed::InDoubt(e)
+    }
+}
+
 /// A step with its in-doubt policy; [`step`] is `Step::new(name).run(f)`.
 ///
 /// ```
@@ -555,10 +602,57 @@ impl<R> Step<R> {
         Fut: Future<Output = Result<T, E>>,
         R: Reconcile<T, E>,
     {
+        self.try_run(|key| async move { f(key).await.map_err(Failed::InDoubt) })
+            .await
+    }
+
+    /// Runs the step as [`run`](Step::run) does, with a call that tells a
+    /// clean failure from one in doubt ([`Failed`]). After
+    /// [`Failed::Cleanly`] the step's journal entry is taken back (when
+    /// this attempt started it afresh, or after an operator's or a
+    /// reconciliation's "it did not happen"): the next attempt runs the
+    /// step as one never started, without reconciling, refusing or
+    /// warning. [`Failed::InDoubt`] leaves the step in doubt, as an error
+    /// from `run` does.
+    ///
+    /// ```
+    /// use idem::steps::{Failed, Step};
+    ///
+    /// # #[derive(Debug)] enum GatewayError { Unavailable, Timeout }
+    /// # #[derive(Debug)] enum PayError { Gateway(GatewayError), Idem(idem::Error) }
+    /// # impl From<idem::Error> for PayError { fn from(e: idem::Error) -> Self { PayError::Idem(e) } }
+    /// # async fn gateway_charge(key: &str) -> Result<u64, GatewayError> { Ok(1) }
+    /// # async fn body() -> Result<u64, PayError> {
+    /// let charge = Step::new("charge")
+    ///     .refuse()
+    ///     .try_run(|key| async move {
+    ///         gateway_charge(key.as_str()).await.map_err(|e| match e {
+    ///             // "503, nothing was charged": the next attempt charges.
+    ///             GatewayError::Unavailable => Failed::Cleanly(PayError::Gateway(e)),
+    ///             // It may have charged: the step is in doubt.
+    ///             GatewayError::Timeout => Failed::InDoubt(PayError::Gateway(e)),
+    ///         })
+    ///     })
+    ///     .await?;
+    /// # Ok(charge)
+    /// # }
+    /// ```
+    ///
+    /// Take the start back only for a failure the downstream guarantees
+    /// had no effect: a step that refuses or reconciles when in doubt is
+    /// then run again without asking.
+    pub async fn try_run<T, E, F, Fut>(self, f: F) -> Result<T, E>
+    where
+        T: Serialize + DeserializeOwned,
+        E: From<Error>,
+        F: FnOnce(StepKey) -> Fut,
+        Fut: Future<Output = Result<T, Failed<E>>>,
+        R: Reconcile<T, E>,
+    {
         let name = self.name;
-        let (journal, current) = match self.start(true, &mut ThroughStore).await? {
+        let (journal, current, fresh) = match self.start(true, &mut ThroughStore).await? {
             Started::Done(output) => return Ok(output),
-            Started::Run(current) => (current.journal.clone(), current),
+            Started::Run(current, fresh) => (current.journal.clone(), current, fresh),
             Started::Beside { current, journal } => {
                 // On a task of its own, so that a caller dropped during the
                 // call does not cut the write off half way.
@@ -576,7 +670,12 @@ impl<R> Step<R> {
                     Err(Error::store("the step's journal write was cancelled"))
                 });
                 match started {
-                    Ok(StepBegin::Run(_)) => {}
+                    Ok(StepBegin::Run(run)) => {
+                        if let Err(Failed::Cleanly(_)) = output {
+                            let fresh = matches!(run, StepRun::Fresh | StepRun::Allowed);
+                            undo(&*journal, &current, name, fresh).await;
+                        }
+                    }
                     // The store failed: once the call ran, its output is
                     // still used and journaled (as a completed entry).
                     Err(Error::Store(err)) if output.is_ok() => {
@@ -585,7 +684,7 @@ impl<R> Step<R> {
                     Err(err) => return Err(err.into()),
                     Ok(other) => return Err(changed(name, &other).into()),
                 }
-                let output = output?;
+                let output = output.map_err(Failed::into_inner)?;
                 let bytes = crate::finite::to_vec(&output).map_err(Error::from)?;
                 counted(name, "ran", &current);
                 // Rerun when in doubt: its output is journaled while the
@@ -594,7 +693,16 @@ impl<R> Step<R> {
                 return Ok(output);
             }
         };
-        let output = f(current.key.clone()).await?;
+        let output = match f(current.key.clone()).await {
+            Ok(output) => output,
+            Err(Failed::Cleanly(err)) => {
+                if let Some(journal) = journal {
+                    undo(&*journal, &current, name, fresh).await;
+                }
+                return Err(err);
+            }
+            Err(Failed::InDoubt(err)) => return Err(err),
+        };
         if let Some(journal) = journal {
             let bytes = crate::finite::to_vec(&output).map_err(Error::from)?;
             journal_output(&*journal, &current, &current.request(name), &bytes).await?;
@@ -667,7 +775,7 @@ impl<R> Step<R> {
         };
         let current = match self.start(false, &mut on).await? {
             Started::Done(output) => return Ok(output),
-            Started::Run(current) => current,
+            Started::Run(current, _) => current,
             // Not asked for (`start(false)`); started as any other.
             Started::Beside { current, journal } => {
                 match on
@@ -722,7 +830,7 @@ impl<R> Step<R> {
                 ))
                 .into());
             }
-            return Ok(Started::Run(Box::new(current)));
+            return Ok(Started::Run(Box::new(current), false));
         };
         if beside
             && policy == InDoubt::Rerun
@@ -810,6 +918,10 @@ impl<R> Step<R> {
                 }
             }
         };
+        // Whether nothing of an earlier attempt's call can be pending under
+        // the step's key: a clean failure of this attempt's call may then
+        // take the start back.
+        let fresh = matches!(run, StepRun::Fresh | StepRun::Allowed);
         match run {
             StepRun::Adopted => {
                 tracing::warn!(
@@ -823,7 +935,7 @@ impl<R> Step<R> {
             StepRun::Allowed => in_doubt(&current.claim.scope, name, "allowed"),
             StepRun::Fresh | StepRun::Again => {}
         }
-        Ok(Started::Run(Box::new(current)))
+        Ok(Started::Run(Box::new(current), fresh))
     }
 }
 
@@ -931,8 +1043,11 @@ enum Started<T> {
         current: Box<Current>,
         journal: Arc<dyn Store>,
     },
-    /// Run it, then journal its output (when there is a journal).
-    Run(Box<Current>),
+    /// Run it, then journal its output (when there is a journal); `true`
+    /// when no earlier attempt's call may be pending under its key (it
+    /// was never started, or was settled as not having happened), so
+    /// that a clean failure takes its start back.
+    Run(Box<Current>, bool),
 }
 
 /// `body`, then the journal writes its steps left on their way.
@@ -986,6 +1101,35 @@ async fn journal_behind(
         }
     })
     .await;
+}
+
+/// Takes back the start of a step whose call failed cleanly, when no
+/// earlier attempt's call may be pending under its key (`fresh`): the next
+/// attempt runs it as never started. Otherwise, or should the store fail,
+/// the step stays in doubt for the next attempt, which is safe.
+async fn undo(journal: &dyn Store, current: &Current, name: &'static str, fresh: bool) {
+    if !fresh {
+        tracing::debug!(
+            step = name,
+            step_key = %current.key,
+            "the step's call failed cleanly, but an earlier attempt's call under its key \
+             may have landed: the step stays in doubt"
+        );
+        return;
+    }
+    match journal
+        .undo_step(&current.claim, &current.request(name))
+        .await
+    {
+        Ok(_) => counted(name, "failed_cleanly", current),
+        Err(err) => tracing::info!(
+            error = %err,
+            step = name,
+            step_key = %current.key,
+            "taking back a cleanly failed step's start failed: it will be in doubt at the next \
+             attempt"
+        ),
+    }
 }
 
 /// Runs a journal write on a task of its own, which the operation awaits

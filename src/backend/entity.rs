@@ -432,6 +432,9 @@ impl<S: Store + Clone + 'static> Store for Claims<S> {
     ) -> Result<(), Error> {
         self.store.complete_step(claim, step, output).await
     }
+    async fn undo_step(&self, claim: &Claim, step: &StepRequest<'_>) -> Result<bool, Error> {
+        self.store.undo_step(claim, step).await
+    }
     async fn steps(&self, scope: &Scope, key: &Key) -> Result<Vec<StepRecord>, Error> {
         self.store.steps(scope, key).await
     }

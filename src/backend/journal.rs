@@ -63,6 +63,9 @@ pub struct StepStatements {
     complete_fenced: String,
     /// Deletes an operation's entries: scope, key.
     pub(crate) forget: String,
+    /// Deletes an entry still started under a claim, whose call failed
+    /// cleanly: scope, key, seq, name, token.
+    undo: String,
     /// Keeps an operation's live entries until at least a ttl from now:
     /// ttl, scope, key, ttl.
     pub(crate) keep: String,
@@ -139,6 +142,10 @@ impl StepStatements {
                  AND state <> 'completed' AND expires_at > {{now}} AND {STARTER_GONE}"
             )),
             forget: fill("DELETE FROM {steps} WHERE scope = ? AND {key} = ?"),
+            undo: fill(
+                "DELETE FROM {steps} WHERE scope = ? AND {key} = ? AND seq = ? AND name = ? \
+                 AND state = 'started' AND claim_token = ?",
+            ),
             keep: fill(
                 "UPDATE {steps} SET expires_at = {now} + ? WHERE scope = ? AND {key} = ? \
                  AND expires_at > {now} AND expires_at < {now} + ?",
@@ -410,6 +417,24 @@ impl<DB: Backend> SqlStore<DB> {
         rows.iter()
             .map(|row| decode::<DB>(row).map(|(entry, _)| entry))
             .collect()
+    }
+
+    /// [`Store::undo_step`](crate::Store::undo_step) on a connection.
+    pub(crate) async fn undo_step_on(
+        &self,
+        conn: &mut DB::Connection,
+        claim: &Claim,
+        step: &StepRequest<'_>,
+    ) -> Result<bool, Error> {
+        let values = vec![
+            Value::Text(claim.scope.as_str()),
+            Value::Text(claim.key.as_str()),
+            Value::Int(i64::from(step.seq)),
+            Value::Text(step.name),
+            Value::Bytes(&claim.token.as_bytes()[..]),
+        ];
+        let done = DB::execute(conn, &self.step_sql().undo, values).await?;
+        Ok(DB::rows_affected(&done) > 0)
     }
 
     pub(crate) async fn resolve_step_now(

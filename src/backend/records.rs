@@ -708,6 +708,11 @@ impl<DB: Backend> Store for SqlStore<DB> {
         self.complete_step_in_transaction(claim, step, output).await
     }
 
+    async fn undo_step(&self, claim: &Claim, step: &StepRequest<'_>) -> Result<bool, Error> {
+        let _turn = self.gate.enter().await;
+        on_pool!(self, |conn| self.undo_step_on(&mut conn, claim, step))
+    }
+
     async fn steps(&self, scope: &Scope, key: &Key) -> Result<Vec<StepRecord>, Error> {
         self.list_steps(scope, key).await
     }

@@ -559,30 +559,31 @@ impl RedisStore {
     }
 
     /// Undoes a step's start that no replica acknowledged (`before`: what
-    /// the begin script answered the entry held), unless the entry
-    /// changed since.
+    /// the begin script answered the entry held; nothing: the entry is
+    /// deleted), unless the entry changed since. Answers whether it did.
     async fn abandon_step(
         &self,
         keys: &Keys,
         claim: &Claim,
         step: &StepRequest<'_>,
         before: &[Value],
-    ) -> Result<(), Error> {
+    ) -> Result<bool, Error> {
         let field = |i: usize| before.get(i).and_then(bytes).unwrap_or_default();
-        self.invoke(
-            SCRIPTS
-                .abandon_step
-                .on(&keys.record)
-                .key(&keys.journal)
-                .arg(&claim.token.as_bytes()[..])
-                .arg(step.seq)
-                .arg(step.name)
-                .arg(field(0))
-                .arg(field(1))
-                .arg(field(2)),
-        )
-        .await
-        .map(drop)
+        let undone = self
+            .invoke(
+                SCRIPTS
+                    .abandon_step
+                    .on(&keys.record)
+                    .key(&keys.journal)
+                    .arg(&claim.token.as_bytes()[..])
+                    .arg(step.seq)
+                    .arg(step.name)
+                    .arg(field(0))
+                    .arg(field(1))
+                    .arg(field(2)),
+            )
+            .await?;
+        Ok(int(&undone) == Some(1))
     }
 
     /// Refuses an argument of `len` bytes (`what`) that the server would
@@ -987,6 +988,13 @@ impl Store for RedisStore {
 
     fn wakes_across_processes(&self) -> bool {
         self.shared.listening.load(Ordering::Relaxed)
+    }
+
+    async fn undo_step(&self, claim: &Claim, step: &StepRequest<'_>) -> Result<bool, Error> {
+        // Not waited for by a replica: a delete lost in a failover leaves
+        // the step in doubt, the state it was in before.
+        let keys = self.keys(&claim.scope, &claim.key);
+        self.abandon_step(&keys, claim, step, &[]).await
     }
 
     async fn begin_step(&self, claim: &Claim, step: &StepRequest<'_>) -> Result<StepBegin, Error> {

@@ -302,6 +302,9 @@ impl<S: Store> Store for CachedStore<S> {
     ) -> Result<(), Error> {
         self.inner.complete_step(claim, step, output).await
     }
+    async fn undo_step(&self, claim: &Claim, step: &StepRequest<'_>) -> Result<bool, Error> {
+        self.inner.undo_step(claim, step).await
+    }
     async fn steps(&self, scope: &Scope, key: &Key) -> Result<Vec<StepRecord>, Error> {
         self.inner.steps(scope, key).await
     }

@@ -423,6 +423,26 @@ impl Store for Shared {
         })?
     }
 
+    async fn undo_step(&self, claim: &Claim, step: &StepRequest<'_>) -> Result<bool, Error> {
+        let mut journal = self.journal();
+        let slot = Slot::of(&claim.scope, &claim.key);
+        let Some(steps) = journal.get_mut(&slot) else {
+            return Ok(false);
+        };
+        let started_by_claim = steps.get(&step.seq).is_some_and(|entry| {
+            entry.name == step.name
+                && entry.state == StepState::Started
+                && entry.token == claim.token
+        });
+        if started_by_claim {
+            steps.remove(&step.seq);
+            if steps.is_empty() {
+                journal.remove(&slot);
+            }
+        }
+        Ok(started_by_claim)
+    }
+
     async fn keep_steps(&self, scope: &Scope, key: &Key, ttl: Duration) -> Result<(), Error> {
         let _records = self.records();
         let now = self.clock.now();

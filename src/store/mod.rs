@@ -210,6 +210,19 @@ pub trait Store: Send + Sync {
         Err(no_journal())
     }
 
+    /// Takes back the start of step `step` that `claim` wrote, because the
+    /// step's call failed cleanly (it had no effect downstream): the entry
+    /// is deleted if it is still started under the claim's token and named
+    /// `step.name`, and left as it is otherwise (completed, resolved, or
+    /// taken over by a later attempt). The next attempt then runs the
+    /// step as one never started. Returns whether the entry was deleted.
+    /// The default deletes nothing (`false`): the step is then in doubt
+    /// at the next attempt, which is safe, only slower.
+    async fn undo_step(&self, claim: &Claim, step: &StepRequest<'_>) -> Result<bool, Error> {
+        let _ = (claim, step);
+        Ok(false)
+    }
+
     /// The journal of the operation `(scope, key)`, live entries and
     /// expired ones not yet purged, by `seq`: what an operator reads
     /// before [`resolve_step`](Store::resolve_step).
@@ -498,6 +511,9 @@ macro_rules! forward_store {
                 output: &[u8],
             ) -> Result<(), Error> {
                 ({ let $this = self; $to }).complete_step(claim, step, output).await
+            }
+            async fn undo_step(&self, claim: &Claim, step: &StepRequest<'_>) -> Result<bool, Error> {
+                ({ let $this = self; $to }).undo_step(claim, step).await
             }
             async fn keep_steps(&self, scope: &Scope, key: &Key, ttl: Duration) -> Result<(), Error> {
                 ({ let $this = self; $to }).keep_steps(scope, key, ttl).await

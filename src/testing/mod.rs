@@ -42,10 +42,11 @@ mod steps;
 mod support;
 
 pub use self::steps::{
-    a_journal_of_another_payload_is_refused, a_step_completion_sent_again_is_accepted,
-    a_step_journal_is_fenced, forget_and_purge_clear_the_journal,
-    steps_called_in_another_order_are_refused, steps_in_doubt_follow_their_policy,
-    steps_replay_after_a_failed_attempt, storm_runs_each_step_once,
+    a_clean_failure_takes_the_start_back, a_journal_of_another_payload_is_refused,
+    a_step_completion_sent_again_is_accepted, a_step_journal_is_fenced,
+    forget_and_purge_clear_the_journal, steps_called_in_another_order_are_refused,
+    steps_in_doubt_follow_their_policy, steps_replay_after_a_failed_attempt,
+    storm_runs_each_step_once,
 };
 
 use std::collections::HashMap;
@@ -118,6 +119,7 @@ macro_rules! store_conformance {
                 steps_replay_after_a_failed_attempt,
                 steps_in_doubt_follow_their_policy,
                 a_step_journal_is_fenced,
+                a_clean_failure_takes_the_start_back,
                 a_step_completion_sent_again_is_accepted,
                 steps_called_in_another_order_are_refused,
                 a_journal_of_another_payload_is_refused,

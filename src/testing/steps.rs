@@ -338,6 +338,124 @@ pub async fn a_step_journal_is_fenced<S: Store>(store: S) {
     assert_eq!(entries[0].output.as_deref(), Some(&b"50"[..]));
 }
 
+/// A step whose call failed cleanly (`Failed::Cleanly`) takes its start
+/// back ([`Store::undo_step`]): the next attempt runs it as never
+/// started, even under `refuse`, and no entry is left in doubt. The undo
+/// touches only an entry started under the undoing claim: not one a
+/// successor took over and completed, nor one of another name.
+pub async fn a_clean_failure_takes_the_start_back<S: Store>(store: S) {
+    let key = fresh_key("steps-clean");
+    let payload = charge(9);
+    let (scope, k) = (Scope::new(SCOPE), Key::new(key.as_str()).unwrap());
+    let policy = Policy::new().wait(Duration::from_secs(10));
+    let calls = AtomicUsize::new(0);
+    let attempt = |declined: bool| {
+        let calls = &calls;
+        run(&store, call(SCOPE, &key, &payload, policy), async move {
+            let charged: u64 = Step::new("charge")
+                .refuse()
+                .try_run(|_| async move {
+                    calls.fetch_add(1, Ordering::SeqCst);
+                    if declined {
+                        return Err(steps::Failed::Cleanly(TestError::Declined(
+                            "503, nothing was charged".into(),
+                        )));
+                    }
+                    Ok(41)
+                })
+                .await?;
+            Ok::<_, TestError>(charged)
+        })
+    };
+    assert!(matches!(attempt(true).await, Err(TestError::Declined(_))));
+    assert_eq!(
+        store.steps(&scope, &k).await.unwrap(),
+        [],
+        "a cleanly failed step left its entry"
+    );
+    assert_eq!(attempt(false).await.unwrap(), 41);
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+    assert_eq!(attempt(false).await.unwrap(), 41, "not replayed");
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+
+    // Under `reconcile`, with its default settle window (the lease): the
+    // next attempt neither waits for the window nor asks the downstream.
+    let key = fresh_key("steps-clean-reconcile");
+    let asked = AtomicUsize::new(0);
+    let attempt = |declined: bool| {
+        let (calls, asked) = (&calls, &asked);
+        run(&store, call(SCOPE, &key, &payload, policy), async move {
+            let charged: u64 = Step::new("charge")
+                .reconcile(|_| async move {
+                    asked.fetch_add(1, Ordering::SeqCst);
+                    Ok::<_, TestError>(None)
+                })
+                .try_run(|_| async move {
+                    calls.fetch_add(1, Ordering::SeqCst);
+                    if declined {
+                        return Err(steps::Failed::Cleanly(TestError::Declined(
+                            "the card was declined".into(),
+                        )));
+                    }
+                    Ok(43)
+                })
+                .await?;
+            Ok::<_, TestError>(charged)
+        })
+    };
+    assert!(matches!(attempt(true).await, Err(TestError::Declined(_))));
+    assert_eq!(attempt(false).await.unwrap(), 43);
+    assert_eq!(calls.load(Ordering::SeqCst), 4);
+    assert_eq!(
+        asked.load(Ordering::SeqCst),
+        0,
+        "reconciled a clean failure"
+    );
+
+    // A stopped owner's undo, sent after a successor took the key over
+    // and completed the step, changes nothing.
+    let key = fresh_key("steps-clean-late");
+    let (scope, k) = (Scope::new(SCOPE), Key::new(key.as_str()).unwrap());
+    let fingerprint = Fingerprint::of(&payload).unwrap();
+    let zombie = claim_directly(
+        &store,
+        &scope,
+        &k,
+        &fingerprint,
+        Duration::from_millis(200),
+        Duration::from_secs(60),
+    )
+    .await;
+    let request = |name| StepRequest {
+        seq: 0,
+        name,
+        fingerprint: &fingerprint,
+        ttl: Duration::from_secs(60),
+        adopt: false,
+        settle: Duration::ZERO,
+    };
+    assert_eq!(
+        store.begin_step(&zombie, &request("charge")).await.unwrap(),
+        StepBegin::Run(StepRun::Fresh)
+    );
+    assert!(!store.undo_step(&zombie, &request("refund")).await.unwrap());
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let charged = run(&store, call(SCOPE, &key, &payload, policy), async {
+        let charged: u64 = step("charge", |_| async { Ok::<_, TestError>(42) }).await?;
+        // The stopped owner's call answers now, declined, and it takes
+        // its start back: the successor adopted the entry.
+        assert!(!store.undo_step(&zombie, &request("charge")).await.unwrap());
+        Ok::<_, TestError>(charged)
+    })
+    .await;
+    assert_eq!(charged.unwrap(), 42);
+    assert!(!store.undo_step(&zombie, &request("charge")).await.unwrap());
+    let entries = store.steps(&scope, &k).await.unwrap();
+    assert_eq!(entries.len(), 1);
+    assert_eq!(entries[0].state, StepState::Completed);
+    assert_eq!(entries[0].output.as_deref(), Some(&b"42"[..]));
+}
+
 /// A journal entry's completion sent again (its answer lost) is accepted;
 /// another output for a completed step is not; a completion without an
 /// entry journals one.

@@ -81,6 +81,10 @@ impl<S: Store> Store for Killable<S> {
         self.alive().await;
         self.inner.complete_step(claim, step, output).await
     }
+    async fn undo_step(&self, claim: &Claim, step: &StepRequest<'_>) -> Result<bool, Error> {
+        self.alive().await;
+        self.inner.undo_step(claim, step).await
+    }
     async fn steps(&self, scope: &Scope, key: &Key) -> Result<Vec<StepRecord>, Error> {
         self.alive().await;
         self.inner.steps(scope, key).await

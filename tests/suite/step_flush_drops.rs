@@ -69,6 +69,9 @@ impl Store for SlowJournal {
         tokio::time::sleep(WRITE).await;
         self.0.complete_step(claim, step, output).await
     }
+    async fn undo_step(&self, claim: &Claim, step: &StepRequest<'_>) -> Result<bool, Error> {
+        self.0.undo_step(claim, step).await
+    }
     async fn steps(&self, scope: &Scope, key: &Key) -> Result<Vec<StepRecord>, Error> {
         self.0.steps(scope, key).await
     }

@@ -256,7 +256,16 @@ pub fn check(h: &History, o: &Observed) -> Result<Passed, String> {
             Answer::Err(err, class) => {
                 let expected = match class {
                     ErrorClass::InProgress => i != last,
-                    ErrorClass::OutcomeUnknown => h.policy == StepPolicy::Refuse,
+                    // A refused step is one some attempt left in doubt:
+                    // its call's end unseen (a caller dropped, a client
+                    // gave up), or a journal write or a claim lost to a
+                    // fault. A declined call failed cleanly: its start is
+                    // taken back, and it leaves no doubt (README, *Durable
+                    // steps*, clean failures).
+                    ErrorClass::OutcomeUnknown => {
+                        h.policy == StepPolicy::Refuse
+                            && (h.faulty() || o.runs.iter().any(|r| r.fate.ends_early()))
+                    }
                     ErrorClass::Unrecorded => h.large_outcome,
                     ErrorClass::Store | ErrorClass::LeaseLost => {
                         h.faulty() || h.backend == Backend::Sqlite
@@ -265,6 +274,7 @@ pub fn check(h: &History, o: &Observed) -> Result<Passed, String> {
                         matches!(run.fate, Fate::StepTimesOut { .. })
                     }
                     ErrorClass::Body => i != last && h.attempts[i].body_fails,
+                    ErrorClass::Declined => i != last && h.attempts[i].declined,
                     ErrorClass::Other => false,
                 };
                 if !expected {

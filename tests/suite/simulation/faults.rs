@@ -373,6 +373,11 @@ impl<S: Store> Store for Faulty<S> {
             )
             .await
     }
+    async fn undo_step(&self, claim: &Claim, step: &StepRequest<'_>) -> Result<bool, Error> {
+        self.plan
+            .through(Op::UndoStep, self.current().undo_step(claim, step))
+            .await
+    }
     async fn steps(&self, scope: &Scope, key: &Key) -> Result<Vec<StepRecord>, Error> {
         self.current().steps(scope, key).await
     }

@@ -112,6 +112,9 @@ pub struct Attempt {
     pub fate: Fate,
     /// The body fails after its step (and its work): the key is released.
     pub body_fails: bool,
+    /// The downstream declines the step's call: no effect, and the step
+    /// says it failed cleanly (`Failed::Cleanly`); the body fails.
+    pub declined: bool,
 }
 
 /// A store operation that a fault can strike.
@@ -125,9 +128,10 @@ pub enum Op {
     BeginStep,
     CompleteStep,
     KeepSteps,
+    UndoStep,
 }
 
-pub const OPS: [Op; 8] = [
+pub const OPS: [Op; 9] = [
     Op::Begin,
     Op::Peek,
     Op::Renew,
@@ -136,6 +140,7 @@ pub const OPS: [Op; 8] = [
     Op::BeginStep,
     Op::CompleteStep,
     Op::KeepSteps,
+    Op::UndoStep,
 ];
 
 /// What a fault does to the operation it strikes.
@@ -329,11 +334,13 @@ fn attempt(s: &Scale, backend: Backend) -> impl Strategy<Value = Attempt> {
         s.start.clone(),
         fate(s, backend),
         prop::bool::weighted(fails),
+        prop::bool::weighted(0.15),
     )
-        .prop_map(|(at_ms, fate, body_fails)| Attempt {
+        .prop_map(|(at_ms, fate, body_fails, declined)| Attempt {
             at_ms,
             fate,
             body_fails,
+            declined,
         })
 }
 
@@ -511,6 +518,7 @@ fn outlive(h: &mut History, halves: u64) {
     if let Some(first) = h.attempts.iter_mut().min_by_key(|a| a.at_ms) {
         first.fate = Fate::Finishes;
         first.body_fails = true;
+        first.declined = false;
     }
 }
 
@@ -554,6 +562,13 @@ fn fit(h: &mut History) {
         h.outages.clear();
         h.size_limit = false;
         h.detach = true;
+    }
+    // An atomic phase's charge is a row of the caller's transaction: it
+    // has no downstream to decline it.
+    if h.policy == StepPolicy::Atomic {
+        for attempt in &mut h.attempts {
+            attempt.declined = false;
+        }
     }
     // `reconcile` promises one effect for a downstream that can be asked.
     if h.policy == StepPolicy::Reconcile {

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use idem::steps::{Step, StepKey};
+use idem::steps::{Failed, Step, StepKey};
 use idem::{Call, Error, Key, Policy, Scope, State, Store};
 use tokio::time::Instant;
 
@@ -32,6 +32,8 @@ pub enum SimError {
     Timeout,
     /// The body failed after its step, on purpose.
     Body,
+    /// The downstream declined the step's call: nothing happened.
+    Declined,
 }
 
 impl From<Error> for SimError {
@@ -66,6 +68,7 @@ pub enum ErrorClass {
     LeaseLost,
     Timeout,
     Body,
+    Declined,
     /// `KeyReused`, `StepMismatch`, `Config`, `Serialization`...: an answer
     /// that no history of one payload should get.
     Other,
@@ -76,6 +79,7 @@ fn answer(result: Result<String, SimError>) -> Answer {
         Ok(value) => return Answer::Ok(value.clone()),
         Err(SimError::Timeout) => ErrorClass::Timeout,
         Err(SimError::Body) => ErrorClass::Body,
+        Err(SimError::Declined) => ErrorClass::Declined,
         Err(SimError::Idem(err)) => match err {
             Error::InProgress { .. } => ErrorClass::InProgress,
             Error::OutcomeUnknown { .. } => ErrorClass::OutcomeUnknown,
@@ -231,9 +235,12 @@ async fn send(
     gateway: &Arc<Gateway>,
     key: &str,
     index: usize,
-    fate: Fate,
+    attempt: &Attempt,
 ) -> Result<u64, SimError> {
-    match fate {
+    if attempt.declined {
+        return Err(SimError::Declined);
+    }
+    match attempt.fate {
         Fate::StepTimesOut { ms } => {
             tokio::time::timeout(Duration::from_millis(ms), gateway.charge(key, index))
                 .await
@@ -249,12 +256,20 @@ async fn charge(
     h: &History,
     gateway: &Arc<Gateway>,
     index: usize,
-    fate: Fate,
+    attempt: &Attempt,
 ) -> Result<u64, SimError> {
-    let sent = |key: StepKey| async move { send(gateway, key.as_str(), index, fate).await };
+    // A declined call failed cleanly; any other error may hide an effect.
+    let sent = |key: StepKey| async move {
+        send(gateway, key.as_str(), index, attempt)
+            .await
+            .map_err(|err| match err {
+                SimError::Declined => Failed::Cleanly(err),
+                err => Failed::InDoubt(err),
+            })
+    };
     match h.policy {
-        StepPolicy::NoSteps => send(gateway, OP_KEY, index, fate).await,
-        StepPolicy::Rerun => Step::new("charge").run(sent).await,
+        StepPolicy::NoSteps => send(gateway, OP_KEY, index, attempt).await,
+        StepPolicy::Rerun => Step::new("charge").try_run(sent).await,
         StepPolicy::Reconcile => {
             let step = Step::new("charge").reconcile(|key: StepKey| async move {
                 Ok::<_, SimError>(gateway.ask(key.as_str()))
@@ -267,9 +282,9 @@ async fn charge(
             } else {
                 step
             };
-            step.run(sent).await
+            step.try_run(sent).await
         }
-        StepPolicy::Refuse => Step::new("charge").refuse().run(sent).await,
+        StepPolicy::Refuse => Step::new("charge").refuse().try_run(sent).await,
         StepPolicy::Atomic => unreachable!("an atomic phase charges with a row"),
     }
 }
@@ -303,7 +318,7 @@ async fn record_attempt<S: Store + ?Sized>(
         body_starts(index);
         let id = match (h.policy, atomic) {
             (StepPolicy::Atomic, Some(atomic)) => atomic.await?,
-            _ => charge(h, gateway, index, attempt.fate).await?,
+            _ => charge(h, gateway, index, attempt).await?,
         };
         finish(h, attempt, id).await
     })
@@ -422,6 +437,7 @@ where
         at_ms: 0,
         fate: Fate::Finishes,
         body_fails: false,
+        declined: false,
     };
     let wait = match h.backend {
         Backend::Memory => Duration::from_secs(5),
@@ -766,7 +782,7 @@ async fn transactional_attempt<D: SimSql>(
                     })
                     .await
             }
-            _ => charge(h, gateway, index, attempt.fate).await,
+            _ => charge(h, gateway, index, attempt).await,
         };
         let result = match id {
             Ok(id) => finish(h, attempt, id).await,
@@ -798,7 +814,7 @@ async fn entity_attempt<D: SimSql>(
 ) -> Result<String, SimError> {
     let payment = D::entity(D::pool(store), call(h, wait), async {
         body_starts(index);
-        let id = charge(h, gateway, index, attempt.fate).await?;
+        let id = charge(h, gateway, index, attempt).await?;
         let value = finish(h, attempt, id).await?;
         Ok::<_, SimError>(SimPayment {
             id: 0,
