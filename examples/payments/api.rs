@@ -6,14 +6,14 @@ use std::sync::Arc;
 
 use axum::body::Bytes;
 use axum::extract::{Path, State};
-use axum::http::{header, HeaderValue, StatusCode};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::json;
 
 use super::app::App;
 use super::model::Subscription;
-use super::problem::{internal, not_found, problem};
+use super::problem::{internal, not_found, problem, unless_json};
 
 /// `GET /payments/{id}`.
 pub async fn get_payment(State(app): State<Arc<App>>, Path(id): Path<String>) -> Response {
@@ -38,8 +38,12 @@ pub async fn list_payments(State(app): State<Arc<App>>) -> Response {
 pub async fn put_subscription(
     State(app): State<Arc<App>>,
     Path(user_id): Path<String>,
+    headers: HeaderMap,
     body: Bytes,
 ) -> Response {
+    if let Some(unsupported) = unless_json(&headers) {
+        return unsupported;
+    }
     let plan = serde_json::from_slice::<serde_json::Value>(&body)
         .ok()
         .and_then(|v| v.get("plan")?.as_str().map(str::to_owned))

@@ -121,6 +121,9 @@ pub fn main(args: Vec<String>) -> u8 {
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
         )
         .with_writer(std::io::stderr)
+        // Colours for a person at a terminal; plain text into a file or
+        // a pipe.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .try_init();
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(runtime) => runtime,

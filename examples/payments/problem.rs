@@ -5,10 +5,10 @@
 //!
 //! This app's problem types end in: `#invalid-request` (400),
 //! `#card-declined` (402, with the declined `payment`), `#not-found`
-//! (404), `#gateway-unavailable` (503, with `Retry-After`), `#internal`
-//! (500).
+//! (404), `#unsupported-media-type` (415), `#gateway-unavailable` (503,
+//! with `Retry-After`), `#internal` (500).
 
-use axum::http::{header, HeaderValue, StatusCode};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use idem::http::Final;
@@ -48,6 +48,36 @@ pub fn declined(payment: &Payment) -> Response {
         "Card declined",
         format!("the card {} was declined", payment.card),
         Some(payment),
+    ))
+}
+
+/// A 415 (`Some`) unless the request declares a JSON body (`application/json`, or
+/// `type/subtype+json`), as axum's `Json` extractor answers. The layer
+/// reads a body as JSON only when it is declared so: one taken as JSON
+/// under another type would make the same bytes, sent again declared,
+/// "another payload" (422). Not stored by the layer: the client may send
+/// it again, declared, with the same key.
+pub fn unless_json(headers: &HeaderMap) -> Option<Response> {
+    let declared = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|value| value.to_str().ok())
+        .map(|value| {
+            value
+                .split(';')
+                .next()
+                .unwrap_or_default()
+                .trim()
+                .to_ascii_lowercase()
+        })
+        .is_some_and(|essence| essence == "application/json" || essence.ends_with("+json"));
+    if declared {
+        return None;
+    }
+    Some(problem(
+        StatusCode::UNSUPPORTED_MEDIA_TYPE,
+        "unsupported-media-type",
+        "Unsupported media type",
+        "send the body as JSON, with `Content-Type: application/json`",
     ))
 }
 

@@ -35,12 +35,12 @@ use std::time::Duration;
 
 use axum::body::Bytes;
 use axum::extract::State;
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use idem::entity::EntityDatabase;
 use idem::http::{IdempotencyKey, IdempotencyLayer, ProblemDetails};
-use idem::steps::{Step, StepKey};
+use idem::steps::{Failed, Step, StepKey};
 use idem::{idempotent, Store};
 use sqlx::Pool;
 
@@ -48,7 +48,7 @@ use super::app::App;
 use super::clock::now_rfc3339;
 use super::gateway::{Charge, ChargeRequest, Gateway, GatewayError};
 use super::model::{mask_card, NewPayment, Payment, Table};
-use super::problem::{declined, internal, problem};
+use super::problem::{declined, internal, problem, unless_json};
 use super::random::new_id;
 
 /// The payment operations, on one database: SQLite, PostgreSQL or MySQL.
@@ -135,7 +135,20 @@ impl<DB: sqlx::Database> Payments<DB> {
             // before asking. A gateway over the network would say how long
             // a call may still land: its client's timeout.
             .settle(Duration::ZERO)
-            .run(|key: StepKey| async move { Ok(gateway.charge(key.as_str(), request).await?) })
+            .try_run(|key: StepKey| async move {
+                gateway
+                    .charge(key.as_str(), request)
+                    .await
+                    .map_err(|err| match err {
+                        // The gateway said it charged nothing: the next
+                        // attempt charges afresh, without asking it first.
+                        GatewayError::Unavailable | GatewayError::KeyReused => {
+                            Failed::Cleanly(err.into())
+                        }
+                        // It may have charged: the step is in doubt.
+                        err => Failed::InDoubt(err.into()),
+                    })
+            })
             .await
     }
 }
@@ -185,8 +198,12 @@ impl IntoResponse for ServiceError {
 pub async fn create_payment(
     State(app): State<Arc<App>>,
     key: IdempotencyKey,
+    headers: HeaderMap,
     body: Bytes,
 ) -> Response {
+    if let Some(unsupported) = unless_json(&headers) {
+        return unsupported;
+    }
     let command = match NewPayment::parse(key.as_str().to_owned(), &body) {
         Ok(command) => command,
         Err(detail) => {

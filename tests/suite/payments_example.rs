@@ -140,6 +140,35 @@ async fn invalid_requests_are_400_and_store_nothing(db: Namespace) {
     server.stop().await.unwrap();
 }
 
+/// A JSON body not declared JSON is refused with 415, as axum's `Json`
+/// refuses it, and not stored: the same bytes, sent again declared, are
+/// charged (not a 422 "key reused" from a body read one way, then the
+/// other).
+async fn a_body_not_declared_json_is_415(db: Namespace) {
+    let (server, api) = start(config(&db)).await;
+    let body = card(700, VISA);
+    for content_type in [
+        None,
+        Some("text/plain"),
+        Some("application/x-www-form-urlencoded"),
+    ] {
+        let refused = api.pay_as("undeclared", content_type, &body).await;
+        refused.assert_problem(415);
+        assert!(!refused.replayed(), "{content_type:?}");
+    }
+    assert!(api.charges().await.is_empty(), "an undeclared body charged");
+    let declared = api
+        .pay_as("undeclared", Some("application/json; charset=utf-8"), &body)
+        .await;
+    assert_eq!(declared.status, StatusCode::CREATED, "{}", declared.body);
+    let again = api
+        .pay_as("undeclared", Some("application/json"), &body)
+        .await;
+    assert!(again.replayed());
+    assert_one_charge_per_key(&api.charges().await, 1);
+    server.stop().await.unwrap();
+}
+
 async fn reused_key_is_422(db: Namespace) {
     let (server, api) = start(config(&db)).await;
     let first = api.pay("reused", &card(1000, VISA)).await;
@@ -593,6 +622,7 @@ common::backends!(sqlite_file, postgres, mysql =>
     cases(within_two_minutes, backend::namespace("pay")) {
         create_then_replay,
         invalid_requests_are_400_and_store_nothing,
+        a_body_not_declared_json_is_415,
         reused_key_is_422,
         declined_card_is_402_and_replayed,
         reads_and_subscriptions,
@@ -617,6 +647,63 @@ async fn within_two_minutes<F>(
     tokio::time::timeout(Duration::from_secs(120), case(db.await))
         .await
         .expect("the case ended within 120 s");
+}
+
+/// The app's log, written to a pipe at INFO while its gateway says "503,
+/// nothing was charged" to every call: plain text (no colour codes), no
+/// statement of sqlx's, and no "step in doubt" at the retries, since the
+/// step's call failed cleanly (`Failed::Cleanly`): each retry charges
+/// afresh, without asking the gateway first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn logs_are_plain_and_clean_failures_leave_no_doubt() {
+    use tokio::io::AsyncReadExt;
+    let db = common::backend::postgres::namespace("pay").await;
+    let args = [
+        "serve",
+        "--addr",
+        "127.0.0.1:0",
+        "--database-url",
+        db.url(),
+        "--gateway-failure-rate",
+        "1",
+    ];
+    let mut command = app_command(&args);
+    command
+        .env("RUST_LOG", "info,sqlx=info")
+        .stderr(std::process::Stdio::piped());
+    let mut child = command.spawn().unwrap();
+    let mut stderr = child.stderr.take().unwrap();
+    let mut stdout = tokio::io::BufReader::new(child.stdout.take().unwrap());
+    let url = tokio::time::timeout(Duration::from_secs(30), async {
+        use tokio::io::AsyncBufReadExt;
+        let mut line = String::new();
+        loop {
+            line.clear();
+            assert!(stdout.read_line(&mut line).await.unwrap() > 0, "no banner");
+            if let Some((_, rest)) = line.split_once("payments: listening on ") {
+                return rest.split_whitespace().next().unwrap().to_owned();
+            }
+        }
+    })
+    .await
+    .unwrap();
+    let api = Api::new(url);
+    for _ in 0..3 {
+        let failed = api.pay("clean-503", &card(300, VISA)).await;
+        failed.assert_problem(503);
+    }
+    assert!(api.charges().await.is_empty());
+    child.start_kill().unwrap();
+    child.wait().await.unwrap();
+    let mut log = String::new();
+    stderr.read_to_string(&mut log).await.unwrap();
+    assert!(log.contains("INFO"), "nothing logged at INFO:\n{log}");
+    assert!(
+        !log.contains('\u{1b}'),
+        "colour codes in a piped log:\n{log}"
+    );
+    assert!(!log.contains("step in doubt"), "{log}");
+    assert!(!log.contains("SELECT "), "statements logged:\n{log}");
 }
 
 /// Two processes of the app on different ports, sharing one PostgreSQL: the

@@ -68,6 +68,16 @@ pub struct Database {
     pub description: String,
 }
 
+/// The app's own pools log as the library's stores do: every statement
+/// at TRACE, one slower than a second at INFO (sqlx's defaults, DEBUG and
+/// WARN with the whole SQL, would fill a service's log at its default
+/// level).
+pub fn service_logging<O: sqlx::ConnectOptions>(options: O) -> O {
+    options
+        .log_statements(log::LevelFilter::Trace)
+        .log_slow_statements(log::LevelFilter::Info, Duration::from_secs(1))
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum ConnectError {
     #[error("cannot open {url}: {source}")]

@@ -8,7 +8,7 @@ use sqlx::mysql::MySqlPoolOptions;
 
 use super::super::gateway::{Gateway, Ledger};
 use super::super::service::Payments;
-use super::{Backend, ConnectError, Database};
+use super::{service_logging, Backend, ConnectError, Database};
 
 /// Opens the MySQL or MariaDB database at `url` (`mysql://` or
 /// `mariadb://`), creating the tables if missing.
@@ -18,9 +18,13 @@ pub async fn open(
 ) -> Result<Database, ConnectError> {
     let url = url.replacen("mariadb:", "mysql:", 1);
     let url = url.as_str();
+    let options = service_logging(
+        url.parse::<sqlx::mysql::MySqlConnectOptions>()
+            .map_err(ConnectError::sqlx(url))?,
+    );
     let pool = MySqlPoolOptions::new()
         .max_connections(16)
-        .connect(url)
+        .connect_with(options.clone())
         .await
         .map_err(ConnectError::sqlx(url))?;
     // Instances starting together create the tables one at a time.
@@ -49,7 +53,7 @@ pub async fn open(
         .map_err(ConnectError::store(url))?;
     let ledger = MySqlPoolOptions::new()
         .max_connections(8)
-        .connect(url)
+        .connect_with(options.clone())
         .await
         .map_err(ConnectError::sqlx(url))?;
     Ok(Database {

@@ -7,16 +7,20 @@ use sqlx::postgres::PgPoolOptions;
 
 use super::super::gateway::{Gateway, Ledger};
 use super::super::service::Payments;
-use super::{Backend, ConnectError, Database};
+use super::{service_logging, Backend, ConnectError, Database};
 
 /// Opens the PostgreSQL database at `url`, creating the tables if missing.
 pub async fn open(
     url: &str,
     gateway: impl FnOnce(Ledger) -> Arc<Gateway>,
 ) -> Result<Database, ConnectError> {
+    let options = service_logging(
+        url.parse::<sqlx::postgres::PgConnectOptions>()
+            .map_err(ConnectError::sqlx(url))?,
+    );
     let pool = PgPoolOptions::new()
         .max_connections(16)
-        .connect(url)
+        .connect_with(options.clone())
         .await
         .map_err(ConnectError::sqlx(url))?;
     // Instances starting together create the tables one at a time.
@@ -37,7 +41,7 @@ pub async fn open(
     // payment's call holds a connection of the main pool.
     let ledger = PgPoolOptions::new()
         .max_connections(8)
-        .connect(url)
+        .connect_with(options.clone())
         .await
         .map_err(ConnectError::sqlx(url))?;
     Ok(Database {

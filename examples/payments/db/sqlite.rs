@@ -10,7 +10,7 @@ use sqlx::sqlite::{SqliteConnectOptions, SqlitePoolOptions};
 
 use super::super::gateway::{Gateway, Ledger};
 use super::super::service::Payments;
-use super::{Backend, ConnectError, Database};
+use super::{service_logging, Backend, ConnectError, Database};
 
 /// Opens the SQLite database at `url`, creating the file and the tables
 /// if missing.
@@ -18,10 +18,10 @@ pub async fn open(
     url: &str,
     gateway: impl FnOnce(Ledger) -> Arc<Gateway>,
 ) -> Result<Database, ConnectError> {
-    let options = SqliteConnectOptions::from_str(url)
-        .map_err(ConnectError::sqlx(url))?
-        .create_if_missing(true)
-        .busy_timeout(Duration::from_secs(10));
+    let options =
+        service_logging(SqliteConnectOptions::from_str(url).map_err(ConnectError::sqlx(url))?)
+            .create_if_missing(true)
+            .busy_timeout(Duration::from_secs(10));
     // One connection keeps an in-memory database alive and shared.
     let in_memory = url.contains(":memory:") || url.contains("mode=memory");
     let pool = SqlitePoolOptions::new()

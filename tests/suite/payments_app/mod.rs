@@ -168,6 +168,19 @@ impl Api {
         Self::answer(self.payment(key, body)).await
     }
 
+    /// `POST /payments` with `content_type` (none: no `Content-Type`).
+    pub async fn pay_as(&self, key: &str, content_type: Option<&str>, body: &Value) -> Answer {
+        let mut request = self
+            .http
+            .post(format!("{}/payments", self.url))
+            .header("Idempotency-Key", key)
+            .body(body.to_string());
+        if let Some(content_type) = content_type {
+            request = request.header(CONTENT_TYPE, content_type);
+        }
+        Self::answer(request).await
+    }
+
     /// `POST /payments`, whose answer may not come.
     pub async fn try_pay(&self, key: &str, body: &Value) -> Result<Answer, reqwest::Error> {
         Self::try_answer(self.payment(Some(key), &body.to_string())).await
