@@ -38,10 +38,11 @@
 //! # });
 //! ```
 //!
-//! Start with [the guide](_guide): the payments recipe, a service that
-//! stays safe across a crash, comes first; then the modes, durable steps,
-//! the HTTP layer, consumers, stores and operating. The modules below are
-//! the reference.
+//! Start with the payments recipe of the
+//! [README](https://github.com/idem-rs/idem#the-payments-recipe), a
+//! service that stays safe across a crash, then [the guide](_guide): the
+//! modes, durable steps, the HTTP layer, consumers, stores and operating.
+//! The modules below are the reference.
 #![warn(missing_docs, unreachable_pub)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
