@@ -1,4 +1,14 @@
-//! An axum order service whose POSTs are safe to retry.
+//! An axum order service whose POSTs get the `Idempotency-Key` contract:
+//! a retry gets the first response back, a duplicate waits for it.
+//!
+//! The layer alone does not make a re-run after a crash safe: if the
+//! process dies while a handler runs, nothing is stored, and once the
+//! layer's lease passes (30 s) the retry runs the handler again. This
+//! handler only writes to memory; a handler with an effect outside the
+//! database (a card charge) uses the payments recipe instead:
+//! `#[idempotent(..., entity)]` with the outside call as a durable
+//! `Step` on its derived key (README, *The payments recipe*;
+//! `examples/payments/service.rs`).
 //!
 //! ```sh
 //! cargo run --example http_axum

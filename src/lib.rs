@@ -38,11 +38,15 @@
 //! # });
 //! ```
 //!
-//! See the [README](https://github.com/idem-rs/idem) for the whole picture:
-//! the state machine, the stores and the policies.
+//! Start with the payments recipe of the
+//! [README](https://github.com/idem-rs/idem#the-payments-recipe), a
+//! service that stays safe across a crash, then [the guide](_guide): the
+//! modes, durable steps, the HTTP layer, consumers, stores and operating.
+//! The modules below are the reference.
 #![warn(missing_docs, unreachable_pub)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+pub mod _guide;
 pub mod admin;
 #[cfg(feature = "_sql")]
 mod backend;

@@ -1,6 +1,10 @@
 //! Counters and histograms, through the [`metrics`](https://docs.rs/metrics)
 //! facade: install any recorder (Prometheus exporter, statsd, ...) and they
-//! appear; without one they cost next to nothing.
+//! appear; without one they cost next to nothing. The guide shows how
+//! ([`operating`](crate::_guide::operating#metrics)). This table lists
+//! every metric the library emits; the steps' names are
+//! [`steps::STEPS`](crate::steps::STEPS) and
+//! [`steps::STEPS_IN_DOUBT`](crate::steps::STEPS_IN_DOUBT).
 //!
 //! | name | kind | meaning |
 //! |---|---|---|
@@ -14,6 +18,8 @@
 //! | `idem_store_retries_total` | counter | failed attempts to store an outcome, tried again |
 //! | `idem_unprotected_total` | counter | calls without a key that ran their body without protection (`MissingKey::Run`) |
 //! | `idem_abandoned_total` | counter | callers dropped before their call ended, by `what` became of the claim: `released` (handed back for a retry), `saved` (the outcome in hand is stored in the background), `left` (left to its lease: no runtime or store to hand it back with) |
+//! | `idem_steps_total` | counter | [durable steps](crate::steps) completed, by `step` and `decision`: `ran` (called now), `replayed` (answered from the journal) |
+//! | `idem_steps_in_doubt_total` | counter | steps found in doubt, by `step` and `resolution`: `rerun`, `reconciled`, `reconciled_none` (reconcile found nothing and the step ran), `in_flight` (an earlier attempt's call may still land: the attempt was told to come back), `refused`, `allowed` (an operator allowed a rerun), `operator_completed`, `operator_rerun` |
 //!
 //! Each carries an `operation` label: the scope's operation, never the
 //! principal or the key, so that label sets stay small. The HTTP layer's

@@ -206,7 +206,7 @@ mod sqlite {
             message: &M,
             order: &OrderPlaced,
         ) -> Result<Handled<i64>, ShopError> {
-            // SQLite: take the write lock at BEGIN (README: Transactional mode).
+            // SQLite: take the write lock at BEGIN (the guide: Transactional mode).
             let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
             let handled = self
                 .dedup

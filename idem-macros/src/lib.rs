@@ -124,11 +124,18 @@ mod valid;
 /// space**: after the deploy, the stored outcomes are no longer found, and
 /// every retry in flight runs its body again. Two methods with the same
 /// name in one module share that default. Give anything deployed a scope
-/// that names the operation and outlives refactorings:
+/// that names the operation and outlives refactorings (in record and
+/// transactional mode):
 ///
 /// ```text
 /// #[idempotent(key = cmd.idempotency_key, store = self.store, scope = "payments.charge")]
 /// ```
+///
+/// In entity mode, `scope` is refused at compile time: the row is found by
+/// its token alone, so a scope, and any tenant in it, would be ignored.
+/// Put the tenant into the key itself (`key = format!("{tenant}:{id}")`).
+/// Entity mode's claims have a scope of their own, `idem.entity.<table>`,
+/// in the table `idem_entity_claims` (see `idem::admin`).
 ///
 /// # Telling a replay from a first run
 ///

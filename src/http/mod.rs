@@ -1,6 +1,21 @@
 //! A tower layer for the `Idempotency-Key` header (IETF
-//! draft-ietf-httpapi-idempotency-key-header): one line in an axum router
-//! makes every POST safe to retry.
+//! draft-ietf-httpapi-idempotency-key-header): a retry gets the first
+//! response back, a duplicate waits for it, a key reused with another
+//! request is refused.
+//!
+//! **What the layer alone guarantees after a crash.** The response is
+//! stored once the inner service produced it. If the process dies while
+//! the inner service runs, nothing is stored, and once the layer's
+//! [`lease`](IdempotencyLayer::lease) passes (30 s by default), a retry
+//! runs the inner service again; until then a retry gets 409 with
+//! `Retry-After`. That is safe for rows written in one transaction, not
+//! for an effect outside the database (a card charge). For those, the
+//! handler passes the key to an `#[idempotent(..., entity)]` operation
+//! that makes the outside call a durable [`Step`](crate::steps::Step) on
+//! its derived key: the payments recipe of the README and of
+//! `examples/payments/service.rs`. The guide's
+//! [HTTP chapter](crate::_guide::http#after-a-crash) gives the timeline
+//! of such a request after a crash, held by two records.
 //!
 //! The `http` feature is the layer, on any tower service of `http` 1.x
 //! requests and responses (axum, hyper with tower, tonic's HTTP): it does
@@ -150,7 +165,7 @@
 //! | 401 | the layer has a principal extractor and it finds no principal in the request; nothing is run or stored |
 //! | 413 | the body is over the limit; nothing is stored |
 //! | 422 | the key was used with another payload |
-//! | 409 + `Retry-After` | a request with the key is still running and the wait bound passed, or the layer fails fast |
+//! | 409 + `Retry-After` | a request with the key is still running and the wait bound passed, or the layer fails fast; `Retry-After` is the time left on the lease of the record that holds the key, in whole seconds, rounded up, at least 1 |
 //! | 503 + `Retry-After` | the store cannot be reached; the request is not executed |
 //! | 410 | the request with the key was processed, but its response was not kept: it was streamed (a stream's media type, a body over [`max_stored_body`](IdempotencyLayer::max_stored_body), or one that had not ended within [`max_stored_body_wait`](IdempotencyLayer::max_stored_body_wait): see [Bodies](#bodies)), or the store could not hold it ([`Error::Unrecorded`](crate::Error::Unrecorded)); nothing runs again for the key |
 //! | 500 | the layer failed: an invalid policy (zero ttl or lease), a stored response that cannot be read, a response body that failed while buffered (kept for the key when its status is one that is stored: see below) |

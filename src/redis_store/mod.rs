@@ -82,7 +82,7 @@ const DEFAULT_RESPONSE_TIMEOUT: Duration = Duration::from_secs(10);
 /// [`wait_for_replicas`](RedisStore::wait_for_replicas) makes those
 /// writes wait until that many replicas acknowledged them (`WAIT`); it
 /// says which writes wait, and what a failover can still lose.
-/// The README's Stores section states the guarantee.
+/// The guide's [stores chapter](crate::_guide::stores) states the guarantee.
 ///
 /// An outcome longer than the server's `proto-max-bulk-len` is refused
 /// with [`Error::Unrecorded`] (checked with `CONFIG GET` before an

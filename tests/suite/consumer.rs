@@ -110,8 +110,8 @@ pub trait Shop: Send + Sync + 'static {
 }
 
 /// The statement that begins a shop's transaction: one that reads before
-/// it writes must hold the write lock from the start on SQLite (README:
-/// Transactional mode).
+/// it writes must hold the write lock from the start on SQLite (the guide,
+/// src/_guide/modes.md: Transactional mode).
 fn begin_statement(backend: &str) -> Option<&'static str> {
     (backend == "sqlite_file").then_some("BEGIN IMMEDIATE")
 }

@@ -180,7 +180,7 @@ async fn pay<S: Store + ?Sized>(
 /// 3. Once A's lease lapsed, within a ttl of its last renewal, the retry
 ///    B takes the key over.
 ///
-/// Expected (README, *Durable steps*): B replays `ch_1`, the gateway
+/// Expected (the guide's steps chapter, src/_guide/steps.md): B replays `ch_1`, the gateway
 /// charged once.
 async fn journal_outlives_live_owner<S: Store>(store: S) {
     let store = Arc::new(store);

@@ -27,7 +27,7 @@ impl Gateway {
 common::backends!(sqlite_file, postgres, mysql => {
     /// `Step::in_transaction` with `.refuse()`, whose phase makes a call
     /// (a charge) and records it in the caller's transaction, as the
-    /// README's atomic phases describe ("create the ride, charge, send the
+    /// steps module's atomic phases describe ("create the ride, charge, send the
     /// receipt"). The charge reaches the downstream, then its client times
     /// out: the phase returns an error, the caller's `?` drops the
     /// transaction, which rolls back. A retry comes at once.
@@ -51,8 +51,8 @@ common::backends!(sqlite_file, postgres, mysql => {
             .unwrap();
         let insert = format!("INSERT INTO {rows} (k) VALUES ({})", backend::param(1));
         // A plain deferred `BEGIN` that has not written yet, then `BEGIN
-        // IMMEDIATE` after a write of the caller's, as the README
-        // recommends.
+        // IMMEDIATE` after a write of the caller's, as the guide
+        // recommends (src/_guide/modes.md, Transactional mode).
         let immediate = if backend::NAME.starts_with("sqlite") { "BEGIN IMMEDIATE" } else { "BEGIN" };
         for (begin, writes_first) in [("BEGIN", false), (immediate, true)] {
             let gateway = Gateway::default();

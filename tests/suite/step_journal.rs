@@ -284,7 +284,7 @@ common::backends!(memory, sqlite_file, sqlite_memory, postgres, mysql => {
     }
 
     /// An atomic phase inside a transaction that already writes (SQLite:
-    /// `BEGIN IMMEDIATE`, as the README recommends, which holds the
+    /// `BEGIN IMMEDIATE`, as the guide recommends, which holds the
     /// database's one write lock): the step's start is not queued behind
     /// the caller's own lock (it waited until SQLite gave up, "database is
     /// locked"). A rerun phase runs and its retry replays; on SQLite a

@@ -127,7 +127,7 @@ common::backends!(sqlite_file, postgres, mysql => {
     /// (as dropping a sqlx transaction does), nothing of the failed attempt
     /// stays and the retry writes once; committed anyway, the key is free
     /// for the retry all the same, and the failed attempt's row stays (the
-    /// README says so).
+    /// engine's module docs, *Transactional mode*, say so).
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_failed_body_leaves_its_rows_to_the_transaction() {
         let f = fixture().await;

@@ -13,7 +13,7 @@ use super::run::{render, Answer, ErrorClass, Observed, Run, FINAL};
 pub enum Repeat {
     /// Never: a second effect breaks a promise.
     Never,
-    /// The README documents a repeat for this policy and downstream.
+    /// The guide documents a repeat for this policy and downstream.
     Documented,
 }
 
@@ -36,13 +36,14 @@ pub fn repeat(h: &History, runs: &[&Run], struck: usize) -> Repeat {
     let failed = runs
         .iter()
         .any(|r| matches!(r.answer, Answer::Err(..) | Answer::Dropped));
-    // README, *What the simulation checks*, effects: "a store outage
-    // longer than the lease let another caller take over from an owner
-    // that was still running (`rerun`, `reconcile`)".
+    // The guide, *What the simulation checks* (src/_guide/calls.md),
+    // effects: "a store outage longer than the lease let another caller
+    // take over from an owner that was still running (`rerun`,
+    // `reconcile`)".
     let lapsed = claim_may_lapse(h);
     // The same: "or the journal could not be kept for longer than the
-    // ttl (`refuse`, atomic phases)"; README, *Durable steps*: an entry is
-    // kept "for the operation's ttl (at least its lease) from its last
+    // ttl (`refuse`, atomic phases)"; the guide's steps chapter
+    // (src/_guide/steps.md): an entry is kept "for the operation's ttl (at least its lease) from its last
     // write", kept again at each renewal. A failover's window counts as
     // such an outage of the writes it loses (`History::unreplicated`).
     let journal_lapsed = [Op::Renew, Op::KeepSteps]
@@ -53,7 +54,7 @@ pub fn repeat(h: &History, runs: &[&Run], struck: usize) -> Repeat {
         StepPolicy::Rerun | StepPolicy::Reconcile if lapsed => Repeat::Documented,
         StepPolicy::Refuse | StepPolicy::Atomic if journal_lapsed => Repeat::Documented,
         // A body without steps: its effect outside the database is not
-        // journaled. README, *What happens on a call*: "A re-run after a
+        // journaled. the guide, *What happens on a call* (src/_guide/calls.md): "A re-run after a
         // crash, a stop or a drop is safe for the database's rows ...
         // Calls to other systems are made safe by durable steps"; an error
         // releases the key, "so a retry runs the body again".
@@ -62,10 +63,10 @@ pub fn repeat(h: &History, runs: &[&Run], struck: usize) -> Repeat {
         StepPolicy::NoSteps if h.mode == Mode::Transactional => Repeat::Never,
         StepPolicy::NoSteps if in_doubt || failed => Repeat::Documented,
         StepPolicy::NoSteps => Repeat::Never,
-        // README, *Durable steps*: rerun gives "one effect, when the
+        // the guide's steps chapter (src/_guide/steps.md): rerun gives "one effect, when the
         // downstream dedupes by key".
         StepPolicy::Rerun if h.downstream.dedupes => Repeat::Never,
-        // README, *Durable steps*, "The honest limit": a downstream that
+        // the guide's steps chapter, "The honest limit": a downstream that
         // neither dedupes nor can be asked "may see a step run twice
         // under rerun when the process dies between the downstream's
         // effect and the journal write"; steps module, *What the journal
@@ -78,13 +79,13 @@ pub fn repeat(h: &History, runs: &[&Run], struck: usize) -> Repeat {
         // with their keys and rerun, as in transactional mode.
         StepPolicy::Rerun if !h.detach && failed => Repeat::Documented,
         StepPolicy::Rerun => Repeat::Never,
-        // README, *Durable steps*: reconcile gives "one effect, when the
+        // the guide's steps chapter: reconcile gives "one effect, when the
         // downstream can be asked by key" (the generator only pairs it
         // with such a downstream).
         // A step whose earlier call may still land is neither reconciled
         // nor run again before its settle window closes (`Step::settle`).
         StepPolicy::Reconcile => Repeat::Never,
-        // README, *Durable steps*: refuse gives "no second effect, unless
+        // the guide's steps chapter: refuse gives "no second effect, unless
         // the store could not keep the journal for longer than the
         // operation's ttl".
         StepPolicy::Refuse => Repeat::Never,
@@ -93,8 +94,8 @@ pub fn repeat(h: &History, runs: &[&Run], struck: usize) -> Repeat {
     }
 }
 
-/// Whether the `Ok` answers of one operation may differ. README, *What
-/// the simulation checks*, answers: "except after such an outage, or when
+/// Whether the `Ok` answers of one operation may differ. the guide, *What
+/// the simulation checks* (src/_guide/calls.md), answers: "except after such an outage, or when
 /// a store without `detach` failed to save it: then each caller gets its
 /// own body's value":
 ///
@@ -102,7 +103,7 @@ pub fn repeat(h: &History, runs: &[&Run], struck: usize) -> Repeat {
 ///   lease (renewals failing, or an operation stalled past the lease),
 ///   and its caller still gets its own value (ARCHITECTURE, invariant 4:
 ///   "When a body ran, its caller gets its value");
-/// - README, the guarantees table: a store without a background "cannot:
+/// - the guide's guarantees table (src/_guide/calls.md): a store without a background "cannot:
 ///   the key stays claimed, no longer renewed, until its lease runs out,
 ///   and a retry then runs the body again".
 pub fn answers_may_differ(h: &History) -> bool {
@@ -127,8 +128,8 @@ fn claim_may_lapse(h: &History) -> bool {
 /// store (where it looked: [`Run::free`]), or else half a ttl or more after the last run that
 /// may have written the record ended (a replay does not keep it), may find
 /// the record expired (a completed record is kept a ttl from its
-/// completion), which frees the key (README: "after `expires_at` the key
-/// is free again"). Each epoch is one operation as far as the promises go.
+/// completion), which frees the key (`Record::expires_at`: "When the key becomes free
+/// again"). Each epoch is one operation as far as the promises go.
 pub fn epochs<'r>(h: &History, o: &'r Observed) -> Vec<Vec<(usize, &'r Run)>> {
     let last = o.runs.len() - 1;
     // Whether a run may have written the record or the journal: not when

@@ -449,8 +449,8 @@ pub fn history(backend: Backend) -> impl Strategy<Value = History> {
         // The ttl: long, or 1.5 or 2 leases (a body may outlive it). Not
         // at or under the lease: an in-progress record and its journal
         // then expire with the lease, and a takeover at its end is a new
-        // operation (README: "an in-progress record lives at least as
-        // long as its lease"), which the checker cannot tell apart.
+        // operation (the guide's guarantees table, src/_guide/calls.md: "an
+        // in-progress record lives at least as long as its lease"), which the checker cannot tell apart.
         prop_oneof![long_ttl => Just(None), 1 => (3u64..=4).prop_map(Some)],
         s.wait.clone(),
         prop_oneof![no_work => Just(0u64), work => s.work.clone()],

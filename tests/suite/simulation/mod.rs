@@ -1,7 +1,7 @@
 //! A deterministic simulation of the engine, in the spirit of
 //! FoundationDB's simulation and TigerBeetle's VOPR: from a seed it draws
 //! the history of one operation key, runs it, and checks the promises the
-//! README makes.
+//! guide makes (src/_guide/calls.md, *What the simulation checks*).
 //!
 //! # What a seed generates ([`history`])
 //!
@@ -65,7 +65,7 @@
 //! final clean call is made. Then:
 //!
 //! - **effects**: at most one effect per operation, except where the
-//!   README documents a repeat for the policy and the downstream
+//!   guide documents a repeat for the policy and the downstream
 //!   ([`check::repeat`], which cites each);
 //! - **answers**: every `Ok` answer carries the same value, an effect's;
 //!   no answer is an error the history cannot cause (`KeyReused`,
