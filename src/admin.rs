@@ -140,7 +140,8 @@ pub struct StoredHttpResponse {
 
 /// Decodes an outcome's body stored by the HTTP layer; an error for bytes
 /// the layer did not write (an outcome of record mode is JSON, which this
-/// framing never reads as a response: its first byte is a version, `1`).
+/// framing never reads as a response: its first byte is a version, `1` or
+/// `2`).
 #[cfg(feature = "http")]
 #[cfg_attr(docsrs, doc(cfg(feature = "http")))]
 pub fn decode_http_response(body: &[u8]) -> Result<StoredHttpResponse, Error> {

@@ -56,8 +56,9 @@ fn decode(kind: OutcomeKind, body: &[u8]) -> Decoded {
     if body.is_empty() {
         return Decoded::Empty;
     }
-    // The layer's framing starts with its version, 1, which no JSON does.
-    if body[0] == 1 {
+    // The layer's framing starts with its version, 1 or 2, which no JSON
+    // does.
+    if matches!(body[0], 1 | 2) {
         if let Ok(response) = decode_http_response(body) {
             return Decoded::Http(response);
         }

@@ -89,27 +89,48 @@ impl RequestFingerprint {
     }
 
     /// The fingerprint of a request with `parts` and `body`.
+    #[cfg(test)]
     pub(crate) fn of(&self, parts: &Parts, body: &[u8]) -> Fingerprint {
+        self.of_with_parts(parts, body).0
+    }
+
+    /// The fingerprint of a request with `parts` and `body`, and the
+    /// digests of its parts, which name what differs in a later request
+    /// with the same key and another fingerprint.
+    pub(crate) fn of_with_parts(&self, parts: &Parts, body: &[u8]) -> (Fingerprint, PartDigests) {
         let canonical = self.canonical_body(&parts.headers, body);
         let (tag, body) = match &canonical {
             Some(json) => (TAG_JSON, json.as_slice()),
             None => (TAG, body),
         };
+        let mut digests = PartDigests(Vec::with_capacity(5 + self.headers.len()));
         let mut hasher = Sha256::new();
         field(&mut hasher, tag);
         field(&mut hasher, parts.method.as_str().as_bytes());
+        digests.push(Part::Method, &[parts.method.as_str().as_bytes()]);
         let target = parts.uri.path_and_query().map_or("/", |p| p.as_str());
         field(&mut hasher, target.as_bytes());
+        digests.push(Part::Path, &[parts.uri.path().as_bytes()]);
+        digests.push(
+            Part::Query,
+            &[parts.uri.query().unwrap_or_default().as_bytes()],
+        );
         field(&mut hasher, body);
+        digests.push(Part::Body, &[tag, body]);
+        digests.push(Part::BodyForm, &[tag]);
         for name in &self.headers {
             field(&mut hasher, name.as_str().as_bytes());
             let values = parts.headers.get_all(name);
             hasher.update((values.iter().count() as u64).to_be_bytes());
+            let mut header = Sha256::new();
             for value in values {
                 field(&mut hasher, value.as_bytes());
+                field(&mut header, value.as_bytes());
             }
+            let digest: [u8; 32] = header.finalize().into();
+            digests.push(Part::Header(name.as_str()), &[&digest]);
         }
-        Fingerprint::from_digest(hasher.finalize().into())
+        (Fingerprint::from_digest(hasher.finalize().into()), digests)
     }
 
     /// The canonical JSON text of `body` without the ignored fields, when
@@ -131,6 +152,87 @@ impl RequestFingerprint {
         let mut out = Vec::with_capacity(body.len());
         write_canonical(&value, &mut out).ok()?;
         Some(out)
+    }
+}
+
+/// A part of a request that its fingerprint covers.
+enum Part<'a> {
+    Method,
+    Path,
+    Query,
+    Body,
+    /// Whether the body was read as JSON or as bytes.
+    BodyForm,
+    Header(&'a str),
+}
+
+impl Part<'_> {
+    fn name(&self) -> String {
+        match self {
+            Part::Method => "method".into(),
+            Part::Path => "path".into(),
+            Part::Query => "query".into(),
+            Part::Body => "body".into(),
+            Part::BodyForm => "body-form".into(),
+            Part::Header(name) => format!("header:{name}"),
+        }
+    }
+}
+
+/// Short digests (8 bytes of SHA-256) of a request's parts, by name: kept
+/// with its stored response, so that a later request with the same key
+/// and another payload is told what differed (422). They only tell parts
+/// apart: the fingerprint is what decides.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct PartDigests(pub(crate) Vec<(String, [u8; 8])>);
+
+impl PartDigests {
+    fn push(&mut self, part: Part<'_>, fields: &[&[u8]]) {
+        let mut hasher = Sha256::new();
+        for bytes in fields {
+            field(&mut hasher, bytes);
+        }
+        let digest: [u8; 32] = hasher.finalize().into();
+        let mut short = [0; 8];
+        short.copy_from_slice(&digest[..8]);
+        self.0.push((part.name(), short));
+    }
+
+    /// What differs between this request and `earlier`, in words for a
+    /// problem's detail; `None` when the digests say nothing (none were
+    /// kept, or the configuration changed what is fingerprinted).
+    pub(crate) fn differences(&self, earlier: &PartDigests) -> Option<String> {
+        let before = |name: &str| earlier.0.iter().find(|(n, _)| n == name).map(|(_, d)| d);
+        let mut parts = Vec::new();
+        let mut form_differs = false;
+        for (name, digest) in &self.0 {
+            match before(name) {
+                Some(old) if old != digest => {}
+                _ => continue,
+            }
+            match name.as_str() {
+                "body-form" => form_differs = true,
+                "method" | "path" | "query" | "body" => parts.push(format!("the {name}")),
+                header => {
+                    let header = header.strip_prefix("header:").unwrap_or(header);
+                    parts.push(format!("the `{header}` header"));
+                }
+            }
+        }
+        if parts.is_empty() {
+            return None;
+        }
+        let mut words = match parts.len() {
+            1 => format!("{} differs", parts[0]),
+            n => format!("{} and {} differ", parts[..n - 1].join(", "), parts[n - 1]),
+        };
+        if form_differs {
+            words.push_str(
+                " (the body was read as JSON one time and as bytes the other: a body is \
+                 compared as JSON only when sent with a JSON `Content-Type`)",
+            );
+        }
+        Some(words)
     }
 }
 
@@ -271,6 +373,45 @@ mod tests {
             fp("POST", "/orders", b"{}", &[("content-type", "a")]),
             fp("POST", "/orders", b"{}", &[("content-type", "b")])
         );
+    }
+
+    #[test]
+    fn differences_are_named() {
+        let f = with_content_type();
+        let digests = |method, uri, body: &[u8], headers| {
+            f.of_with_parts(&parts(method, uri, headers), body).1
+        };
+        let base = digests("POST", "/orders?a=1", b"{}", &[]);
+        assert_eq!(base.differences(&base), None);
+        assert_eq!(
+            digests("POST", "/orders?a=2", b"{}", &[]).differences(&base),
+            Some("the query differs".into())
+        );
+        assert_eq!(
+            digests(
+                "PUT",
+                "/other?a=1",
+                b"{}",
+                &[("content-type", "text/plain")]
+            )
+            .differences(&base),
+            Some("the method, the path and the `content-type` header differ".into())
+        );
+        let json = digests(
+            "POST",
+            "/orders?a=1",
+            b"{}",
+            &[("content-type", "application/json")],
+        );
+        let words = json.differences(&base).unwrap();
+        assert!(
+            words.starts_with(
+                "the body and the `content-type` header differ (the body was read as JSON"
+            ),
+            "{words}"
+        );
+        // Nothing kept (a response stored before the digests were): no words.
+        assert_eq!(base.differences(&PartDigests::default()), None);
     }
 
     #[test]

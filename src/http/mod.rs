@@ -140,8 +140,14 @@
 //! - same key, same payload, while it runs: the duplicate waits for the
 //!   first response (5 seconds at most, [`wait`](IdempotencyLayer::wait)),
 //!   then is answered as above; past the bound, or at once with
-//!   [`fail_fast`](IdempotencyLayer::fail_fast), it gets 409;
-//! - same key, another payload: 422, whatever the state.
+//!   [`fail_fast`](IdempotencyLayer::fail_fast), it gets 409, with
+//!   `Retry-After` the time left on the first request's lease;
+//! - same key, another payload: 422, whatever the state. Once the first
+//!   request's response is stored, the 422's detail names what differs
+//!   from it (the method, the path, the query, the body, a fingerprinted
+//!   header), and says when the body was compared as JSON one time and as
+//!   bytes the other; the response is stored with short digests of the
+//!   request's parts for this.
 //!
 //! **What is stored**: status, headers and body. Hop-by-hop headers
 //! (`Connection` and those it names, `Keep-Alive`, `Transfer-Encoding`,

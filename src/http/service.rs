@@ -22,6 +22,7 @@ use tracing::Instrument;
 use super::axum::MatchedPathRoute;
 use super::body::ResponseBody;
 use super::config::Config;
+use super::fingerprint::PartDigests;
 use super::future::{panic_message, CatchUnwind, Panic, ResponseFuture};
 use super::key_header::{refusal, IdempotencyKey, KeyHeaderError, Unkeyed};
 use super::principal::Principal;
@@ -31,9 +32,11 @@ use super::route::MakeRoute;
 use super::route::UNMATCHED;
 use super::stored::{ResponseCodec, StoredResponse};
 use super::storing::is_stored;
+use crate::engine::Codec;
 use crate::engine::{run, Call};
 use crate::error::Error;
 use crate::key::{Key, Scope};
+use crate::record::OutcomeKind;
 use crate::store::Store;
 
 /// What a stored response's status and headers may take beside its body,
@@ -225,13 +228,9 @@ where
     // A response the layer keeps is at most `max_stored_body` of body,
     // framed with its head: the engine's limit on an outcome follows the
     // layer's, so that raising one raises the other.
-    let call = Call::from_parts(
-        scope,
-        Ok(key),
-        Ok(config.fingerprint.of(&parts, &body)),
-        config.policy,
-    )
-    .max_outcome(
+    let (fingerprint, digests) = config.fingerprint.of_with_parts(&parts, &body);
+    let record = (scope.clone(), key.clone());
+    let call = Call::from_parts(scope, Ok(key), Ok(fingerprint), config.policy).max_outcome(
         config
             .max_stored_body
             .saturating_add(RESPONSE_HEAD_ROOM)
@@ -239,7 +238,8 @@ where
     );
     let request = Request::from_parts(parts, ReqBody::from(body));
     let task = tokio::spawn(
-        execute(inner, store, config, call, request).instrument(tracing::Span::current()),
+        execute(inner, store, config, call, request, digests, record)
+            .instrument(tracing::Span::current()),
     );
     let ran = match task.await {
         Ok(ran) => ran,
@@ -321,6 +321,9 @@ enum Failure<B, E> {
     Inner(E),
     /// The inner service panicked.
     Panicked(Panic),
+    /// The layer's answer to an error of the engine, with a detail of its
+    /// own (what differed from the key's first request).
+    Answered(ProblemDetails),
 }
 
 impl<B, E> From<Error> for Failure<B, E> {
@@ -419,6 +422,8 @@ async fn execute<S, ReqBody, ResBody>(
     config: Arc<Config>,
     call: Call,
     request: Request<ReqBody>,
+    digests: PartDigests,
+    (scope, key): (Scope, Key),
 ) -> Ran<ResBody, S::Error>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>>,
@@ -475,24 +480,54 @@ where
                 );
                 let answer: Response<Bytes> = not_replayable(&why).into();
                 let (head, body_of_answer) = answer.into_parts();
-                let stored =
+                let mut stored =
                     StoredResponse::new(head.status, &head.headers, body_of_answer, &REPLAYED);
+                stored.request = digests.clone();
                 let streamed = ResponseBody::streamed(prefix, body);
                 executed = Some(Response::from_parts(parts, streamed));
                 return Ok(stored);
             }
         };
-        let stored = StoredResponse::new(
+        let mut stored = StoredResponse::new(
             response.status(),
             response.headers(),
             response.body().clone(),
             &REPLAYED,
         );
+        stored.request = digests.clone();
         executed = Some(response.map(ResponseBody::from));
         Ok(stored)
     };
-    let result = run(&*store, call.with_codec(ResponseCodec), body).await;
+    let mut result = run(&*store, call.with_codec(ResponseCodec), body).await;
+    if let Err(Failure::Idem(Error::KeyReused)) = &result {
+        if let Some(detail) = what_differed(&*store, &scope, &key, &digests).await {
+            result = Err(Failure::Answered(ProblemDetails::new(
+                Problem::KeyReused,
+                detail,
+            )));
+        }
+    }
     Ran { result, executed }
+}
+
+/// The 422's detail naming what differs from the request whose response
+/// is stored under the key, when it is stored with its part digests;
+/// `None` otherwise (the key's request still runs, a response stored
+/// before the digests were kept, the store failed to answer).
+async fn what_differed(
+    store: &dyn Store,
+    scope: &Scope,
+    key: &Key,
+    digests: &PartDigests,
+) -> Option<String> {
+    let record = store.get(scope, key).await.ok()??;
+    let outcome = record.outcome.filter(|o| o.kind == OutcomeKind::Ok)?;
+    let stored = ResponseCodec.decode(&outcome.body).ok()?;
+    let differences = digests.differences(&stored.request)?;
+    Some(format!(
+        "this idempotency key was already used with a different request: {differences}; \
+         send the first request again to get its answer, or use a new key"
+    ))
 }
 
 /// Turns what the task did into the response (or error) for the client.
@@ -504,6 +539,7 @@ fn respond<B, E>(ran: Ran<B, E>) -> Result<Response<ResponseBody<B>>, E> {
         (Err(Failure::Inner(err)), _) => Err(err),
         (Err(Failure::Panicked(panic)), _) => std::panic::resume_unwind(panic),
         (Err(Failure::Idem(err)), None) => Ok(ProblemDetails::from(&err).into()),
+        (Err(Failure::Answered(details)), _) => Ok(details.into()),
         // The request ran, but its response could not be stored (the store
         // failed, or the lease was lost): the client still gets it. A retry
         // runs the request again once the claim's lease has passed.

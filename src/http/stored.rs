@@ -3,12 +3,18 @@
 //! The stored form is raw bytes, not JSON, so a body costs its own size:
 //!
 //! ```text
-//! u8   version (1)
+//! u8   version (2)
 //! u16  status
 //! u32  header count, then per header:
 //!        u32 name length, name bytes, u32 value length, value bytes
+//! u32  request part count, then per part (version 2 only):
+//!        u32 name length, name bytes, 8 bytes of the part's digest
 //! ...  the body, to the end
 //! ```
+//!
+//! The request's part digests ([`PartDigests`]) let a later request with
+//! the key and another payload be told what differed. A response stored
+//! as version 1 (before them) still replays.
 //!
 //! Integers are big-endian.
 
@@ -16,10 +22,11 @@ use ::http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use ::http::StatusCode;
 use bytes::Bytes;
 
+use super::fingerprint::PartDigests;
 use crate::engine::Codec;
 use crate::error::Error;
 
-const VERSION: u8 = 1;
+const VERSION: u8 = 2;
 
 /// The parts of a response that a replay gives back.
 #[derive(Clone, Debug, PartialEq)]
@@ -27,6 +34,8 @@ pub(crate) struct StoredResponse {
     pub(crate) status: StatusCode,
     pub(crate) headers: HeaderMap,
     pub(crate) body: Bytes,
+    /// The digests of the request's parts (none in a version 1 record).
+    pub(crate) request: PartDigests,
 }
 
 /// Headers that describe one transfer or one moment, not the response:
@@ -92,6 +101,7 @@ impl StoredResponse {
             status,
             headers: kept,
             body,
+            request: PartDigests::default(),
         }
     }
 }
@@ -152,13 +162,20 @@ impl Codec<StoredResponse> for ResponseCodec {
             put_len(&mut out, v.len())?;
             out.extend_from_slice(v.as_bytes());
         }
+        put_len(&mut out, value.request.0.len())?;
+        for (name, digest) in &value.request.0 {
+            put_len(&mut out, name.len())?;
+            out.extend_from_slice(name.as_bytes());
+            out.extend_from_slice(digest);
+        }
         out.extend_from_slice(&value.body);
         Ok(out)
     }
 
     fn decode(&self, bytes: &[u8]) -> Result<StoredResponse, Error> {
         let mut r = Reader(bytes);
-        if r.take(1)? != [VERSION] {
+        let version = r.take(1)?[0];
+        if version != 1 && version != VERSION {
             return Err(corrupt("unknown version"));
         }
         let status = r.take(2)?;
@@ -173,10 +190,23 @@ impl Codec<StoredResponse> for ResponseCodec {
                 HeaderValue::from_bytes(r.field()?).map_err(|_| corrupt("invalid header value"))?;
             headers.append(name, value);
         }
+        let mut request = PartDigests::default();
+        if version == VERSION {
+            let count = r.u32()?;
+            for _ in 0..count {
+                let name = std::str::from_utf8(r.field()?)
+                    .map_err(|_| corrupt("invalid request part name"))?
+                    .to_owned();
+                let mut digest = [0; 8];
+                digest.copy_from_slice(r.take(8)?);
+                request.0.push((name, digest));
+            }
+        }
         Ok(StoredResponse {
             status,
             headers,
             body: Bytes::copy_from_slice(r.0),
+            request,
         })
     }
 }
@@ -213,8 +243,34 @@ mod tests {
             &replayed(),
         );
         let bytes = ResponseCodec.encode(&empty).unwrap();
-        assert_eq!(bytes.len(), 7);
+        assert_eq!(bytes.len(), 11);
         assert_eq!(ResponseCodec.decode(&bytes).unwrap(), empty);
+
+        let mut with_parts = stored.clone();
+        with_parts.request = PartDigests(vec![
+            ("method".into(), [1; 8]),
+            ("header:x-tenant".into(), [2; 8]),
+        ]);
+        let bytes = ResponseCodec.encode(&with_parts).unwrap();
+        assert_eq!(ResponseCodec.decode(&bytes).unwrap(), with_parts);
+    }
+
+    /// A response stored before the request's part digests were kept
+    /// (version 1) replays as it was stored.
+    #[test]
+    fn version_1_still_replays() {
+        let mut bytes = vec![1, 0, 201, 0, 0, 0, 1];
+        for field in [&b"location"[..], b"/orders/7"] {
+            bytes.extend_from_slice(&(field.len() as u32).to_be_bytes());
+            bytes.extend_from_slice(field);
+        }
+        bytes.extend_from_slice(b"{\"id\":7}");
+        let stored = ResponseCodec.decode(&bytes).unwrap();
+        assert_eq!(stored.status, StatusCode::CREATED);
+        assert_eq!(stored.headers[header::LOCATION], "/orders/7");
+        assert_eq!(&stored.body[..], b"{\"id\":7}");
+        assert_eq!(stored.request, PartDigests::default());
+        assert!(ResponseCodec.decode(&[3, 0, 200, 0, 0, 0, 0]).is_err());
     }
 
     #[test]

@@ -362,15 +362,50 @@ async fn other_payload_is_422<S: SqlStore>(store: S) {
         .send()
         .await
         .unwrap();
-    problem(other, Problem::KeyReused).await;
+    let doc = problem(other, Problem::KeyReused).await;
+    // The 422 names what differed from the request stored under the key.
+    let detail = doc["detail"].as_str().unwrap();
+    assert!(detail.contains(": the body differs;"), "{detail}");
 
     // One route template, two paths: the same operation, another payload.
     let key = fresh_key();
     let one = server.post("/orders/1", &key, "x").send().await.unwrap();
     assert_eq!(one.status(), StatusCode::CREATED);
     let two = server.post("/orders/2", &key, "x").send().await.unwrap();
-    problem(two, Problem::KeyReused).await;
-    assert_eq!(seen.runs(), 2);
+    let doc = problem(two, Problem::KeyReused).await;
+    let detail = doc["detail"].as_str().unwrap();
+    assert!(detail.contains(": the path differs;"), "{detail}");
+    let three = server
+        .post("/orders/3?dry_run=1", &key, "y")
+        .send()
+        .await
+        .unwrap();
+    let doc = problem(three, Problem::KeyReused).await;
+    let detail = doc["detail"].as_str().unwrap();
+    assert!(
+        detail.contains(": the path, the query and the body differ;"),
+        "{detail}"
+    );
+
+    // The same JSON bytes, first undeclared (compared as bytes), then
+    // declared (compared as JSON): the 422 says why they differ.
+    let key = fresh_key();
+    let json = r#"{"amount": 100}"#;
+    let plain = server.post("/orders", &key, json).send().await.unwrap();
+    assert_eq!(plain.status(), StatusCode::CREATED);
+    let declared = server
+        .post("/orders", &key, json)
+        .header("content-type", "application/json")
+        .send()
+        .await
+        .unwrap();
+    let doc = problem(declared, Problem::KeyReused).await;
+    let detail = doc["detail"].as_str().unwrap();
+    assert!(
+        detail.contains("read as JSON one time and as bytes"),
+        "{detail}"
+    );
+    assert_eq!(seen.runs(), 3);
 }
 
 async fn missing_key_is_400<S: SqlStore>(store: S) {
@@ -885,7 +920,20 @@ async fn engine_errors_are_answered_as_the_layer_answers_them<S: SqlStore>(store
         reused.push(answer(other).await);
     }
     assert_eq!(reused[0].0, StatusCode::UNPROCESSABLE_ENTITY);
-    assert_eq!(reused[1], reused[0]);
+    // The same answer, but for its detail: the layer knows the request
+    // stored under the key, and names what differs from it.
+    let document = |answer: &(StatusCode, String, bool, Vec<u8>)| {
+        let mut doc: Value = serde_json::from_slice(&answer.3).unwrap();
+        let detail = doc["detail"].take();
+        ((answer.0, answer.1.clone(), answer.2, doc), detail)
+    };
+    let (layer, layer_detail) = document(&reused[0]);
+    let (direct, _) = document(&reused[1]);
+    assert_eq!(direct, layer);
+    assert!(
+        layer_detail.as_str().unwrap().contains("the body differs"),
+        "{layer_detail}"
+    );
     // 409: a duplicate while the first request runs.
     let mut running = Vec::new();
     for path in ["/gated", "/direct"] {
