@@ -584,7 +584,7 @@ impl<C: fmt::Debug, P, E> fmt::Debug for Replaying<C, P, E> {
 /// happens until the future is polled. `run` is a plain function that returns one
 /// future, rather than an `async fn` wrapping the instrumented one: each
 /// layer of future is moved (copied whole) as it is built and awaited,
-/// which was a tenth of a replay's cost from a store in memory.
+/// a cost a replay from a store in memory would feel.
 pub fn run<'s, S, T, E, Fut, O>(
     store: &'s S,
     call: Call<O>,
@@ -1059,8 +1059,8 @@ where
 /// connection in transactional mode.
 ///
 /// Its methods return their futures unboxed (the trait is private and only
-/// used generically): a boxed future was an allocation per statement, a
-/// tenth of a replay's allocations from a store in memory.
+/// used generically): a boxed future would be an allocation per
+/// statement, on the path of a replay from a store in memory.
 trait Records: Send {
     /// The claim, or the answer to a duplicate.
     fn begin(
@@ -1316,8 +1316,8 @@ where
         // it is a future of its own, on the heap, so that a call that
         // claims or replays at once neither carries nor copies it. The
         // first answer is not reassigned here: a variable the wait's
-        // answer was written back into kept both across the wait (this
-        // future was 272 bytes then, 200 now).
+        // answer was written back into would keep both across the wait,
+        // and make this future larger.
         Box::pin(wait_out(records, call, request, lease_left)).await?
     } else {
         first

@@ -3,10 +3,9 @@
 //!
 //! SQLite has one write lock per database. A connection that finds it
 //! taken does not queue for it: its busy handler sleeps and tries again,
-//! 1, 2, 5, 10, 15, 20, 25 ms and on. With twenty writers at once, most of
-//! them were soon in long sleeps, the lock sat free between their tries,
-//! and a write waited far longer than the writes before it took (twenty
-//! entity-mode calls with a 200 ms body took 1.6 bodies of wall time).
+//! 1, 2, 5, 10, 15, 20, 25 ms and on. With many writers at once, most of
+//! them are soon in long sleeps, the lock sits free between their tries,
+//! and a write waits far longer than the writes before it took.
 //! The store's writes (claims, completions, releases, renewals, journal
 //! entries, entity mode's rows) therefore pass a gate of [`WRITERS`]
 //! places per database file, shared by every store on the pool, first
@@ -15,10 +14,8 @@
 //!
 //! Not one place: the application's own writes (the body's rows) do not
 //! pass the gate, and a single writer of the store's, polling on its
-//! busy handler's growing sleeps, took the lock after them later than
-//! several did (record mode with a bare INSERT body, 4 tasks: 0.20 of the
-//! plain call's throughput against 0.28 without a gate; 0.29 with four
-//! places, where the twenty entity calls take 1.2 bodies).
+//! busy handler's growing sleeps, would take the lock after them later
+//! than several do (BENCHMARKS.md, the SQLite rows, measures both).
 //!
 //! What keeps this safe:
 //! - The gate is passed before a connection is taken, and held only while

@@ -3,13 +3,11 @@
 //! sqlx tests a connection each time it goes back to the pool: a spawned
 //! task sends a ping and waits for the answer before another caller may
 //! have the connection (and, with `test_before_acquire`, pings again as it
-//! lends it). A store's statement on the pool therefore cost two round
-//! trips or three: one statement through `&Pool` ran 2.7 times slower than
-//! on a connection held (PostgreSQL, 4 tasks: 24 000 against 65 000
-//! statements per second). A store now keeps a few connections after a
+//! lends it). A store's statement on the pool would therefore cost two
+//! round trips or three. A store keeps a few connections after a
 //! statement that succeeded and lends them to its next statements, so a
 //! replay is one round trip and a first execution's claim and completion
-//! one each.
+//! one each (BENCHMARKS.md measures the difference).
 //!
 //! What keeps this safe:
 //! - Only a connection whose statement finished without error is kept. One

@@ -13,7 +13,7 @@
 //! into the gap.
 //!
 //! Hashed with foldhash, seeded at random per map: SipHash, the standard
-//! map's, was a tenth of a replay's instructions. Foldhash resists only
+//! map's, is slow for the short keys every replay hashes. Foldhash resists only
 //! the simplest flooding of one bucket, which is enough for a store that
 //! lives in one process (for tests and tools), not for a server's map of
 //! untrusted keys.

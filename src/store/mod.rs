@@ -65,7 +65,7 @@ pub trait Store: Send + Sync {
     /// cache), under the same contract: `None`, the default, when it
     /// cannot, and the call then sends `begin`. A store in memory answers
     /// every call here: `begin`'s future is boxed (an `async` trait
-    /// method), an allocation that was a tenth of a replay's cost.
+    /// method), an allocation on every replay's path.
     ///
     /// The engine takes a claim answered here to hold its whole lease: it
     /// renews a claim answered late by [`begin`](Store::begin) before the

@@ -144,8 +144,7 @@ const NOW: &str = "(TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMEST
 /// with `VALUES(column)`: its `created_at` is the database's clock at the
 /// statement's start (`UTC_TIMESTAMP` is fixed for a statement, so every
 /// `{now}` in it is the same instant). Selecting them from a derived table
-/// instead made InnoDB materialize a temporary table for every claim: the
-/// claim took twice as long as this one (`mariadb-slap`, 4 clients).
+/// instead makes InnoDB materialize a temporary table for every claim.
 const CLAIM: &str = r#"INSERT INTO `{table}`
         (scope, `key`, fingerprint, state, fence, lease_until, claim_token, created_at, expires_at)
     VALUES (?, ?, ?, 'in_progress', 1, {now} + ?, ?, {now}, {now} + GREATEST(?, ?))
