@@ -76,13 +76,14 @@
 //!
 //! A call that failed **cleanly** leaves no doubt: when the downstream
 //! says nothing happened ("503, nothing was charged", a declined card),
-//! return [`Failed::Cleanly`] from [`Step::try_run`]. The step's start is
-//! taken back, and the next attempt runs it as one never started: no
-//! reconcile, no refusal, no settle window, no warning. An error `run`
-//! returns, or [`Failed::InDoubt`], leaves the step in doubt as above.
-//! (Only a start this attempt made afresh is taken back: after a rerun of
-//! a step an earlier attempt left in doubt, that earlier call may still
-//! have landed, and the step stays in doubt.)
+//! return [`Failed::Cleanly`] from [`Step::try_run`]. When the body ends,
+//! the step's start is taken back, and the next attempt runs it as one
+//! never started: no reconcile, no refusal, no settle window, no warning.
+//! An error `run` returns, or [`Failed::InDoubt`], leaves the step in
+//! doubt as above. Only the body's last step is taken back, and only a
+//! start this attempt made afresh: a body that went on to another step
+//! (a fallback) may have had its effect there, and a step an earlier
+//! attempt left in doubt may have landed then; both stay in doubt.
 //!
 //! In-doubt steps are logged and counted (`idem_steps_in_doubt_total`, by
 //! `resolution`). Completed and replayed steps are counted in
@@ -215,6 +216,10 @@ struct Progress {
     /// while it holds the claim, so a place absent then is absent until
     /// this attempt writes it.
     journaled: Option<Vec<u32>>,
+    /// The last step, if its call failed cleanly and this attempt began
+    /// it afresh: its start is taken back when the body ends, unless
+    /// another step begins first ([`take_back_later`]).
+    take_back: Option<(Current, &'static str)>,
 }
 
 /// Locks `mutex`, whose holders only read or assign plain values: a panic
@@ -249,6 +254,17 @@ impl Operation {
         let state = &*self.0;
         let (seq, occurrence) = {
             let mut progress = lock(&state.progress);
+            if let Some((earlier, earlier_name)) = progress.take_back.take() {
+                // The body went on past a cleanly failed step: a later
+                // attempt that ran that step afresh could take another
+                // path than this one took, past steps this one may have
+                // had effects in. Its start stays: in doubt.
+                tracing::debug!(
+                    step = earlier_name,
+                    step_key = %earlier.key,
+                    "a step failed cleanly and the body went on: it stays in doubt"
+                );
+            }
             let seq = progress.next;
             progress.next += 1;
             let occurrence = match progress.names.iter_mut().find(|(n, _)| *n == name) {
@@ -608,12 +624,15 @@ impl<R> Step<R> {
 
     /// Runs the step as [`run`](Step::run) does, with a call that tells a
     /// clean failure from one in doubt ([`Failed`]). After
-    /// [`Failed::Cleanly`] the step's journal entry is taken back (when
-    /// this attempt started it afresh, or after an operator's or a
-    /// reconciliation's "it did not happen"): the next attempt runs the
-    /// step as one never started, without reconciling, refusing or
-    /// warning. [`Failed::InDoubt`] leaves the step in doubt, as an error
-    /// from `run` does.
+    /// [`Failed::Cleanly`] the step's journal entry is taken back when
+    /// the body ends (when this attempt started it afresh, or after an
+    /// operator's or a reconciliation's "it did not happen"): the next
+    /// attempt runs the step as one never started, without reconciling,
+    /// refusing or warning. Not when another step begins after it in the
+    /// body (a fallback, the same step called again): that step may have
+    /// its effect, and a next attempt that ran this one afresh could take
+    /// another path, so this one stays in doubt. [`Failed::InDoubt`]
+    /// leaves the step in doubt, as an error from `run` does.
     ///
     /// ```
     /// use idem::steps::{Failed, Step};
@@ -673,7 +692,7 @@ impl<R> Step<R> {
                     Ok(StepBegin::Run(run)) => {
                         if let Err(Failed::Cleanly(_)) = output {
                             let fresh = matches!(run, StepRun::Fresh | StepRun::Allowed);
-                            undo(&*journal, &current, name, fresh).await;
+                            take_back_later(&current, name, fresh);
                         }
                     }
                     // The store failed: once the call ran, its output is
@@ -696,8 +715,8 @@ impl<R> Step<R> {
         let output = match f(current.key.clone()).await {
             Ok(output) => output,
             Err(Failed::Cleanly(err)) => {
-                if let Some(journal) = journal {
-                    undo(&*journal, &current, name, fresh).await;
+                if journal.is_some() {
+                    take_back_later(&current, name, fresh);
                 }
                 return Err(err);
             }
@@ -1054,6 +1073,7 @@ enum Started<T> {
 async fn flushed<F: Future>(body: F) -> F::Output {
     let output = body.await;
     flush_journal().await;
+    take_back().await;
     output
 }
 
@@ -1103,11 +1123,11 @@ async fn journal_behind(
     .await;
 }
 
-/// Takes back the start of a step whose call failed cleanly, when no
-/// earlier attempt's call may be pending under its key (`fresh`): the next
-/// attempt runs it as never started. Otherwise, or should the store fail,
-/// the step stays in doubt for the next attempt, which is safe.
-async fn undo(journal: &dyn Store, current: &Current, name: &'static str, fresh: bool) {
+/// Marks the start of a step whose call failed cleanly to be taken back
+/// when the body ends ([`take_back`]), when no earlier attempt's call may
+/// be pending under its key (`fresh`). Otherwise the step stays in doubt
+/// for the next attempt, which is safe.
+fn take_back_later(current: &Current, name: &'static str, fresh: bool) {
     if !fresh {
         tracing::debug!(
             step = name,
@@ -1117,11 +1137,37 @@ async fn undo(journal: &dyn Store, current: &Current, name: &'static str, fresh:
         );
         return;
     }
+    let _ = OPERATION.try_with(|operation| {
+        lock(&operation.0.progress).take_back = Some((current.clone(), name));
+    });
+}
+
+/// Takes back the start of the body's last step, when its call failed
+/// cleanly and no step began after it: the next attempt runs it as never
+/// started. Not sooner: a body that goes on past the failure (to a
+/// fallback) may have effects in later steps, and a next attempt that ran
+/// the failed step afresh could take another path than this one. Should
+/// the store fail, or the body be dropped first, the step stays in doubt.
+async fn take_back() {
+    let Ok(Some((current, name))) =
+        OPERATION.try_with(|operation| lock(&operation.0.progress).take_back.take())
+    else {
+        return;
+    };
+    let Some(journal) = current.journal.clone() else {
+        return;
+    };
     match journal
         .undo_step(&current.claim, &current.request(name))
         .await
     {
-        Ok(_) => counted(name, "failed_cleanly", current),
+        Ok(true) => counted(name, "failed_cleanly", &current),
+        Ok(false) => tracing::debug!(
+            step = name,
+            step_key = %current.key,
+            "a cleanly failed step's start was not taken back (the store keeps it, or a \
+             later attempt took it over): it stays in doubt"
+        ),
         Err(err) => tracing::info!(
             error = %err,
             step = name,

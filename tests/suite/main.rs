@@ -32,6 +32,7 @@ mod payments_app;
 mod attribute;
 mod bounded_saves;
 mod cache_expiry;
+mod clean_step_failures;
 #[cfg(all(feature = "sqlite", feature = "postgres"))]
 mod consumer;
 #[cfg(all(feature = "kafka", feature = "sqlite", feature = "postgres"))]
