@@ -42,6 +42,34 @@ fn id(key: &str, topic: &str, occurrence: u32) -> MessageId {
     )
 }
 
+/// A shipment, in entity mode: the row is the operation's result.
+#[derive(Debug, Clone, PartialEq, sqlx::FromRow, idem::Entity)]
+#[idem(table = "shipments")]
+pub struct Shipment {
+    #[idem(generated)]
+    pub id: i64,
+    #[idem(token)]
+    pub token: String,
+    pub qty: i64,
+}
+
+fn shipments_table(backend: &str) -> &'static str {
+    match backend {
+        "sqlite_file" => {
+            "CREATE TABLE shipments (id INTEGER PRIMARY KEY AUTOINCREMENT, \
+             token TEXT NOT NULL UNIQUE, qty INTEGER NOT NULL)"
+        }
+        "postgres" => {
+            "CREATE TABLE shipments (id BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY, \
+             token TEXT NOT NULL UNIQUE, qty BIGINT NOT NULL)"
+        }
+        _ => {
+            "CREATE TABLE shipments (id BIGINT AUTO_INCREMENT PRIMARY KEY, \
+             token VARCHAR(255) NOT NULL UNIQUE, qty BIGINT NOT NULL)"
+        }
+    }
+}
+
 common::backends!(sqlite_file, postgres, mysql => {
     use sqlx::Connection;
 
@@ -375,6 +403,41 @@ common::backends!(sqlite_file, postgres, mysql => {
         let seqs: Vec<i64> = lease.messages().iter().map(|m| m.seq()).collect();
         outbox.mark_relayed(&seqs).await.unwrap();
         assert_eq!(outbox.purge(100).await.unwrap(), 0);
+    }
+
+    /// Entity mode: the message is written in the transaction that
+    /// inserts the entity. A replay finds the row and enqueues nothing; a
+    /// body that fails after enqueuing leaves nothing behind.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn entity_mode_enqueues_with_the_entity() {
+        let ns = backend::namespace("outbox_entity").await;
+        let pool = backend::pool(&ns, 4).await;
+        sqlx::query(shipments_table(backend::NAME)).execute(&pool).await.unwrap();
+        let store = idem::SqlStore::<Db>::new(pool.clone());
+        store.migrate().await.unwrap();
+        let outbox = Outbox::new(&store);
+        let ship = |token: &'static str, fail: bool| {
+            let (pool, outbox) = (pool.clone(), outbox.clone());
+            async move {
+                idem::entity::run(&pool, Call::new(SCOPE, token, &2), async {
+                    outbox.enqueue(event(1))?;
+                    outbox.enqueue(event(2))?;
+                    if fail {
+                        return Err(Error::store("the warehouse failed"));
+                    }
+                    Ok(Shipment { id: 0, token: token.to_owned(), qty: 2 })
+                })
+                .await
+            }
+        };
+        assert!(ship("s-1", true).await.is_err());
+        assert_eq!(outbox.waiting().await.unwrap(), 0);
+        let first = ship("s-1", false).await.unwrap();
+        assert_eq!(ship("s-1", false).await.unwrap(), first);
+        assert_eq!(outbox.waiting().await.unwrap(), 2);
+        let lease = outbox.lease(10, Duration::from_secs(30)).await.unwrap();
+        let ids: Vec<_> = lease.messages().iter().map(|m| m.id().clone()).collect();
+        assert_eq!(ids, [id("s-1", "order.created", 0), id("s-1", "order.created", 1)]);
     }
 
     #[tokio::test]
