@@ -45,7 +45,7 @@ use std::time::Duration;
 
 use rdkafka::error::{KafkaError, KafkaResult};
 use rdkafka::message::{Header, OwnedHeaders};
-use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
 use rdkafka::ClientConfig;
 
 use super::{Lease, Leased, Outbox, MESSAGE_ID_HEADER};
@@ -70,7 +70,9 @@ pub struct Relayed {
 /// A relay from an [`Outbox`] to Kafka. See the [module documentation](self).
 pub struct KafkaRelay<DB: Backend> {
     outbox: Outbox<DB>,
-    producer: FutureProducer,
+    /// The producer, made again from `config` after a fatal error.
+    producer: std::sync::Mutex<FutureProducer>,
+    config: ClientConfig,
     batch: usize,
     lease: Duration,
     idle: Duration,
@@ -104,7 +106,8 @@ impl<DB: Backend> KafkaRelay<DB> {
     pub fn new(outbox: Outbox<DB>, config: &ClientConfig) -> Result<Self, Error> {
         let relay = KafkaRelay {
             outbox,
-            producer: producer(config, DEFAULT_LEASE)?,
+            producer: std::sync::Mutex::new(producer(config, DEFAULT_LEASE)?),
+            config: config.clone(),
             batch: 500,
             lease: DEFAULT_LEASE,
             idle: Duration::from_millis(50),
@@ -125,7 +128,8 @@ impl<DB: Backend> KafkaRelay<DB> {
                 "a relay's lease must last at least 100 ms".into(),
             ));
         }
-        self.producer = producer(config, lease)?;
+        self.producer = std::sync::Mutex::new(producer(config, lease)?);
+        self.config = config.clone();
         self.lease = lease;
         Ok(self)
     }
@@ -147,9 +151,34 @@ impl<DB: Backend> KafkaRelay<DB> {
         &self.outbox
     }
 
-    /// The producer.
-    pub fn producer(&self) -> &FutureProducer {
-        &self.producer
+    /// The producer (a handle on it: the relay makes a new one after a
+    /// fatal error).
+    pub fn producer(&self) -> FutureProducer {
+        self.producer
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Makes a new producer when the current one failed for good: a
+    /// fatal error, or a broker that refuses its producer id or epoch (an
+    /// idempotent producer whose deliveries timed out asks for a new
+    /// epoch, which not every broker grants). The new producer has an id
+    /// of its own; the rows the old one failed are produced by it.
+    fn renew_producer(&self, refused: bool) {
+        let current = self.producer();
+        let fatal = current.client().fatal_error();
+        if fatal.is_none() && !refused {
+            return;
+        }
+        tracing::warn!(
+            ?fatal,
+            "the relay's producer cannot go on; making a new one"
+        );
+        match producer(&self.config, self.lease) {
+            Ok(fresh) => *self.producer.lock().unwrap_or_else(|e| e.into_inner()) = fresh,
+            Err(err) => tracing::warn!(error = %err, "making a new producer failed"),
+        }
     }
 
     /// One round: lease a batch, produce it, mark what the broker
@@ -167,6 +196,7 @@ impl<DB: Backend> KafkaRelay<DB> {
         let produced = self.produce(&lease).await;
         let marked = self.outbox.mark_relayed(&produced.acknowledged).await?;
         if !produced.failed.is_empty() {
+            self.renew_producer(produced.producer_refused);
             self.outbox.release(&lease, &produced.failed).await?;
         }
         Ok(Relayed {
@@ -182,9 +212,10 @@ impl<DB: Backend> KafkaRelay<DB> {
     /// nothing: [`relay_once`](Self::relay_once) is this, then
     /// [`Outbox::mark_relayed`] and [`Outbox::release`].
     pub async fn produce(&self, lease: &Lease) -> Produced {
+        let producer = self.producer();
         let mut deliveries = Vec::with_capacity(lease.messages().len());
         for message in lease.messages() {
-            deliveries.push((message.seq(), self.send(message).await));
+            deliveries.push((message.seq(), send(&producer, message).await));
         }
         let mut produced = Produced::default();
         for (seq, delivery) in deliveries {
@@ -193,6 +224,7 @@ impl<DB: Backend> KafkaRelay<DB> {
                     Ok(Ok(_)) => true,
                     Ok(Err((err, _))) => {
                         tracing::warn!(error = %err, seq, "the broker did not take an outbox message");
+                        produced.producer_refused |= refuses_producer(&err);
                         false
                     }
                     Err(_) => false,
@@ -209,43 +241,6 @@ impl<DB: Backend> KafkaRelay<DB> {
             }
         }
         produced
-    }
-
-    /// Queues one message in the producer, waiting while its queue is full.
-    async fn send(&self, message: &Leased) -> KafkaResult<rdkafka::producer::DeliveryFuture> {
-        let body = message.message();
-        let mut headers = OwnedHeaders::new_with_capacity(body.headers().len() + 1);
-        headers = headers.insert(Header {
-            key: MESSAGE_ID_HEADER,
-            value: Some(message.id().as_str()),
-        });
-        for (name, value) in body.headers() {
-            headers = headers.insert(Header {
-                key: name.as_str(),
-                value: Some(value.as_slice()),
-            });
-        }
-        let mut record: FutureRecord<'_, [u8], [u8]> =
-            FutureRecord::to(body.topic()).headers(headers);
-        if let Some(key) = body.key() {
-            record = record.key(key);
-        }
-        if let Some(payload) = body.payload() {
-            record = record.payload(payload);
-        }
-        loop {
-            match self.producer.send_result(record) {
-                Ok(delivery) => return Ok(delivery),
-                Err((
-                    KafkaError::MessageProduction(rdkafka::types::RDKafkaErrorCode::QueueFull),
-                    back,
-                )) => {
-                    record = back;
-                    tokio::time::sleep(Duration::from_millis(5)).await;
-                }
-                Err((err, _)) => return Err(err),
-            }
-        }
     }
 
     /// Relays until dropped: rounds back to back while messages wait, a
@@ -281,6 +276,45 @@ impl<DB: Backend> KafkaRelay<DB> {
     }
 }
 
+/// Queues one message in `producer`, waiting while its queue is full.
+async fn send(
+    producer: &FutureProducer,
+    message: &Leased,
+) -> KafkaResult<rdkafka::producer::DeliveryFuture> {
+    let body = message.message();
+    let mut headers = OwnedHeaders::new_with_capacity(body.headers().len() + 1);
+    headers = headers.insert(Header {
+        key: MESSAGE_ID_HEADER,
+        value: Some(message.id().as_str()),
+    });
+    for (name, value) in body.headers() {
+        headers = headers.insert(Header {
+            key: name.as_str(),
+            value: Some(value.as_slice()),
+        });
+    }
+    let mut record: FutureRecord<'_, [u8], [u8]> = FutureRecord::to(body.topic()).headers(headers);
+    if let Some(key) = body.key() {
+        record = record.key(key);
+    }
+    if let Some(payload) = body.payload() {
+        record = record.payload(payload);
+    }
+    loop {
+        match producer.send_result(record) {
+            Ok(delivery) => return Ok(delivery),
+            Err((
+                KafkaError::MessageProduction(rdkafka::types::RDKafkaErrorCode::QueueFull),
+                back,
+            )) => {
+                record = back;
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            Err((err, _)) => return Err(err),
+        }
+    }
+}
+
 /// What [`KafkaRelay::produce`] got from the broker, by sequence number.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
@@ -289,6 +323,24 @@ pub struct Produced {
     pub acknowledged: Vec<i64>,
     /// Not taken: give them back.
     pub failed: Vec<i64>,
+    /// The broker refused the producer itself (its id or epoch): the
+    /// relay makes a new one.
+    producer_refused: bool,
+}
+
+/// Whether the broker refused the producer rather than a record.
+fn refuses_producer(err: &KafkaError) -> bool {
+    use rdkafka::types::RDKafkaErrorCode as Code;
+    matches!(
+        err.rdkafka_error_code(),
+        Some(
+            Code::ProducerFenced
+                | Code::InvalidProducerEpoch
+                | Code::UnknownProducerId
+                | Code::InvalidProducerIdMapping
+                | Code::OutOfOrderSequenceNumber
+        )
+    )
 }
 
 /// The relay's producer: idempotent, its delivery timeout under the lease.

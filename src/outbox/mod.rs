@@ -793,6 +793,8 @@ mod tests {
             matches!(&err, Error::Config(m) if m.contains("outside")),
             "{err}"
         );
+        // The database's one connection, back to the pool.
+        drop(conn);
         let err = outbox.enqueue(message).unwrap_err();
         assert!(
             matches!(&err, Error::Config(m) if m.contains("outside")),

@@ -313,6 +313,13 @@ async fn relay_all<DB: idem::Backend>(relay: &KafkaRelay<DB>) {
 }
 
 fn once_each(n: usize, seen: &Seen) {
+    println!(
+        "outbox figures: {} messages, {} records on the broker, {} duplicates absorbed, {} effects",
+        n,
+        seen.records,
+        seen.duplicates,
+        seen.effects.values().sum::<usize>()
+    );
     assert_eq!(seen.effects.len(), n, "{seen:?}");
     assert!(
         seen.effects.values().all(|&effects| effects == 1),
