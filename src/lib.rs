@@ -69,6 +69,12 @@ pub mod journal;
 mod json_exact;
 mod key;
 pub mod metrics;
+#[cfg(feature = "_sql")]
+#[cfg_attr(
+    docsrs,
+    doc(cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql")))
+)]
+pub mod outbox;
 mod policy;
 pub mod record;
 #[cfg(feature = "redis")]

@@ -203,6 +203,37 @@ struct State {
     /// result is handed to the engine ([`flushed`]), and before a dropped
     /// caller's claim is handed back.
     pending: Mutex<Vec<tokio::task::JoinHandle<()>>>,
+    /// The outbox messages of this attempt: how many of each topic were
+    /// published so far, and (entity mode) the messages held until the
+    /// entity's transaction writes them.
+    #[cfg(feature = "_sql")]
+    messages: Mutex<Messages>,
+}
+
+/// An attempt's outbox messages (see [`crate::outbox`]).
+#[cfg(feature = "_sql")]
+#[derive(Default)]
+struct Messages {
+    /// How many messages of each topic this attempt published.
+    topics: Vec<(String, u32)>,
+    /// Entity mode: the messages to write with the entity, in order;
+    /// `None` in the other modes, where a message is written on the
+    /// body's own transaction.
+    held: Option<Vec<Box<dyn std::any::Any + Send + Sync>>>,
+}
+
+/// Where an outbox message of the running operation belongs: what its id
+/// derives from, and how long it is kept once relayed.
+#[cfg(feature = "_sql")]
+pub(crate) struct MessageSlot {
+    /// The operation's scope (entity mode: the operation's, not its claim's).
+    pub(crate) scope: Scope,
+    /// The claim, which fences the message's insert.
+    pub(crate) claim: Claim,
+    /// How many messages of the topic the attempt published before this one.
+    pub(crate) occurrence: u32,
+    /// How long the message is kept after it was written: the records'.
+    pub(crate) ttl: Duration,
 }
 
 #[derive(Default)]
@@ -238,6 +269,8 @@ impl Operation {
             steps,
             progress: Mutex::default(),
             pending: Mutex::default(),
+            #[cfg(feature = "_sql")]
+            messages: Mutex::default(),
         }))
     }
 
@@ -1075,6 +1108,78 @@ async fn flushed<F: Future>(body: F) -> F::Output {
     flush_journal().await;
     take_back().await;
     output
+}
+
+/// The next outbox message of `topic` in the operation this task's body
+/// runs under; `None` outside an operation.
+#[cfg(feature = "_sql")]
+pub(crate) fn next_message(topic: &str) -> Option<MessageSlot> {
+    OPERATION
+        .try_with(|operation| {
+            let state = &*operation.0;
+            let mut messages = lock(&state.messages);
+            let occurrence = match messages.topics.iter_mut().find(|(t, _)| t == topic) {
+                Some((_, count)) => {
+                    *count += 1;
+                    *count - 1
+                }
+                None => {
+                    messages.topics.push((topic.to_owned(), 1));
+                    0
+                }
+            };
+            MessageSlot {
+                scope: state.steps.scope.clone(),
+                claim: state.claim.clone(),
+                occurrence,
+                ttl: state.steps.ttl,
+            }
+        })
+        .ok()
+}
+
+/// Entity mode: from now on, the outbox messages of the operation this
+/// task's body runs under are held ([`hold_message`]) until the entity's
+/// transaction writes them ([`held_messages`]).
+#[cfg(feature = "_sql")]
+pub(crate) fn hold_messages() {
+    let _ = OPERATION.try_with(|operation| {
+        lock(&operation.0.messages)
+            .held
+            .get_or_insert_with(Vec::new);
+    });
+}
+
+/// Holds `message` for the entity's transaction; hands it back when the
+/// operation does not hold messages (not in entity mode, or outside one).
+#[cfg(feature = "_sql")]
+pub(crate) fn hold_message(
+    message: Box<dyn std::any::Any + Send + Sync>,
+) -> Result<(), Box<dyn std::any::Any + Send + Sync>> {
+    let mut message = Some(message);
+    let _ = OPERATION.try_with(|operation| {
+        if let Some(held) = lock(&operation.0.messages).held.as_mut() {
+            held.extend(message.take());
+        }
+    });
+    match message {
+        None => Ok(()),
+        Some(message) => Err(message),
+    }
+}
+
+/// The messages held for the entity's transaction, in order.
+#[cfg(feature = "_sql")]
+pub(crate) fn held_messages() -> Vec<Box<dyn std::any::Any + Send + Sync>> {
+    OPERATION
+        .try_with(|operation| {
+            lock(&operation.0.messages)
+                .held
+                .as_mut()
+                .map(std::mem::take)
+                .unwrap_or_default()
+        })
+        .unwrap_or_default()
 }
 
 /// The claim of the operation this task's body runs under, if any.

@@ -17,6 +17,8 @@ use sqlx::{Column, ColumnIndex, Database, Decode, Encode, Executor, IntoArgument
 pub enum Value<'a> {
     Text(&'a str),
     Bytes(&'a [u8]),
+    /// A `NULL` in a bytes column.
+    NullBytes,
     Int(i64),
     Small(i16),
 }
@@ -97,6 +99,7 @@ where
     for<'q> DB::Arguments<'q>: IntoArguments<'q, DB>,
     for<'q> &'q str: Encode<'q, DB> + Type<DB>,
     for<'q> &'q [u8]: Encode<'q, DB> + Type<DB>,
+    for<'q> Option<&'q [u8]>: Encode<'q, DB>,
     for<'q> i64: Encode<'q, DB>,
     for<'q> i16: Encode<'q, DB>,
     i64: Type<DB>,
@@ -114,6 +117,7 @@ where
             query = match value {
                 Value::Text(v) => query.bind(v),
                 Value::Bytes(v) => query.bind(v),
+                Value::NullBytes => query.bind(None::<&[u8]>),
                 Value::Int(v) => query.bind(v),
                 Value::Small(v) => query.bind(v),
             };

@@ -27,6 +27,7 @@ pub(crate) mod journal;
 pub(crate) mod migrate;
 #[cfg(feature = "mysql")]
 pub(crate) mod mysql;
+pub(crate) mod outbox;
 #[cfg(feature = "postgres")]
 pub(crate) mod postgres;
 pub(crate) mod read_first;
@@ -113,6 +114,18 @@ pub(crate) mod dialect {
         const LOCK_SHARE: &'static str = "";
         /// What a read appends to lock its row for an update.
         const LOCK_UPDATE: &'static str = "";
+        /// What a relay's read of the outbox appends to lock the rows it
+        /// leases and pass over those another relay is leasing (nothing
+        /// where the transaction holds the whole database: SQLite).
+        const SKIP_LOCKED: &'static str = "";
+        /// What an outbox insert ends with so that a message whose id is
+        /// there already writes nothing.
+        const OUTBOX_IGNORE_DUPLICATE: &'static str = "ON CONFLICT (message_id) DO NOTHING";
+        /// Deletes at most a batch of relayed outbox rows past their time
+        /// (`{outbox}` the table, `{now}` the clock; the batch bound).
+        const OUTBOX_PURGE: &'static str = "DELETE FROM {outbox} WHERE seq IN \
+            (SELECT seq FROM {outbox} WHERE relayed_at IS NOT NULL AND expires_at <= {now} \
+             ORDER BY seq LIMIT ?)";
 
         /// The database's clock in milliseconds since the Unix epoch, as
         /// an SQL expression.

@@ -195,6 +195,8 @@ where
     if let Some(found) = DB::find_entity::<T>(pool, &prepared.key).await? {
         return Ok(Entry::Found(found));
     }
+    // The body's outbox messages wait for the entity's transaction.
+    steps::hold_messages();
     let mut entity = body.await?;
     prepared.produced(&mut entity)?;
     Ok(Entry::Saved(
@@ -259,9 +261,10 @@ where
 {
     steps::flush_journal().await;
     let claim = steps::running_claim();
+    let messages = steps::held_messages();
     let mut pause = Duration::from_millis(20);
     loop {
-        match insert_completing(pool, claims, claim.as_ref(), entity).await {
+        match insert_completing(pool, claims, claim.as_ref(), entity, &messages).await {
             Ok(Some(row)) => return Ok(row),
             // A row holds the token: written by code that did not claim, or
             // by this very insert whose answer was lost.
@@ -295,6 +298,7 @@ async fn insert_completing<DB, T>(
     claims: &Claims<SqlStore<DB>>,
     claim: Option<&Claim>,
     entity: &T,
+    messages: &[Box<dyn std::any::Any + Send + Sync>],
 ) -> Result<Option<T>, Error>
 where
     DB: EntityDatabase,
@@ -314,6 +318,17 @@ where
         }
         return Ok(None);
     };
+    // The body's outbox messages, with the row: committed exactly when it is.
+    for message in messages {
+        let Some(message) = message.downcast_ref::<crate::outbox::Held<DB>>() else {
+            return Err(Error::Config(
+                "a message was enqueued on an outbox of another kind of database than the \
+                 entity's: enqueue on an outbox of the entity's database"
+                    .to_owned(),
+            ));
+        };
+        message.write(&mut *tx).await?;
+    }
     let completed = match claim {
         Some(claim) => match claims
             .store

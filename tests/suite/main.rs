@@ -85,6 +85,10 @@ mod non_finite_and_pools;
 mod observability;
 #[cfg(all(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 mod operator;
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
+mod outbox;
+#[cfg(all(feature = "kafka", feature = "sqlite"))]
+mod outbox_kafka;
 #[cfg(all(
     feature = "axum",
     feature = "sqlite",

@@ -102,6 +102,27 @@ CREATE TABLE IF NOT EXISTS `{table}_steps` (
     CHECK (state <> 'completed' OR output IS NOT NULL)
 ) ENGINE = InnoDB ROW_FORMAT = DYNAMIC
 "#,
+    // The outbox (see `backend/outbox.rs`).
+    r#"
+CREATE TABLE IF NOT EXISTS `{table}_outbox` (
+    seq         BIGINT          NOT NULL AUTO_INCREMENT,
+    message_id  VARBINARY(255)  NOT NULL,
+    topic       VARBINARY(255)  NOT NULL,
+    message_key LONGBLOB        NULL,
+    payload     LONGBLOB        NULL,
+    headers     LONGBLOB        NOT NULL,
+    attempts    BIGINT          NOT NULL,
+    created_at  BIGINT          NOT NULL,
+    expires_at  BIGINT          NOT NULL,
+    lease_until BIGINT          NULL,
+    lease_token BINARY(16)      NULL,
+    relayed_at  BIGINT          NULL,
+    PRIMARY KEY (seq),
+    UNIQUE KEY message_id (message_id),
+    KEY waiting (relayed_at, seq),
+    KEY expires_at (expires_at)
+) ENGINE = InnoDB ROW_FORMAT = DYNAMIC
+"#,
 ];
 
 /// Deletes at most a batch of expired journal entries.
@@ -209,6 +230,10 @@ use Param::*;
 impl Dialect for MySql {
     const LOCK_SHARE: &'static str = " LOCK IN SHARE MODE";
     const LOCK_UPDATE: &'static str = " FOR UPDATE";
+    const SKIP_LOCKED: &'static str = " FOR UPDATE SKIP LOCKED";
+    const OUTBOX_IGNORE_DUPLICATE: &'static str = "ON DUPLICATE KEY UPDATE message_id = message_id";
+    const OUTBOX_PURGE: &'static str = "DELETE FROM {outbox} \
+        WHERE relayed_at IS NOT NULL AND expires_at <= {now} ORDER BY seq LIMIT ?";
     const TEXT_AS_BYTES: bool = true;
     // A read before the claim only while duplicates are common: the
     // claim's upsert answers the record holding the key (RETURNING), and

@@ -107,6 +107,26 @@ CREATE TABLE IF NOT EXISTS "{table}_steps" (
 );
 CREATE INDEX IF NOT EXISTS "{table}_steps_expires_at" ON "{table}_steps" (expires_at);
 "#,
+    // The outbox (see `backend/outbox.rs`).
+    r#"
+CREATE TABLE IF NOT EXISTS "{table}_outbox" (
+    seq         BIGINT   GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    message_id  TEXT     COLLATE "C" NOT NULL UNIQUE,
+    topic       TEXT     COLLATE "C" NOT NULL,
+    message_key BYTEA,
+    payload     BYTEA,
+    headers     BYTEA    NOT NULL,
+    attempts    BIGINT   NOT NULL,
+    created_at  BIGINT   NOT NULL,
+    expires_at  BIGINT   NOT NULL,
+    lease_until BIGINT,
+    lease_token BYTEA    CHECK (octet_length(lease_token) = 16),
+    relayed_at  BIGINT
+);
+CREATE INDEX IF NOT EXISTS "{outbox_waiting}" ON "{table}_outbox" (seq) WHERE relayed_at IS NULL;
+CREATE INDEX IF NOT EXISTS "{outbox_expires_at}" ON "{table}_outbox" (expires_at)
+    WHERE relayed_at IS NOT NULL;
+"#,
 ];
 
 /// Deletes at most a batch of expired journal entries, skipping rows a
@@ -285,6 +305,7 @@ const PURGE: &str = r#"DELETE FROM "{table}"
 impl Dialect for Postgres {
     const LOCK_SHARE: &'static str = " FOR SHARE";
     const LOCK_UPDATE: &'static str = " FOR UPDATE";
+    const SKIP_LOCKED: &'static str = " FOR UPDATE SKIP LOCKED";
     const PEEK_IN_CALLER: bool = true;
     const CLAIM_LOCKS_ONLY_ITS_OWN: bool = true;
     const CLAIM_KEEPS_JOURNAL: bool = true;
@@ -339,13 +360,19 @@ impl Dialect for Postgres {
             .await?;
         let table = &store.sql.table;
         let index = index_name(table);
+        let waiting = short_name(&format!("{table}_outbox_waiting"));
+        let expires = short_name(&format!("{table}_outbox_expires_at"));
         migrate::apply::<Postgres>(
             &mut tx,
             table,
             &store.migrations,
             &BOOKKEEPING,
             MIGRATIONS,
-            |sql| sql.replace("{index}", &index),
+            |sql| {
+                sql.replace("{index}", &index)
+                    .replace("{outbox_waiting}", &waiting)
+                    .replace("{outbox_expires_at}", &expires)
+            },
         )
         .await?;
         tx.commit().await?;
@@ -375,6 +402,17 @@ fn index_name(table: &str) -> String {
     let digest = Sha256::digest(table.as_bytes());
     let hex: String = digest[..4].iter().map(|b| format!("{b:02x}")).collect();
     format!("{}_{hex}_expires_at", &table[..43])
+}
+
+/// `name`, shortened with a digest of it when it would pass PostgreSQL's
+/// 63-byte identifier limit.
+fn short_name(name: &str) -> String {
+    if name.len() <= 63 {
+        return name.to_owned();
+    }
+    let digest = Sha256::digest(name.as_bytes());
+    let hex: String = digest[..4].iter().map(|b| format!("{b:02x}")).collect();
+    format!("{}_{hex}", &name[..54])
 }
 
 impl SqlStore<Postgres> {
@@ -409,5 +447,12 @@ mod tests {
         let index = index_name(&long);
         assert!(index.len() <= 63, "{index}");
         assert_ne!(index_name(&format!("{}a", "t".repeat(62))), index);
+        let long = format!("{}_outbox_waiting", "t".repeat(57));
+        assert_eq!(short_name(&long).len(), 63);
+        assert_ne!(
+            short_name(&long),
+            short_name(&format!("{}_outbox_expires_at", "t".repeat(57)))
+        );
+        assert_eq!(short_name("a_outbox_waiting"), "a_outbox_waiting");
     }
 }

@@ -85,6 +85,27 @@ CREATE TABLE IF NOT EXISTS "{table}_steps" (
 );
 CREATE INDEX IF NOT EXISTS "{table}_steps_expires_at" ON "{table}_steps" (expires_at);
 "#,
+    // The outbox (see `backend/outbox.rs`). AUTOINCREMENT: a purged row's
+    // number is never given again, so the order of rows is the order they
+    // were written in.
+    r#"
+CREATE TABLE IF NOT EXISTS "{table}_outbox" (
+    seq         INTEGER PRIMARY KEY AUTOINCREMENT,
+    message_id  TEXT    NOT NULL UNIQUE,
+    topic       TEXT    NOT NULL,
+    message_key BLOB,
+    payload     BLOB,
+    headers     BLOB    NOT NULL,
+    attempts    INTEGER NOT NULL,
+    created_at  INTEGER NOT NULL,
+    expires_at  INTEGER NOT NULL,
+    lease_until INTEGER,
+    lease_token BLOB,
+    relayed_at  INTEGER
+);
+CREATE INDEX IF NOT EXISTS "{table}_outbox_waiting" ON "{table}_outbox" (relayed_at, seq);
+CREATE INDEX IF NOT EXISTS "{table}_outbox_expires_at" ON "{table}_outbox" (expires_at);
+"#,
 ];
 
 /// Deletes at most a batch of expired journal entries.

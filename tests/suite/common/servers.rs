@@ -260,10 +260,11 @@ impl Drop for DropTables {
         if tables.is_empty() {
             return;
         }
-        // A records table's step journal, `<table>_steps`, goes with it.
+        // A records table's step journal and outbox, `<table>_steps` and
+        // `<table>_outbox`, go with it.
         let drops = tables
             .iter()
-            .flat_map(|t| [format!("{t}_steps"), t.clone()])
+            .flat_map(|t| [format!("{t}_steps"), format!("{t}_outbox"), t.clone()])
             .map(|t| format!("DROP TABLE IF EXISTS {}", self.server.ident(&t)))
             .collect();
         // The bookkeeping of tables a store migrated; a server where no
