@@ -10,7 +10,7 @@ use std::time::Duration;
 use idem::{idempotent, CachedStore, Fingerprint, Store};
 
 use super::goal::Goals;
-use super::measure::Span;
+use super::measure::{throughput_of, Span};
 use super::reference::Script;
 use super::sql::Dialect;
 
@@ -83,16 +83,21 @@ pub trait Calls: Send + Sync + Sized + 'static {
     fn reference_status(&self) -> Option<Result<(), &'static str>> {
         None
     }
+    /// One call of the reference's `script`: the statements or scripts
+    /// the store sends, without idem's engine; asked only where
+    /// `reference_status` answers `Some(Ok(()))`.
+    fn reference_call(&self, script: Script) -> impl Future<Output = ()> + Send;
     /// The reference's calls per second: `script` by `tasks` clients for
     /// `window`; asked only where `reference_status` answers `Some(Ok(()))`.
+    /// A loop of [`Calls::reference_call`] unless the backend has another
+    /// client.
     fn reference(
         self: &Arc<Self>,
-        _script: Script,
-        _tasks: usize,
-        _window: Duration,
+        script: Script,
+        tasks: usize,
+        window: Duration,
     ) -> impl Future<Output = f64> + Send {
-        let label = self.label();
-        async move { unreachable!("{label} has no reference") }
+        self.loop_reference(script, tasks, Span::For(window))
     }
     /// A second reference that B1 and B7 measure beside the first, as the
     /// row names it, and its script, sent by a sqlx loop: the same
@@ -103,16 +108,20 @@ pub trait Calls: Send + Sync + Sized + 'static {
     fn second_reference(&self, _script: Script) -> Option<(&'static str, Script)> {
         None
     }
-    /// The reference's calls per second sent by a sqlx loop on the pool,
-    /// by `tasks` tasks for `span`; asked only for a `second_reference`.
+    /// The reference's calls per second sent by a loop of
+    /// [`Calls::reference_call`] (on the pool, for SQL), by `tasks` tasks
+    /// for `span`.
     fn loop_reference(
         self: &Arc<Self>,
-        _script: Script,
-        _tasks: usize,
-        _span: Span,
+        script: Script,
+        tasks: usize,
+        span: Span,
     ) -> impl Future<Output = f64> + Send {
-        let label = self.label();
-        async move { unreachable!("{label} has no sqlx loop reference") }
+        let this = self.clone();
+        throughput_of(tasks, span, move || {
+            let this = this.clone();
+            async move { this.reference_call(script).await }
+        })
     }
     /// A call of `mode` (with a body taking `body` after its write) on a
     /// key of its own.

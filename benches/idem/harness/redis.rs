@@ -9,7 +9,6 @@ use idem::{CachedStore, Fingerprint, Store};
 
 use super::calls::{outside_tx, Calls, Mode, PayError};
 use super::goal::{Goal, Goals};
-use super::measure::{throughput_of, Span};
 use super::reference::{Script, REPLAY_KEY};
 use super::{take, unique};
 use crate::redis_env::{self, Conn, DeleteKeys, Redis};
@@ -83,7 +82,27 @@ impl RedisPayments {
             .await
             .unwrap();
     }
+}
 
+impl Calls for RedisPayments {
+    fn label(&self) -> &'static str {
+        match self.redis {
+            Redis::Single => "Redis",
+            Redis::Cluster => "Redis Cluster",
+        }
+    }
+    fn goals(&self) -> &'static Goals {
+        &REDIS_GOALS
+    }
+    fn write(&self) -> &'static str {
+        "INCRBY"
+    }
+    fn transactional(&self) -> bool {
+        false
+    }
+    fn reference_status(&self) -> Option<Result<(), &'static str>> {
+        Some(Ok(()))
+    }
     /// The reference's call: a first execution's scripts around the same
     /// write as idem's body, on a key of its own, or a replay's read of a
     /// record that one of them wrote.
@@ -124,39 +143,6 @@ impl RedisPayments {
                 unreachable!("Redis has no transactional mode")
             }
         }
-    }
-}
-
-impl Calls for RedisPayments {
-    fn label(&self) -> &'static str {
-        match self.redis {
-            Redis::Single => "Redis",
-            Redis::Cluster => "Redis Cluster",
-        }
-    }
-    fn goals(&self) -> &'static Goals {
-        &REDIS_GOALS
-    }
-    fn write(&self) -> &'static str {
-        "INCRBY"
-    }
-    fn transactional(&self) -> bool {
-        false
-    }
-    fn reference_status(&self) -> Option<Result<(), &'static str>> {
-        Some(Ok(()))
-    }
-    fn reference(
-        self: &Arc<Self>,
-        script: Script,
-        tasks: usize,
-        window: Duration,
-    ) -> impl Future<Output = f64> + Send {
-        let this = self.clone();
-        throughput_of(tasks, Span::For(window), move || {
-            let this = this.clone();
-            async move { this.reference_call(script).await }
-        })
     }
     fn call(self: &Arc<Self>, mode: Mode, body: Duration) -> impl Future<Output = ()> + Send {
         let this = self.clone();

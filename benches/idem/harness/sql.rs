@@ -12,7 +12,7 @@ use idem::{idempotent, Fingerprint, Store};
 
 use super::calls::{outside_tx, Bench, Calls, Mode, PayError};
 use super::goal::{Goal, Goals};
-use super::measure::{throughput_of, Span};
+use super::measure::Span;
 use super::reference::{
     param_value, pgbench, reference_status, Client, RefSql, Script, Sql, Val, REPLAY_KEY,
 };
@@ -192,50 +192,6 @@ macro_rules! backend {
                     query.fetch_optional(executor).await.unwrap().is_some()
                 }
 
-                /// One call of the reference loop: the store's statements
-                /// on the pool, without idem's engine.
-                async fn reference_call(&self, script: Script) {
-                    let sql = self.reference_sql().await;
-                    let key = unique("ref");
-                    match script {
-                        Script::Replay => {
-                            Self::send(&self.pool, &sql.replay, REPLAY_KEY).await;
-                        }
-                        Script::Record(body) => {
-                            for statement in &sql.first {
-                                Self::send(&self.pool, statement, &key).await;
-                                if statement.is_business() {
-                                    take(body).await;
-                                }
-                            }
-                        }
-                        Script::Tx(body) | Script::TxWithoutRead(body) => {
-                            let mut tx = self.pool.begin().await.unwrap();
-                            // The read before the claim, as the store sends
-                            // it: beside the transaction, on a connection of
-                            // the pool, or in it.
-                            if let Script::Tx(_) = script {
-                                match sql.tx_read {
-                                    Some(true) => {
-                                        Self::send(&self.pool, &sql.replay, &key).await;
-                                    }
-                                    Some(false) => {
-                                        Self::send(&mut *tx, &sql.replay, &key).await;
-                                    }
-                                    None => {}
-                                }
-                            }
-                            for statement in &sql.first {
-                                Self::send(&mut *tx, statement, &key).await;
-                                if statement.is_business() {
-                                    take(body).await;
-                                }
-                            }
-                            tx.commit().await.unwrap();
-                        }
-                    }
-                }
-
                 fn p(n: usize) -> String {
                     (DIALECT.param)(n)
                 }
@@ -259,16 +215,6 @@ macro_rules! backend {
                         .await?;
                     take(body).await;
                     Ok(amount)
-                }
-
-                pub async fn plain_tx(
-                    &self,
-                    tx: &mut sqlx::Transaction<'_, $db>,
-                    key: &str,
-                    amount: i64,
-                    body: Duration,
-                ) -> Result<i64, PayError> {
-                    self.insert(&mut **tx, key, amount, body).await
                 }
 
                 #[idempotent(key = key, store = self.store, tx = tx, scope = "bench.pay_tx", fingerprint = amount)]
@@ -313,7 +259,7 @@ macro_rules! backend {
                             let r = if mode == Mode::Tx {
                                 self.in_tx(&mut tx, &key, 500, body).await
                             } else {
-                                self.plain_tx(&mut tx, &key, 500, body).await
+                                self.insert(&mut *tx, &key, 500, body).await
                             };
                             tx.commit().await.unwrap();
                             r
@@ -325,54 +271,37 @@ macro_rules! backend {
                 /// The usual recipe: read the key, take a lock, write the
                 /// record and the business row, complete, unlock.
                 pub async fn cta_call(&self, key: &str) {
+                    let (cta, p1, p2) = (&self.cta, Self::p(1), Self::p(2));
                     let mut conn = self.pool.acquire().await.unwrap();
-                    let found: Option<Option<Vec<u8>>> = sqlx::query_scalar(&format!(
-                        "SELECT outcome FROM {} WHERE k = {}",
-                        self.cta,
-                        Self::p(1)
-                    ))
-                    .bind(key)
-                    .fetch_optional(&mut *conn)
-                    .await
-                    .unwrap();
+                    let read = format!("SELECT outcome FROM {cta} WHERE k = {p1}");
+                    let found: Option<Option<Vec<u8>>> = sqlx::query_scalar(&read)
+                        .bind(key)
+                        .fetch_optional(&mut *conn)
+                        .await
+                        .unwrap();
                     if found.is_some() {
                         return;
                     }
                     let on_key = |statement: &'static str| {
                         let query = sqlx::query(statement);
-                        if statement.contains(&Self::p(1)) {
+                        if statement.contains(&p1) {
                             query.bind(key)
                         } else {
                             query
                         }
                     };
                     on_key(DIALECT.lock).execute(&mut *conn).await.unwrap();
-                    sqlx::query(&format!(
-                        "INSERT INTO {} (k, state) VALUES ({}, 'in_progress')",
-                        self.cta,
-                        Self::p(1)
-                    ))
-                    .bind(key)
-                    .execute(&mut *conn)
-                    .await
-                    .unwrap();
-                    sqlx::query(&self.insert)
-                        .bind(key)
-                        .bind(500i64)
-                        .execute(&mut *conn)
-                        .await
-                        .unwrap();
-                    sqlx::query(&format!(
-                        "UPDATE {} SET state = 'completed', outcome = {} WHERE k = {}",
-                        self.cta,
-                        Self::p(1),
-                        Self::p(2)
-                    ))
-                    .bind(&b"500"[..])
-                    .bind(key)
-                    .execute(&mut *conn)
-                    .await
-                    .unwrap();
+                    let claim = format!("INSERT INTO {cta} (k, state) VALUES ({p1}, 'in_progress')");
+                    let business = sqlx::query(&self.insert).bind(key).bind(500i64);
+                    let complete =
+                        format!("UPDATE {cta} SET state = 'completed', outcome = {p1} WHERE k = {p2}");
+                    for query in [
+                        sqlx::query(&claim).bind(key),
+                        business,
+                        sqlx::query(&complete).bind(&b"500"[..]).bind(key),
+                    ] {
+                        query.execute(&mut *conn).await.unwrap();
+                    }
                     on_key(DIALECT.unlock).execute(&mut *conn).await.unwrap();
                 }
             }
@@ -393,6 +322,49 @@ macro_rules! backend {
                 fn reference_status(&self) -> Option<Result<(), &'static str>> {
                     reference_status(&DIALECT)
                 }
+                /// The store's statements on the pool.
+                async fn reference_call(&self, script: Script) {
+                    let sql = self.reference_sql().await;
+                    let key = unique("ref");
+                    match script {
+                        Script::Replay => {
+                            Self::send(&self.pool, &sql.replay, REPLAY_KEY).await;
+                        }
+                        Script::Record(body) => {
+                            for statement in &sql.first {
+                                Self::send(&self.pool, statement, &key).await;
+                                if statement.is_business() {
+                                    take(body).await;
+                                }
+                            }
+                        }
+                        Script::Tx(body) | Script::TxWithoutRead(body) => {
+                            let mut tx = self.pool.begin().await.unwrap();
+                            // The read before the claim, as the store sends
+                            // it: beside the transaction, on a connection of
+                            // the pool, or in it.
+                            if let Script::Tx(_) = script {
+                                match sql.tx_read {
+                                    Some(true) => {
+                                        Self::send(&self.pool, &sql.replay, &key).await;
+                                    }
+                                    Some(false) => {
+                                        Self::send(&mut *tx, &sql.replay, &key).await;
+                                    }
+                                    None => {}
+                                }
+                            }
+                            for statement in &sql.first {
+                                Self::send(&mut *tx, statement, &key).await;
+                                if statement.is_business() {
+                                    take(body).await;
+                                }
+                            }
+                            tx.commit().await.unwrap();
+                        }
+                    }
+                }
+
                 fn reference(
                     self: &Arc<Self>,
                     script: Script,
@@ -422,18 +394,6 @@ macro_rules! backend {
                         }
                         _ => None,
                     }
-                }
-                fn loop_reference(
-                    self: &Arc<Self>,
-                    script: Script,
-                    tasks: usize,
-                    span: Span,
-                ) -> impl Future<Output = f64> + Send {
-                    let this = self.clone();
-                    throughput_of(tasks, span, move || {
-                        let this = this.clone();
-                        async move { this.reference_call(script).await }
-                    })
                 }
                 fn call(
                     self: &Arc<Self>,
