@@ -1,6 +1,6 @@
 //! The goals a row's figure is judged against.
 
-/// A target of issue 14, checked against the measured value.
+/// What a row's figure should be, checked against the measured value.
 #[derive(Clone, Copy, Debug)]
 pub enum Goal {
     /// A figure reported, nothing to meet.
@@ -57,7 +57,7 @@ impl Goal {
     }
 }
 
-/// Issue 14's goals that differ between the backends.
+/// The goals that differ between the backends.
 pub struct Goals {
     /// B1, record mode, bare INSERT.
     pub record: Goal,

@@ -19,6 +19,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 /// The tasks of a throughput measurement.
 pub const CONCURRENCY: usize = 4;
 
+/// `IDEM_BENCH_QUICK=1`: every measurement shortened, for trying the
+/// harness, not for figures.
 pub fn quick() -> bool {
     std::env::var("IDEM_BENCH_QUICK").is_ok_and(|v| v == "1")
 }
@@ -38,6 +40,7 @@ pub fn window() -> Duration {
     Duration::from_millis(if quick() { 100 } else { 250 })
 }
 
+/// A key or name no other call of this run, nor of another run, uses.
 pub fn unique(tag: &str) -> String {
     static N: AtomicUsize = AtomicUsize::new(0);
     format!(
@@ -59,12 +62,10 @@ pub fn unix_micros() -> u64 {
 /// A body that takes `time` (nothing when it is zero), as a call to
 /// another service does: it ends when its time is up. A tokio sleep would
 /// not: the runtime's timer rounds every deadline up to its next
-/// millisecond tick, so a call that does 0.3 ms of work before a 20 ms
-/// sleep takes 21 ms, and one that does 0.7 ms takes 21 or 22, by where
-/// the tick falls; a few tenths of a millisecond of idem's work then show
-/// as a whole millisecond or none. A thread's sleep ends within the
-/// kernel's timer slack (some 50 µs); pgbench's `\sleep`, the
-/// reference's, is as close.
+/// millisecond tick, so a fraction of a millisecond of idem's work before
+/// it would show as a whole millisecond or none, by where the tick falls.
+/// A thread's sleep ends within the kernel's timer slack, as pgbench's
+/// `\sleep`, the reference's, does.
 pub async fn take(time: Duration) {
     if !time.is_zero() {
         tokio::task::spawn_blocking(move || std::thread::sleep(time))

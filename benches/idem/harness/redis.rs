@@ -13,7 +13,7 @@ use super::reference::{Script, REPLAY_KEY};
 use super::{take, unique};
 use crate::redis_env::{self, Conn, DeleteKeys, Redis};
 
-/// Redis's goals: issue 14 set none for it but those of every backend.
+/// Redis's goals: none of its own, only those every backend shares.
 pub const REDIS_GOALS: Goals = Goals {
     record: Goal::None,
     tx: Goal::None,
