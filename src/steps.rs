@@ -214,8 +214,6 @@ struct State {
 #[cfg(feature = "_sql")]
 #[derive(Default)]
 struct Messages {
-    /// How many messages of each topic this attempt published.
-    topics: Vec<(String, u32)>,
     /// Entity mode: the messages to write with the entity, in order;
     /// `None` in the other modes, where a message is written on the
     /// body's own transaction.
@@ -230,8 +228,9 @@ pub(crate) struct MessageSlot {
     pub(crate) scope: Scope,
     /// The claim, which fences the message's insert.
     pub(crate) claim: Claim,
-    /// How many messages of the topic the attempt published before this one.
-    pub(crate) occurrence: u32,
+    /// The operation's payload: a key used again with another payload
+    /// (after its ttl) is another operation, whose messages are others.
+    pub(crate) fingerprint: Fingerprint,
     /// How long the message is kept after it was written: the records'.
     pub(crate) ttl: Duration,
 }
@@ -1113,25 +1112,14 @@ async fn flushed<F: Future>(body: F) -> F::Output {
 /// The next outbox message of `topic` in the operation this task's body
 /// runs under; `None` outside an operation.
 #[cfg(feature = "_sql")]
-pub(crate) fn next_message(topic: &str) -> Option<MessageSlot> {
+pub(crate) fn next_message() -> Option<MessageSlot> {
     OPERATION
         .try_with(|operation| {
             let state = &*operation.0;
-            let mut messages = lock(&state.messages);
-            let occurrence = match messages.topics.iter_mut().find(|(t, _)| t == topic) {
-                Some((_, count)) => {
-                    *count += 1;
-                    *count - 1
-                }
-                None => {
-                    messages.topics.push((topic.to_owned(), 1));
-                    0
-                }
-            };
             MessageSlot {
                 scope: state.steps.scope.clone(),
                 claim: state.claim.clone(),
-                occurrence,
+                fingerprint: state.steps.fingerprint,
                 ttl: state.steps.ttl,
             }
         })

@@ -134,9 +134,10 @@ impl<DB: Backend> KafkaRelay<DB> {
         Ok(self)
     }
 
-    /// At most `batch` messages per round (at least 1).
+    /// At most `batch` messages per round (at least 1, at most
+    /// [`MAX_LEASE_BATCH`](super::MAX_LEASE_BATCH)).
     pub fn with_batch(mut self, batch: usize) -> Self {
-        self.batch = batch.max(1);
+        self.batch = batch.clamp(1, super::MAX_LEASE_BATCH);
         self
     }
 

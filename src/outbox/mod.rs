@@ -162,9 +162,16 @@ pub const MESSAGE_ID_HEADER: &str = "idem-message-id";
 /// The longest topic name (Kafka's limit).
 pub const MAX_TOPIC_LEN: usize = 249;
 
-/// The most bytes of key, payload and headers one message carries
-/// (Kafka's default `message.max.bytes` is a little over a megabyte).
-pub const MAX_MESSAGE_BYTES: usize = 1_000_000;
+/// The most bytes of key, payload and headers one message carries: under
+/// the producer's and the broker's default `message.max.bytes` (a little
+/// over a megabyte, counted with the record's framing and the id header),
+/// so that a message the outbox accepts is one a relay can produce.
+pub const MAX_MESSAGE_BYTES: usize = 900_000;
+
+/// The most messages one lease takes (and one mark or give-back sends in
+/// a statement), whatever batch is asked for: every message is a bound
+/// parameter, which databases limit (SQLite to 32,766 per statement).
+pub const MAX_LEASE_BATCH: usize = 1_000;
 
 /// Why a message cannot be published.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -354,43 +361,69 @@ fn decode_headers(mut bytes: &[u8]) -> Result<Vec<(String, Vec<u8>)>, Error> {
     Ok(headers)
 }
 
-/// A message's id: the same for the same operation (scope and key), topic
-/// and occurrence, in any attempt, process or takeover. Carried in the
-/// [`MESSAGE_ID_HEADER`] header, for consumers to deduplicate on.
+/// A message's id: the same for the same operation (scope, key and
+/// payload) and the same message (topic, key, payload and headers), in any
+/// attempt, process or takeover. Carried in the [`MESSAGE_ID_HEADER`]
+/// header, for consumers to deduplicate on.
+///
+/// It derives from what the message is, not from when the body published
+/// it: an attempt that resumes past work an earlier attempt committed, a
+/// step replayed from the journal, a transaction the body retried, all
+/// give a message the id it had before. So one message published twice
+/// in one operation is one message, written once. A key used again after
+/// its ttl with another payload is another operation, whose messages get
+/// other ids.
 ///
 /// It is the lowercase hexadecimal SHA-256 (64 characters, a valid idem
-/// key) of
-///
-/// ```text
-/// idem-outbox-v1|<len(scope)>:<scope>|<len(key)>:<key>|<len(topic)>:<topic>|<occurrence>
-/// ```
-///
-/// as [`StepKey`](crate::steps::StepKey) is derived, where `occurrence`
-/// counts the earlier messages of the same topic in the operation, from 0:
+/// key) of a framed sequence: the tag `idem-outbox-v2`, then the scope,
+/// the key, the operation's payload fingerprint, the topic, the message's
+/// key (or its absence), its payload (or its absence), and each header's
+/// name and value in order, each field its length then its bytes.
 ///
 /// ```
-/// use idem::outbox::MessageId;
-/// use idem::{Key, Scope};
+/// use idem::outbox::{Message, MessageId};
+/// use idem::{Fingerprint, Key, Scope};
 ///
-/// let id = MessageId::derive(&Scope::new("payments.create"), &Key::new("pay-1")?, "payment.created", 0);
+/// let (scope, key) = (Scope::new("payments.create"), Key::new("pay-1")?);
+/// let payload = Fingerprint::of(&2500)?;
+/// let created = Message::new("payment.created", r#"{"id":"pay-1"}"#)?;
+/// let id = MessageId::derive(&scope, &key, &payload, &created);
 /// assert_eq!(id.as_str().len(), 64);
-/// assert_ne!(id, MessageId::derive(&Scope::new("payments.create"), &Key::new("pay-1")?, "payment.created", 1));
-/// # Ok::<(), idem::KeyError>(())
+/// assert_eq!(id, MessageId::derive(&scope, &key, &payload, &created));
+/// let other = Message::new("payment.created", r#"{"id":"pay-2"}"#)?;
+/// assert_ne!(id, MessageId::derive(&scope, &key, &payload, &other));
+/// assert_ne!(id, MessageId::derive(&scope, &key, &Fingerprint::of(&2600)?, &created));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[derive(Clone, PartialEq, Eq, Hash)]
 pub struct MessageId(String);
 
 impl MessageId {
-    /// The id of the `occurrence`th message to `topic` of the operation
-    /// `(scope, key)`.
-    pub fn derive(scope: &Scope, key: &Key, topic: &str, occurrence: u32) -> MessageId {
-        let mut hash = Sha256::new();
-        hash.update(b"idem-outbox-v1");
-        for part in [scope.as_str(), key.as_str(), topic] {
-            hash.update(format!("|{}:", part.len()).as_bytes());
-            hash.update(part.as_bytes());
+    /// The id of `message`, published by the operation `(scope, key)`
+    /// whose payload has the fingerprint `payload`.
+    pub fn derive(scope: &Scope, key: &Key, payload: &Fingerprint, message: &Message) -> MessageId {
+        fn field(hash: &mut Sha256, bytes: Option<&[u8]>) {
+            match bytes {
+                Some(bytes) => {
+                    hash.update((bytes.len() as u64 + 1).to_be_bytes());
+                    hash.update(bytes);
+                }
+                None => hash.update(0u64.to_be_bytes()),
+            }
         }
-        hash.update(format!("|{occurrence}").as_bytes());
+        let mut hash = Sha256::new();
+        field(&mut hash, Some(b"idem-outbox-v2"));
+        field(&mut hash, Some(scope.as_str().as_bytes()));
+        field(&mut hash, Some(key.as_str().as_bytes()));
+        field(&mut hash, Some(&payload.as_bytes()[..]));
+        field(&mut hash, Some(message.topic.as_bytes()));
+        field(&mut hash, message.key.as_deref());
+        field(&mut hash, message.payload.as_deref());
+        hash.update((message.headers.len() as u64).to_be_bytes());
+        for (name, value) in &message.headers {
+            field(&mut hash, Some(name.as_bytes()));
+            field(&mut hash, Some(value));
+        }
         MessageId(Fingerprint::from_digest(hash.finalize().into()).to_hex())
     }
 
@@ -511,13 +544,8 @@ impl<DB: Backend> Outbox<DB> {
         conn: &mut DB::Connection,
         message: &Message,
     ) -> Result<MessageId, Error> {
-        let slot = steps::next_message(&message.topic).ok_or_else(|| outside("publish"))?;
-        let id = MessageId::derive(
-            &slot.scope,
-            &slot.claim.key,
-            &message.topic,
-            slot.occurrence,
-        );
+        let slot = steps::next_message().ok_or_else(|| outside("publish"))?;
+        let id = MessageId::derive(&slot.scope, &slot.claim.key, &slot.fingerprint, message);
         let headers = encode_headers(&message.headers);
         let row = Row {
             id: id.as_str(),
@@ -540,13 +568,8 @@ impl<DB: Backend> Outbox<DB> {
     ///
     /// [`Error::Config`] outside the body of an entity-mode operation.
     pub fn enqueue(&self, message: Message) -> Result<MessageId, Error> {
-        let slot = steps::next_message(&message.topic).ok_or_else(|| outside("enqueue"))?;
-        let id = MessageId::derive(
-            &slot.scope,
-            &slot.claim.key,
-            &message.topic,
-            slot.occurrence,
-        );
+        let slot = steps::next_message().ok_or_else(|| outside("enqueue"))?;
+        let id = MessageId::derive(&slot.scope, &slot.claim.key, &slot.fingerprint, &message);
         let held: Held<DB> = Held {
             sql: self.sql.clone(),
             id: id.clone(),
@@ -566,7 +589,8 @@ impl<DB: Backend> Outbox<DB> {
         Ok(id)
     }
 
-    /// Leases at most `batch` of the oldest messages that wait (neither
+    /// Leases at most `batch` (at most [`MAX_LEASE_BATCH`]) of the oldest
+    /// messages that wait (neither
     /// relayed nor leased) for `lease`: no other relay gets them until it
     /// ends. For a relay of your own; [`kafka::KafkaRelay`] does this.
     ///
@@ -580,6 +604,7 @@ impl<DB: Backend> Outbox<DB> {
             ));
         }
         let token = ClaimToken::new();
+        let batch = batch.clamp(1, MAX_LEASE_BATCH);
         let rows = self
             .store
             .outbox_lease(&self.sql, batch, lease_millis(lease), &token)
@@ -600,7 +625,11 @@ impl<DB: Backend> Outbox<DB> {
     /// [`Error::Store`]: they stay leased, and are produced again after
     /// the lease.
     pub async fn mark_relayed(&self, seqs: &[i64]) -> Result<u64, Error> {
-        self.store.outbox_mark(&self.sql, seqs).await
+        let mut marked = 0;
+        for seqs in seqs.chunks(MAX_LEASE_BATCH) {
+            marked += self.store.outbox_mark(&self.sql, seqs).await?;
+        }
+        Ok(marked)
     }
 
     /// Gives the messages `seqs` of `lease` back, for the next lease (a
@@ -611,9 +640,14 @@ impl<DB: Backend> Outbox<DB> {
     ///
     /// [`Error::Store`]: they are given back when the lease ends.
     pub async fn release(&self, lease: &Lease, seqs: &[i64]) -> Result<u64, Error> {
-        self.store
-            .outbox_release(&self.sql, &lease.token, seqs)
-            .await
+        let mut released = 0;
+        for seqs in seqs.chunks(MAX_LEASE_BATCH) {
+            released += self
+                .store
+                .outbox_release(&self.sql, &lease.token, seqs)
+                .await?;
+        }
+        Ok(released)
     }
 
     /// Deletes at most `batch` relayed messages kept past their time (see
@@ -766,8 +800,44 @@ mod tests {
 
     #[test]
     fn ids_follow_the_documented_derivation() {
-        let id = MessageId::derive(&Scope::new("op"), &Key::new("k1").unwrap(), "t", 0);
-        let expected: String = Sha256::digest(b"idem-outbox-v1|2:op|2:k1|1:t|0")
+        let payload = Fingerprint::of(&1).unwrap();
+        let message = Message::new("t", "p")
+            .unwrap()
+            .with_header("h", "v")
+            .unwrap();
+        let id = MessageId::derive(
+            &Scope::new("op"),
+            &Key::new("k1").unwrap(),
+            &payload,
+            &message,
+        );
+        let mut framed = Vec::new();
+        let mut field = |bytes: Option<&[u8]>| match bytes {
+            Some(bytes) => {
+                framed.extend_from_slice(&(bytes.len() as u64 + 1).to_be_bytes());
+                framed.extend_from_slice(bytes);
+            }
+            None => framed.extend_from_slice(&0u64.to_be_bytes()),
+        };
+        for part in [
+            &b"idem-outbox-v2"[..],
+            b"op",
+            b"k1",
+            &payload.as_bytes()[..],
+            b"t",
+        ] {
+            field(Some(part));
+        }
+        field(None);
+        field(Some(b"p"));
+        framed.extend_from_slice(&1u64.to_be_bytes());
+        let mut field = |bytes: &[u8]| {
+            framed.extend_from_slice(&(bytes.len() as u64 + 1).to_be_bytes());
+            framed.extend_from_slice(bytes);
+        };
+        field(b"h");
+        field(b"v");
+        let expected: String = Sha256::digest(&framed)
             .iter()
             .map(|b| format!("{b:02x}"))
             .collect();

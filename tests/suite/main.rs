@@ -87,6 +87,8 @@ mod observability;
 mod operator;
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 mod outbox;
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
+mod outbox_ids;
 #[cfg(all(feature = "kafka", feature = "sqlite"))]
 mod outbox_kafka;
 #[cfg(all(

@@ -33,12 +33,14 @@ fn event(n: usize) -> Message {
         .unwrap()
 }
 
-fn id(key: &str, topic: &str, occurrence: u32) -> MessageId {
+/// The id of `message` published by the operation `key` of `SCOPE`,
+/// whose payload is `payload`.
+fn id(key: &str, payload: u32, message: &Message) -> MessageId {
     MessageId::derive(
         &Scope::new(SCOPE),
         &Key::new(key).unwrap(),
-        topic,
-        occurrence,
+        &idem::Fingerprint::of(&payload).unwrap(),
+        message,
     )
 }
 
@@ -98,8 +100,8 @@ common::backends!(sqlite_file, postgres, mysql => {
             .unwrap()
     }
 
-    /// The body of an order in record mode: the effect and two messages
-    /// (one of them twice), on the body's own transaction.
+    /// The body of an order in record mode: the effect and three messages,
+    /// on the body's own transaction.
     async fn place(
         store: &backend::Store,
         outbox: &Outbox<Db>,
@@ -130,9 +132,9 @@ common::backends!(sqlite_file, postgres, mysql => {
         let (store, outbox, effects_table, _guard) = fixture().await;
         let ids = place(&store, &outbox, &effects_table, "o-1", Policy::new()).await.unwrap();
         let expected = [
-            id("o-1", "order.created", 0),
-            id("o-1", "order.created", 1),
-            id("o-1", "order.audit", 0),
+            id("o-1", 1, &event(1)),
+            id("o-1", 1, &event(2)),
+            id("o-1", 1, &Message::new("order.audit", "placed").unwrap()),
         ];
         assert_eq!(ids, expected.iter().map(|i| i.to_string()).collect::<Vec<_>>());
         let replay = place(&store, &outbox, &effects_table, "o-1", Policy::new()).await.unwrap();
@@ -260,7 +262,7 @@ common::backends!(sqlite_file, postgres, mysql => {
             )
             .await
             .unwrap();
-            assert_eq!(ids, [id("o-5", "order.created", 0).to_string()]);
+            assert_eq!(ids, [id("o-5", 1, &event(5)).to_string()]);
             if commit {
                 tx.commit().await.unwrap();
             } else {
@@ -437,7 +439,7 @@ common::backends!(sqlite_file, postgres, mysql => {
         assert_eq!(outbox.waiting().await.unwrap(), 2);
         let lease = outbox.lease(10, Duration::from_secs(30)).await.unwrap();
         let ids: Vec<_> = lease.messages().iter().map(|m| m.id().clone()).collect();
-        assert_eq!(ids, [id("s-1", "order.created", 0), id("s-1", "order.created", 1)]);
+        assert_eq!(ids, [id("s-1", 2, &event(1)), id("s-1", 2, &event(2))]);
     }
 
     #[tokio::test]
