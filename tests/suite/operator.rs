@@ -51,13 +51,20 @@ async fn sqlite_migrations_table_is_the_one_named() {
             .unwrap();
     assert_eq!(
         tables,
-        ["billing_migrations", "idem_records", "idem_records_steps"]
+        [
+            "billing_migrations",
+            "idem_records",
+            "idem_records_outbox",
+            "idem_records_steps",
+            // The outbox's `seq` is AUTOINCREMENT: never reused.
+            "sqlite_sequence",
+        ]
     );
     let versions: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM billing_migrations")
         .fetch_one(store.pool())
         .await
         .unwrap();
-    assert_eq!(versions, 3, "every version recorded once");
+    assert_eq!(versions, 4, "every version recorded once");
     assert!(SqliteStore::new(store.pool().clone())
         .with_migrations_table("bad name")
         .is_err());
@@ -87,7 +94,7 @@ async fn postgres_migrations_table_is_the_one_named() {
     .await
     .unwrap();
     // One row per migration of the records table.
-    assert_eq!(recorded, 4);
+    assert_eq!(recorded, 5);
     let in_default: i64 = sqlx::query_scalar(
         "SELECT COUNT(*) FROM pg_class WHERE oid = to_regclass('idem_migrations')",
     )
