@@ -39,13 +39,12 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use common::backend::Guard;
+use common::kafka::{brokers, Topic};
 use common::servers::Server;
 use idem::consumer::kafka::{commit_offset, identify, KeyFrom};
 use idem::consumer::{Deduplicator, Handled};
 use idem::{PostgresStore, SqliteStore};
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::ClientContext;
-use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, Rebalance, StreamConsumer};
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
@@ -54,80 +53,12 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 
 /// Set in a child: its spec, fields separated by `|`.
 const CHILD_VAR: &str = "IDEM_KAFKA_CONSUMER_CHILD";
-/// The variable naming the broker.
-const BROKERS_VAR: &str = "IDEM_KAFKA_BROKERS";
 const EVENT_ID: &str = "event-id";
-const PARTITIONS: i32 = 3;
 /// The group's bounds: a member that stops polling for this long is out of
 /// the group, and so is one whose heartbeats stop (a killed process).
 const POLL_BOUND_MS: &str = "6000";
 /// The longest a test waits for its consumers.
 const WAIT: Duration = Duration::from_secs(90);
-
-fn brokers() -> String {
-    std::env::var(BROKERS_VAR).unwrap_or_else(|_| "127.0.0.1:9092".to_owned())
-}
-
-/// A topic of the test's own, with `PARTITIONS` partitions, deleted when
-/// dropped (the broker keeps it in memory only).
-struct Topic {
-    name: String,
-}
-
-impl Topic {
-    async fn create(tag: &str) -> Topic {
-        let name = common::fresh(&format!("idem-test-{tag}"));
-        let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
-            .set("bootstrap.servers", brokers())
-            .create()
-            .expect("an admin client");
-        let options = AdminOptions::new().operation_timeout(Some(Duration::from_secs(10)));
-        let created = tokio::time::timeout(
-            Duration::from_secs(20),
-            admin.create_topics(
-                &[NewTopic::new(&name, PARTITIONS, TopicReplication::Fixed(1))],
-                &options,
-            ),
-        )
-        .await
-        .unwrap_or_else(|_| {
-            panic!(
-                "no Kafka broker answered at {} within 20 s (set {BROKERS_VAR} to the \
-                 bootstrap servers of a reachable broker, or run `.ci/kafka-broker start`)",
-                brokers()
-            )
-        })
-        .unwrap_or_else(|err| panic!("cannot create a topic on {}: {err}", brokers()));
-        for result in created {
-            result.unwrap_or_else(|(topic, code)| panic!("cannot create topic {topic}: {code}"));
-        }
-        Topic { name }
-    }
-}
-
-impl Drop for Topic {
-    fn drop(&mut self) {
-        let name = self.name.clone();
-        // A thread of its own: the drop may run inside or outside a runtime.
-        std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .expect("a runtime");
-            runtime.block_on(async {
-                let admin: Result<AdminClient<DefaultClientContext>, _> = ClientConfig::new()
-                    .set("bootstrap.servers", brokers())
-                    .create();
-                if let Ok(admin) = admin {
-                    let deleting = admin.delete_topics(&[&name], &AdminOptions::new());
-                    let _ = tokio::time::timeout(Duration::from_secs(5), deleting).await;
-                }
-            });
-        })
-        .join()
-        .ok();
-    }
-}
 
 /// A record to produce: its event id (`None`: no header) and payload.
 struct Event {
@@ -584,7 +515,7 @@ fn once_each(ids: &BTreeSet<String>) -> BTreeMap<String, usize> {
 async fn killed_between_effect_and_offset_commit(test: &str, postgres: bool) {
     let (db, _guard) = Db::create(postgres).await;
     let shop = Shop::open(&db).await;
-    let topic = Topic::create("killed").await;
+    let topic = Topic::create("killed", &brokers()).await;
     let group = common::fresh("idem-test-killed");
     let events: Vec<Event> = (0..12).map(event).collect();
     let ids: BTreeSet<String> = events.iter().filter_map(|e| e.id.clone()).collect();
@@ -628,7 +559,7 @@ async fn killed_between_effect_and_offset_commit(test: &str, postgres: bool) {
 async fn rebalance_in_the_middle(test: &str, postgres: bool) {
     let (db, _guard) = Db::create(postgres).await;
     let shop = Shop::open(&db).await;
-    let topic = Topic::create("rebalance").await;
+    let topic = Topic::create("rebalance", &brokers()).await;
     let group = common::fresh("idem-test-rebalance");
     let events: Vec<Event> = (0..60).map(event).collect();
     let ids: BTreeSet<String> = events.iter().filter_map(|e| e.id.clone()).collect();
@@ -684,7 +615,7 @@ async fn rebalance_in_the_middle(test: &str, postgres: bool) {
 async fn duplicate_sends_have_one_effect(test: &str, postgres: bool) {
     let (db, _guard) = Db::create(postgres).await;
     let shop = Shop::open(&db).await;
-    let topic = Topic::create("sent-twice").await;
+    let topic = Topic::create("sent-twice", &brokers()).await;
     let group = common::fresh("idem-test-sent-twice");
     let mut records = Vec::new();
     for n in 0..10 {

@@ -25,6 +25,7 @@
 //! (`IDEM_KAFKA_CACHE`, default `/var/cache/idem-kafka`).
 
 use crate::common;
+use common::kafka::{brokers, Topic};
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -38,8 +39,6 @@ use idem::consumer::{Deduplicator, Handled};
 use idem::outbox::kafka::KafkaRelay;
 use idem::outbox::{Message as OutboxMessage, Outbox, MESSAGE_ID_HEADER};
 use idem::{run, Call, Error, MemoryStore, SqlStore};
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{Consumer, StreamConsumer};
 use rdkafka::ClientConfig;
 use tokio::io::{AsyncBufReadExt, BufReader};
@@ -47,77 +46,9 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
 const CHILD_VAR: &str = "IDEM_OUTBOX_CHILD";
-const BROKERS_VAR: &str = "IDEM_KAFKA_BROKERS";
 const SCOPE: &str = "shop.order";
 /// The longest a test waits for the broker and its processes.
 const WAIT: Duration = Duration::from_secs(60);
-
-fn brokers() -> String {
-    std::env::var(BROKERS_VAR).unwrap_or_else(|_| "127.0.0.1:9092".to_owned())
-}
-
-/// A topic of the test's own on `bootstrap`, with three partitions,
-/// deleted when dropped.
-struct Topic {
-    name: String,
-    bootstrap: String,
-}
-
-impl Topic {
-    async fn create(tag: &str, bootstrap: &str) -> Topic {
-        let name = common::fresh(&format!("idem-test-outbox-{tag}"));
-        let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
-            .set("bootstrap.servers", bootstrap)
-            .create()
-            .expect("an admin client");
-        let options = AdminOptions::new().operation_timeout(Some(Duration::from_secs(10)));
-        let created = tokio::time::timeout(
-            Duration::from_secs(20),
-            admin.create_topics(
-                &[NewTopic::new(&name, 3, TopicReplication::Fixed(1))],
-                &options,
-            ),
-        )
-        .await
-        .unwrap_or_else(|_| {
-            panic!(
-                "no Kafka broker answered at {bootstrap} within 20 s (set {BROKERS_VAR} to the \
-                 bootstrap servers of a reachable broker, or run `.ci/kafka-broker start`)"
-            )
-        })
-        .unwrap_or_else(|err| panic!("cannot create a topic on {bootstrap}: {err}"));
-        for result in created {
-            result.unwrap_or_else(|(topic, code)| panic!("cannot create topic {topic}: {code}"));
-        }
-        Topic {
-            name,
-            bootstrap: bootstrap.to_owned(),
-        }
-    }
-}
-
-impl Drop for Topic {
-    fn drop(&mut self) {
-        let (name, bootstrap) = (self.name.clone(), self.bootstrap.clone());
-        std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .expect("a runtime");
-            runtime.block_on(async {
-                let admin: Result<AdminClient<DefaultClientContext>, _> = ClientConfig::new()
-                    .set("bootstrap.servers", bootstrap)
-                    .create();
-                if let Ok(admin) = admin {
-                    let deleting = admin.delete_topics(&[&name], &AdminOptions::new());
-                    let _ = tokio::time::timeout(Duration::from_secs(5), deleting).await;
-                }
-            });
-        })
-        .join()
-        .ok();
-    }
-}
 
 fn config(bootstrap: &str) -> ClientConfig {
     let mut config = ClientConfig::new();
@@ -327,7 +258,7 @@ fn once_each(n: usize, seen: &Seen) {
 }
 
 async fn app_killed_after_commit_before_relay(test: &str) {
-    let topic = Topic::create("app-killed", &brokers()).await;
+    let topic = Topic::create("outbox-app-killed", &brokers()).await;
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("shop.db").display().to_string();
     const ORDERS: usize = 8;
@@ -346,7 +277,7 @@ async fn app_killed_after_commit_before_relay(test: &str) {
 }
 
 async fn relay_killed_between_produce_and_mark(test: &str) {
-    let topic = Topic::create("relay-killed", &brokers()).await;
+    let topic = Topic::create("outbox-relay-killed", &brokers()).await;
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("shop.db").display().to_string();
     const ORDERS: usize = 6;
@@ -489,7 +420,7 @@ async fn broker_connection_broken_while_relaying() {
     let (_broker, upstream) = own_broker(advertised).await;
     let proxy = Proxy::start(listener, upstream).await;
     let bootstrap = proxy.addr.to_string();
-    let topic = Topic::create("cut", &bootstrap).await;
+    let topic = Topic::create("outbox-cut", &bootstrap).await;
     let dir = tempfile::tempdir().unwrap();
     let store = idem::SqliteStore::connect(&format!(
         "sqlite://{}",
@@ -540,7 +471,7 @@ where
     SqlStore<DB>: idem::Store,
     for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
 {
-    let topic = Topic::create("race", &brokers()).await;
+    let topic = Topic::create("outbox-race", &brokers()).await;
     let outbox = Outbox::new(&store);
     const ORDERS: usize = 40;
     place_orders(&store, &outbox, &topic.name, 0..ORDERS, drop).await;

@@ -11,6 +11,7 @@
 //!   backend, all alike;
 //! - [`http`]: a real server on 127.0.0.1 and a real client;
 //! - [`own_redis`]: Redis servers a test starts, kills and promotes;
+//! - [`kafka`]: the Kafka-protocol broker, and a topic per test;
 //! - [`backends!`]: a test body, written once, run on each backend.
 //!
 //! A test that cannot reach its server fails with a message naming the
@@ -20,6 +21,8 @@
 pub mod backend;
 pub mod broker;
 pub mod http;
+#[cfg(feature = "kafka")]
+pub mod kafka;
 pub mod namespace;
 #[cfg(feature = "redis")]
 pub mod own_redis;
