@@ -338,6 +338,22 @@ pub async fn a_step_journal_is_fenced<S: Store>(store: S) {
     assert_eq!(entries[0].output.as_deref(), Some(&b"50"[..]));
 }
 
+/// A downstream call, counted in `calls`: declined cleanly (nothing
+/// charged), or charging `amount`.
+async fn declining(
+    calls: &AtomicUsize,
+    declined: bool,
+    amount: u64,
+) -> Result<u64, steps::Failed<TestError>> {
+    calls.fetch_add(1, Ordering::SeqCst);
+    if declined {
+        return Err(steps::Failed::Cleanly(TestError::Declined(
+            "503, nothing was charged".into(),
+        )));
+    }
+    Ok(amount)
+}
+
 /// A step whose call failed cleanly (`Failed::Cleanly`) takes its start
 /// back ([`Store::undo_step`]): the next attempt runs it as never
 /// started, even under `refuse`, and no entry is left in doubt. The undo
@@ -354,15 +370,7 @@ pub async fn a_clean_failure_takes_the_start_back<S: Store>(store: S) {
         run(&store, call(SCOPE, &key, &payload, policy), async move {
             let charged: u64 = Step::new("charge")
                 .refuse()
-                .try_run(|_| async move {
-                    calls.fetch_add(1, Ordering::SeqCst);
-                    if declined {
-                        return Err(steps::Failed::Cleanly(TestError::Declined(
-                            "503, nothing was charged".into(),
-                        )));
-                    }
-                    Ok(41)
-                })
+                .try_run(|_| declining(calls, declined, 41))
                 .await?;
             Ok::<_, TestError>(charged)
         })
@@ -390,15 +398,7 @@ pub async fn a_clean_failure_takes_the_start_back<S: Store>(store: S) {
                     asked.fetch_add(1, Ordering::SeqCst);
                     Ok::<_, TestError>(None)
                 })
-                .try_run(|_| async move {
-                    calls.fetch_add(1, Ordering::SeqCst);
-                    if declined {
-                        return Err(steps::Failed::Cleanly(TestError::Declined(
-                            "the card was declined".into(),
-                        )));
-                    }
-                    Ok(43)
-                })
+                .try_run(|_| declining(calls, declined, 43))
                 .await?;
             Ok::<_, TestError>(charged)
         })

@@ -303,6 +303,15 @@ fn replayed(headers: &HeaderMap) -> bool {
 }
 
 /// Checks an RFC 9457 answer and returns its document.
+/// The whole seconds of a response's `Retry-After`.
+fn retry_after(response: &reqwest::Response) -> u64 {
+    response.headers()[RETRY_AFTER]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
 async fn problem(response: reqwest::Response, expected: Problem) -> Value {
     assert_eq!(response.status(), expected.status());
     assert_eq!(
@@ -475,12 +484,7 @@ async fn fail_fast_is_409<S: SqlStore>(store: S) {
     let first = tokio::spawn(server.post("/gated", &key, "x").send());
     seen.started.notified().await;
     let duplicate = server.post("/gated", &key, "x").send().await.unwrap();
-    let retry_after: u64 = duplicate.headers()[RETRY_AFTER]
-        .to_str()
-        .unwrap()
-        .parse()
-        .unwrap();
-    assert!(retry_after >= 1);
+    assert!(retry_after(&duplicate) >= 1);
     problem(duplicate, Problem::InProgress).await;
     seen.release.notify_one();
     let first = first.await.unwrap().unwrap();
@@ -509,11 +513,7 @@ async fn retry_after_is_the_lease_left<S: SqlStore + Clone>(store: S) {
         let first = tokio::spawn(server.post("/gated", &key, "x").send());
         seen.started.notified().await;
         let duplicate = server.post("/gated", &key, "x").send().await.unwrap();
-        let retry_after: u64 = duplicate.headers()[RETRY_AFTER]
-            .to_str()
-            .unwrap()
-            .parse()
-            .unwrap();
+        let retry_after = retry_after(&duplicate);
         // The lease less the wait (1.5 s) and the time the test took,
         // rounded up to whole seconds.
         assert!(
