@@ -65,12 +65,13 @@
 //!   is written only while the operation's claim holds its record (the
 //!   same check as a step's journal entry): an attempt that lost its claim
 //!   gets [`Error::LeaseLost`] and should roll back.
-//! - **A stable id.** Each message gets a [`MessageId`] derived, as a
-//!   step's key is, from the operation's scope and key, the topic and how
-//!   many messages of that topic the attempt published before. An attempt
-//!   that runs again after a crash (its claim taken over) derives the same
-//!   ids, and a message whose id the outbox holds already is not written
-//!   again: the first attempt's message stands.
+//! - **A stable id.** Each message gets a [`MessageId`] derived from the
+//!   operation (its scope, key and payload's fingerprint) and from the
+//!   message itself (topic, key, payload, headers), not from when it was
+//!   published. An attempt that runs again after a crash (its claim taken
+//!   over) derives the same ids, and a message whose id the outbox holds
+//!   already is not written again: the first attempt's message stands.
+//!   Two identical messages of one operation are one message.
 //! - **Produced at least once.** The relay produces with Kafka's
 //!   idempotent producer (`enable.idempotence=true`: the broker drops the
 //!   producer's own retries) and marks a row relayed only after the broker
@@ -210,7 +211,8 @@ impl From<InvalidMessage> for Error {
 /// assert!(matches!(Message::new("no spaces", "x"), Err(InvalidMessage::Topic(_))));
 /// # Ok::<_, InvalidMessage>(())
 /// ```
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(into = "wire::Message", try_from = "wire::Message")]
 pub struct Message {
     topic: String,
     key: Option<Vec<u8>>,
@@ -741,6 +743,79 @@ impl Leased {
     /// an earlier relay may have produced it.
     pub fn attempts(&self) -> i64 {
         self.attempts
+    }
+}
+
+/// A [`Message`] as it is serialized (kept with a consumer's marker, by
+/// [`consumer::kafka::transactions`](crate::consumer::kafka)): bytes that
+/// are UTF-8 as text, others as an array of numbers; checked again when
+/// read back.
+mod wire {
+    use serde::{Deserialize, Serialize};
+
+    #[derive(Serialize, Deserialize)]
+    #[serde(untagged)]
+    pub(super) enum Bytes {
+        Text(String),
+        Raw(Vec<u8>),
+    }
+
+    impl From<Vec<u8>> for Bytes {
+        fn from(bytes: Vec<u8>) -> Self {
+            match String::from_utf8(bytes) {
+                Ok(text) => Bytes::Text(text),
+                Err(err) => Bytes::Raw(err.into_bytes()),
+            }
+        }
+    }
+
+    impl From<Bytes> for Vec<u8> {
+        fn from(bytes: Bytes) -> Self {
+            match bytes {
+                Bytes::Text(text) => text.into_bytes(),
+                Bytes::Raw(raw) => raw,
+            }
+        }
+    }
+
+    #[derive(Serialize, Deserialize)]
+    pub(super) struct Message {
+        topic: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        key: Option<Bytes>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        payload: Option<Bytes>,
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        headers: Vec<(String, Bytes)>,
+    }
+
+    impl From<super::Message> for Message {
+        fn from(message: super::Message) -> Self {
+            Message {
+                topic: message.topic,
+                key: message.key.map(Bytes::from),
+                payload: message.payload.map(Bytes::from),
+                headers: message
+                    .headers
+                    .into_iter()
+                    .map(|(name, value)| (name, Bytes::from(value)))
+                    .collect(),
+            }
+        }
+    }
+
+    impl TryFrom<Message> for super::Message {
+        type Error = super::InvalidMessage;
+
+        fn try_from(wire: Message) -> Result<Self, Self::Error> {
+            let mut message = super::Message::tombstone(&wire.topic)?;
+            message.key = wire.key.map(Vec::from);
+            message = message.with_payload(wire.payload.map(Vec::from))?;
+            for (name, value) in wire.headers {
+                message = message.with_header(&name, Vec::from(value))?;
+            }
+            Ok(message)
+        }
     }
 }
 

@@ -63,6 +63,8 @@ mod http_steps;
 mod http_storing;
 #[cfg(all(feature = "axum", feature = "sqlite", feature = "postgres"))]
 mod http_streaming;
+#[cfg(all(feature = "kafka", feature = "sqlite"))]
+mod kafka_transactions;
 #[cfg(all(feature = "postgres", feature = "mysql"))]
 mod kept_connection_kills;
 mod kept_connections;
