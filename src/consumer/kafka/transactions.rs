@@ -39,7 +39,7 @@
 //! twice (a producer upstream that sent it twice, or a redelivery after an
 //! aborted transaction) has its outputs produced in two transactions.
 //! Every output carries a stable id in the
-//! [`MESSAGE_ID_HEADER`](crate::outbox::MESSAGE_ID_HEADER) header,
+//! [`MESSAGE_ID_HEADER`] header,
 //! derived from the deduplicator's scope, the input's key and fingerprint,
 //! and the output itself, the same on every delivery: a downstream
 //! consumer that dedupes on it (with [`KeyFrom::header`](super::KeyFrom::header))
