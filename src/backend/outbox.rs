@@ -54,8 +54,16 @@ pub struct OutboxStatements {
     release: String,
     /// Deletes at most a batch of relayed rows past their time: batch.
     purge: String,
-    /// How many rows wait to be relayed.
+    /// How many rows wait to be relayed (parked rows do not).
     waiting: String,
+    /// Parks a leased row: reason, token, sequence number.
+    park: String,
+    /// The oldest parked rows, with their reason: batch.
+    parked: String,
+    /// How many rows are parked.
+    parked_count: String,
+    /// Unparks rows: the sequence numbers.
+    unpark: String,
 }
 
 impl OutboxStatements {
@@ -88,13 +96,13 @@ impl OutboxStatements {
             )),
             exists: fill("SELECT COUNT(*) FROM {outbox} WHERE message_id = ?"),
             free: fill(
-                "SELECT seq FROM {outbox} WHERE relayed_at IS NULL \
+                "SELECT seq FROM {outbox} WHERE relayed_at IS NULL AND parked_at IS NULL \
                  AND (lease_until IS NULL OR lease_until <= {now}) \
                  ORDER BY relayed_at, seq LIMIT ?{skip_locked}",
             ),
             lease: fill(
                 "UPDATE {outbox} SET lease_until = {now} + ?, lease_token = ?, \
-                 attempts = attempts + 1 WHERE relayed_at IS NULL \
+                 attempts = attempts + 1 WHERE relayed_at IS NULL AND parked_at IS NULL \
                  AND (lease_until IS NULL OR lease_until <= {now}) AND seq IN ",
             ),
             leased: fill(
@@ -110,7 +118,24 @@ impl OutboxStatements {
                  WHERE relayed_at IS NULL AND lease_token = ? AND seq IN ",
             ),
             purge: fill(DB::OUTBOX_PURGE),
-            waiting: fill("SELECT COUNT(*) FROM {outbox} WHERE relayed_at IS NULL"),
+            waiting: fill(
+                "SELECT COUNT(*) FROM {outbox} WHERE relayed_at IS NULL AND parked_at IS NULL",
+            ),
+            park: fill(
+                "UPDATE {outbox} SET parked_at = {now}, parked_reason = ?, lease_until = NULL, \
+                 lease_token = NULL WHERE relayed_at IS NULL AND lease_token = ? AND seq = ?",
+            ),
+            parked: fill(
+                "SELECT {columns}, parked_reason FROM {outbox} WHERE relayed_at IS NULL \
+                 AND parked_at IS NOT NULL ORDER BY seq LIMIT ?",
+            ),
+            parked_count: fill(
+                "SELECT COUNT(*) FROM {outbox} WHERE relayed_at IS NULL AND parked_at IS NOT NULL",
+            ),
+            unpark: fill(
+                "UPDATE {outbox} SET parked_at = NULL, parked_reason = NULL \
+                 WHERE relayed_at IS NULL AND parked_at IS NOT NULL AND seq IN ",
+            ),
         }
     }
 }
@@ -335,9 +360,83 @@ impl<DB: Backend> SqlStore<DB> {
 
     /// How many rows wait to be relayed.
     pub(crate) async fn outbox_waiting(&self, sql: &OutboxStatements) -> Result<u64, Error> {
+        self.outbox_count(&sql.waiting).await
+    }
+
+    /// How many rows are parked.
+    pub(crate) async fn outbox_parked_count(&self, sql: &OutboxStatements) -> Result<u64, Error> {
+        self.outbox_count(&sql.parked_count).await
+    }
+
+    async fn outbox_count(&self, statement: &str) -> Result<u64, Error> {
         let mut conn = self.pool.acquire().await?;
-        let n = DB::fetch_int(&mut conn, &numbered::<DB>(&sql.waiting), Vec::new()).await?;
+        let n = DB::fetch_int(&mut conn, &numbered::<DB>(statement), Vec::new()).await?;
         Ok(u64::try_from(n.unwrap_or(0)).unwrap_or(0))
+    }
+
+    /// Parks the row `seq` leased under `token`, with `reason`; whether
+    /// it was (a row relayed, or leased by another relay since, is not).
+    pub(crate) async fn outbox_park(
+        &self,
+        sql: &OutboxStatements,
+        token: &ClaimToken,
+        seq: i64,
+        reason: &str,
+    ) -> Result<bool, Error> {
+        let reason = if DB::TEXT_AS_BYTES {
+            Value::Bytes(reason.as_bytes())
+        } else {
+            Value::Text(reason)
+        };
+        let values = vec![reason, Value::Bytes(token.as_bytes()), Value::Int(seq)];
+        let _turn = self.gate.enter().await;
+        let mut conn = self.pool.acquire().await?;
+        let done = DB::execute(&mut conn, &numbered::<DB>(&sql.park), values).await?;
+        Ok(DB::rows_affected(&done) > 0)
+    }
+
+    /// The oldest `batch` parked rows, with their reasons.
+    pub(crate) async fn outbox_parked(
+        &self,
+        sql: &OutboxStatements,
+        batch: usize,
+    ) -> Result<Vec<(LeasedRow, String)>, Error> {
+        let batch = i64::try_from(batch.max(1)).unwrap_or(i64::MAX);
+        let mut conn = self.pool.acquire().await?;
+        let rows = DB::fetch_all(
+            &mut conn,
+            &numbered::<DB>(&sql.parked),
+            vec![Value::Int(batch)],
+        )
+        .await?;
+        rows.iter()
+            .map(|row| {
+                let reason = if DB::TEXT_AS_BYTES {
+                    String::from_utf8_lossy(&DB::bytes(row, "parked_reason")?.unwrap_or_default())
+                        .into_owned()
+                } else {
+                    DB::text(row, "parked_reason")?
+                };
+                Ok((self.outbox_row(row)?, reason))
+            })
+            .collect()
+    }
+
+    /// Unparks the rows `seqs`: they wait to be relayed again.
+    pub(crate) async fn outbox_unpark(
+        &self,
+        sql: &OutboxStatements,
+        seqs: &[i64],
+    ) -> Result<u64, Error> {
+        if seqs.is_empty() {
+            return Ok(0);
+        }
+        let unpark = with_list::<DB>(&sql.unpark, seqs.len());
+        let values = seqs.iter().map(|seq| Value::Int(*seq)).collect();
+        let _turn = self.gate.enter().await;
+        let mut conn = self.pool.acquire().await?;
+        let done = DB::execute(&mut conn, &unpark, values).await?;
+        Ok(DB::rows_affected(&done))
     }
 }
 

@@ -20,7 +20,9 @@
 //! A broker that cannot be reached fails the records' delivery after the
 //! producer's `message.timeout.ms`: their rows are given back and produced
 //! at a later round. Nothing is marked that the broker did not
-//! acknowledge.
+//! acknowledge. A record the broker refuses for good (too large, a topic
+//! the relay may not write to) is [parked](super#parked-messages), and
+//! the relay goes on with the rest.
 //!
 //! ```no_run
 //! use std::sync::Arc;
@@ -65,6 +67,9 @@ pub struct Relayed {
     pub marked: u64,
     /// Messages the broker did not take: given back for a later round.
     pub failed: usize,
+    /// Messages the broker refused for good: parked (see
+    /// [Parked messages](super#parked-messages)).
+    pub parked: usize,
 }
 
 /// A relay from an [`Outbox`] to Kafka. See the [module documentation](self).
@@ -196,6 +201,17 @@ impl<DB: Backend> KafkaRelay<DB> {
         }
         let produced = self.produce(&lease).await;
         let marked = self.outbox.mark_relayed(&produced.acknowledged).await?;
+        let mut parked = 0;
+        for (seq, reason) in &produced.refused {
+            if self.outbox.park(&lease, *seq, reason).await? {
+                tracing::error!(
+                    seq,
+                    reason = %reason,
+                    "the broker refused an outbox message for good; it is parked until unparked"
+                );
+                parked += 1;
+            }
+        }
         if !produced.failed.is_empty() {
             self.renew_producer(produced.producer_refused);
             self.outbox.release(&lease, &produced.failed).await?;
@@ -205,6 +221,7 @@ impl<DB: Backend> KafkaRelay<DB> {
             acknowledged: produced.acknowledged.len(),
             marked,
             failed: produced.failed.len(),
+            parked,
         })
     }
 
@@ -220,25 +237,26 @@ impl<DB: Backend> KafkaRelay<DB> {
         }
         let mut produced = Produced::default();
         for (seq, delivery) in deliveries {
-            let acknowledged = match delivery {
+            let refusal = match delivery {
                 Ok(delivery) => match delivery.await {
-                    Ok(Ok(_)) => true,
+                    Ok(Ok(_)) => None,
                     Ok(Err((err, _))) => {
-                        tracing::warn!(error = %err, seq, "the broker did not take an outbox message");
                         produced.producer_refused |= refuses_producer(&err);
-                        false
+                        Some(err)
                     }
-                    Err(_) => false,
+                    Err(_) => Some(KafkaError::Canceled),
                 },
-                Err(err) => {
-                    tracing::warn!(error = %err, seq, "an outbox message could not be sent");
-                    false
-                }
+                Err(err) => Some(err),
             };
-            if acknowledged {
-                produced.acknowledged.push(seq);
-            } else {
-                produced.failed.push(seq);
+            match refusal {
+                None => produced.acknowledged.push(seq),
+                Some(err) if refuses_for_good(&err) => {
+                    produced.refused.push((seq, err.to_string()))
+                }
+                Some(err) => {
+                    tracing::warn!(error = %err, seq, "the broker did not take an outbox message");
+                    produced.failed.push(seq);
+                }
             }
         }
         produced
@@ -324,6 +342,8 @@ pub struct Produced {
     pub acknowledged: Vec<i64>,
     /// Not taken: give them back.
     pub failed: Vec<i64>,
+    /// Refused for good, with the broker's answer: park them.
+    pub refused: Vec<(i64, String)>,
     /// The broker refused the producer itself (its id or epoch): the
     /// relay makes a new one.
     producer_refused: bool,
@@ -340,6 +360,25 @@ fn refuses_producer(err: &KafkaError) -> bool {
                 | Code::UnknownProducerId
                 | Code::InvalidProducerIdMapping
                 | Code::OutOfOrderSequenceNumber
+        )
+    )
+}
+
+/// Whether the broker (or the producer, before sending) refused a record
+/// in a way that producing it again cannot change. A topic not known yet,
+/// a broker away or a timeout may pass, and are not.
+fn refuses_for_good(err: &KafkaError) -> bool {
+    use rdkafka::types::RDKafkaErrorCode as Code;
+    matches!(
+        err.rdkafka_error_code(),
+        Some(
+            Code::MessageSizeTooLarge
+                | Code::InvalidMessageSize
+                | Code::InvalidTopic
+                | Code::TopicAuthorizationFailed
+                | Code::UnsupportedForMessageFormat
+                | Code::PolicyViolation
+                | Code::InvalidRecord
         )
     )
 }

@@ -124,6 +124,20 @@
 //! are taken over after its lease). A row that failed to produce is given
 //! back and produced again later, after rows behind it.
 //!
+//! # Parked messages
+//!
+//! A message the broker refuses for good (larger than the broker or the
+//! producer takes, a topic the relay may not write to, a record the
+//! broker's policy rejects) would fail at every round. The relay
+//! [parks](Outbox::park) it instead, logs an error, and goes on with the
+//! messages behind it: a parked message is kept, counted apart from the
+//! waiting ones ([`Outbox::parked_count`]), never purged, and listed with
+//! the broker's answer by [`Outbox::parked`]. Once the cause is fixed
+//! (the topic's `max.message.bytes` raised, an ACL granted),
+//! [`Outbox::unpark`] puts it back in its place. A refusal that may pass
+//! (a broker away, a topic not yet known, a timeout) is never a reason to
+//! park: the message is given back and produced again later.
+//!
 //! # Retention
 //!
 //! A relayed row is kept as long as the operation's records (the call's
@@ -662,13 +676,97 @@ impl<DB: Backend> Outbox<DB> {
         self.store.outbox_purge(&self.sql, batch).await
     }
 
-    /// How many messages wait to be relayed.
+    /// How many messages wait to be relayed (parked ones do not).
     ///
     /// # Errors
     ///
     /// [`Error::Store`].
     pub async fn waiting(&self) -> Result<u64, Error> {
         self.store.outbox_waiting(&self.sql).await
+    }
+
+    /// Parks the message `seq` of `lease`, which the broker refused for
+    /// good (too large for it, a topic it will not take): it is kept, no
+    /// relay leases it again, and it is never purged, until
+    /// [`unpark`](Self::unpark)ed. Returns whether it was parked (not if
+    /// it was relayed meanwhile, or its lease ended and another relay took
+    /// it). See [Parked messages](self#parked-messages).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Store`].
+    pub async fn park(&self, lease: &Lease, seq: i64, reason: &str) -> Result<bool, Error> {
+        // Kept short: the reason is the broker's error, not a payload.
+        let reason = match reason.char_indices().nth(1000) {
+            Some((end, _)) => &reason[..end],
+            None => reason,
+        };
+        self.store
+            .outbox_park(&self.sql, &lease.token, seq, reason)
+            .await
+    }
+
+    /// The oldest `limit` parked messages (at most [`MAX_LEASE_BATCH`]),
+    /// with why each was parked.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Store`].
+    pub async fn parked(&self, limit: usize) -> Result<Vec<Parked>, Error> {
+        let rows = self
+            .store
+            .outbox_parked(&self.sql, limit.min(MAX_LEASE_BATCH))
+            .await?;
+        rows.into_iter()
+            .map(|(row, reason)| {
+                Ok(Parked {
+                    message: Leased::from_row(row)?,
+                    reason,
+                })
+            })
+            .collect()
+    }
+
+    /// How many messages are parked.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Store`].
+    pub async fn parked_count(&self) -> Result<u64, Error> {
+        self.store.outbox_parked_count(&self.sql).await
+    }
+
+    /// Unparks the messages `seqs`: they wait to be relayed again, in
+    /// their place. Returns how many were parked.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Store`].
+    pub async fn unpark(&self, seqs: &[i64]) -> Result<u64, Error> {
+        let mut unparked = 0;
+        for seqs in seqs.chunks(MAX_LEASE_BATCH) {
+            unparked += self.store.outbox_unpark(&self.sql, seqs).await?;
+        }
+        Ok(unparked)
+    }
+}
+
+/// A parked message ([`Outbox::parked`]) and why it was parked.
+#[derive(Clone, Debug)]
+pub struct Parked {
+    message: Leased,
+    reason: String,
+}
+
+impl Parked {
+    /// The message, as it was last leased.
+    pub fn message(&self) -> &Leased {
+        &self.message
+    }
+
+    /// Why it was parked: the broker's error.
+    pub fn reason(&self) -> &str {
+        &self.reason
     }
 }
 

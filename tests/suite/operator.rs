@@ -64,7 +64,7 @@ async fn sqlite_migrations_table_is_the_one_named() {
         .fetch_one(store.pool())
         .await
         .unwrap();
-    assert_eq!(versions, 4, "every version recorded once");
+    assert_eq!(versions, 5, "every version recorded once");
     assert!(SqliteStore::new(store.pool().clone())
         .with_migrations_table("bad name")
         .is_err());
@@ -94,7 +94,7 @@ async fn postgres_migrations_table_is_the_one_named() {
     .await
     .unwrap();
     // One row per migration of the records table.
-    assert_eq!(recorded, 5);
+    assert_eq!(recorded, 6);
     let in_default: i64 = sqlx::query_scalar(
         "SELECT COUNT(*) FROM pg_class WHERE oid = to_regclass('idem_migrations')",
     )

@@ -442,6 +442,42 @@ common::backends!(sqlite_file, postgres, mysql => {
         assert_eq!(ids, [id("s-1", 2, &event(1)), id("s-1", 2, &event(2))]);
     }
 
+    /// A table migrated before parking existed (no `parked_*` columns, its
+    /// last version not recorded) takes the new version, and the message
+    /// that waited in it is leased as before.
+    #[tokio::test]
+    async fn an_outbox_from_before_parking_is_upgraded() {
+        let (store, outbox, effects, _guard) = fixture().await;
+        place(&store, &outbox, &effects, "o-1", Policy::new()).await.unwrap();
+        let (table, book) = (store.table_name().to_owned(), store.migrations_table().to_owned());
+        let q = if backend::NAME == "mysql" { '`' } else { '"' };
+        for column in ["parked_at", "parked_reason"] {
+            sqlx::query(&format!("ALTER TABLE {q}{table}_outbox{q} DROP COLUMN {column}"))
+                .execute(store.pool())
+                .await
+                .unwrap();
+        }
+        let latest: i64 = sqlx::query_scalar(&format!(
+            "SELECT MAX(version) FROM {q}{book}{q} WHERE table_name = '{table}'"
+        ))
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
+        sqlx::query(&format!(
+            "DELETE FROM {q}{book}{q} WHERE table_name = '{table}' AND version = {latest}"
+        ))
+        .execute(store.pool())
+        .await
+        .unwrap();
+        assert!(outbox.waiting().await.is_err(), "the columns are gone");
+
+        store.migrate().await.unwrap();
+        assert_eq!(outbox.waiting().await.unwrap(), 3);
+        assert_eq!(outbox.parked_count().await.unwrap(), 0);
+        let lease = outbox.lease(10, Duration::from_secs(30)).await.unwrap();
+        assert_eq!(lease.messages().len(), 3);
+    }
+
     #[tokio::test]
     async fn publishing_outside_an_operation_is_refused() {
         let (store, outbox, _effects, _guard) = fixture().await;

@@ -543,3 +543,97 @@ async fn two_relays_race_on_mysql() {
     let (store, _guard) = common::backend::mysql::store(8).await;
     two_relays_race(store).await;
 }
+
+/// A message the broker refuses for good (larger than the relay's
+/// producer takes) is parked, the messages around it are relayed, and once
+/// unparked it is relayed in its turn.
+async fn a_refused_message_is_parked<DB: idem::Backend>(store: SqlStore<DB>)
+where
+    SqlStore<DB>: idem::Store,
+    for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
+{
+    let topic = Topic::create("outbox-parked", &brokers()).await;
+    let outbox = Outbox::new(&store);
+    let sizes = [10, 5_000, 10];
+    for (n, size) in sizes.iter().enumerate() {
+        let key = format!("order-{n}");
+        run(&store, Call::new(SCOPE, &key, &n), async {
+            let mut tx = store.pool().begin().await.map_err(Error::store)?;
+            let message =
+                OutboxMessage::new(&topic.name, "x".repeat(*size))?.with_key(key.as_str())?;
+            outbox.publish(&mut tx, &message).await?;
+            tx.commit().await.map_err(Error::store)?;
+            Ok::<_, Error>(())
+        })
+        .await
+        .unwrap();
+    }
+    // A producer that takes no record over 2,000 bytes.
+    let small = config(&brokers()).set("message.max.bytes", "2000").clone();
+    let relay = KafkaRelay::new(outbox.clone(), &small).unwrap();
+    let round = relay.relay_once().await.unwrap();
+    assert_eq!(
+        (round.leased, round.acknowledged, round.failed, round.parked),
+        (3, 2, 0, 1),
+        "{round:?}"
+    );
+    assert_eq!(outbox.waiting().await.unwrap(), 0);
+    assert_eq!(outbox.parked_count().await.unwrap(), 1);
+    let parked = outbox.parked(10).await.unwrap();
+    assert_eq!(parked.len(), 1);
+    assert_eq!(
+        parked[0].message().message().payload().map(<[u8]>::len),
+        Some(5_000)
+    );
+    assert!(
+        parked[0].reason().contains("too large"),
+        "{}",
+        parked[0].reason()
+    );
+    // Parked: not leased again, not purged.
+    assert_eq!(relay.relay_once().await.unwrap().leased, 0);
+    assert_eq!(outbox.purge(100).await.unwrap(), 0);
+
+    // The topic's limit was raised (here: a producer that takes it).
+    assert_eq!(
+        outbox.unpark(&[parked[0].message().seq()]).await.unwrap(),
+        1
+    );
+    assert_eq!(
+        outbox.unpark(&[parked[0].message().seq()]).await.unwrap(),
+        0
+    );
+    assert_eq!(
+        (
+            outbox.waiting().await.unwrap(),
+            outbox.parked_count().await.unwrap()
+        ),
+        (1, 0)
+    );
+    let relay = KafkaRelay::new(outbox.clone(), &config(&brokers())).unwrap();
+    let round = relay.relay_once().await.unwrap();
+    assert_eq!((round.acknowledged, round.parked), (1, 0), "{round:?}");
+    let seen = consume(&topic, 3, 3).await;
+    once_each(3, &seen);
+    assert_eq!((seen.records, seen.duplicates), (3, 0), "{seen:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_message_is_parked_on_sqlite() {
+    let (store, _guard) = common::backend::sqlite_file::store(4).await;
+    a_refused_message_is_parked(store).await;
+}
+
+#[cfg(feature = "postgres")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_message_is_parked_on_postgres() {
+    let (store, _guard) = common::backend::postgres::store(4).await;
+    a_refused_message_is_parked(store).await;
+}
+
+#[cfg(feature = "mysql")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_message_is_parked_on_mysql() {
+    let (store, _guard) = common::backend::mysql::store(4).await;
+    a_refused_message_is_parked(store).await;
+}

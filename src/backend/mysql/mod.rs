@@ -123,6 +123,12 @@ CREATE TABLE IF NOT EXISTS `{table}_outbox` (
     KEY expires_at (expires_at)
 ) ENGINE = InnoDB ROW_FORMAT = DYNAMIC
 "#,
+    // Parked outbox rows: the broker refused them for good (see
+    // `outbox::Outbox::park`).
+    r#"
+ALTER TABLE `{table}_outbox` ADD COLUMN IF NOT EXISTS parked_at BIGINT NULL,
+    ADD COLUMN IF NOT EXISTS parked_reason BLOB NULL
+"#,
 ];
 
 /// Deletes at most a batch of expired journal entries.

@@ -127,6 +127,12 @@ CREATE INDEX IF NOT EXISTS "{outbox_waiting}" ON "{table}_outbox" (seq) WHERE re
 CREATE INDEX IF NOT EXISTS "{outbox_expires_at}" ON "{table}_outbox" (expires_at)
     WHERE relayed_at IS NOT NULL;
 "#,
+    // Parked outbox rows: the broker refused them for good (see
+    // `outbox::Outbox::park`).
+    r#"
+ALTER TABLE "{table}_outbox" ADD COLUMN IF NOT EXISTS parked_at BIGINT,
+    ADD COLUMN IF NOT EXISTS parked_reason TEXT;
+"#,
 ];
 
 /// Deletes at most a batch of expired journal entries, skipping rows a

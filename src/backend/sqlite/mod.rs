@@ -106,6 +106,12 @@ CREATE TABLE IF NOT EXISTS "{table}_outbox" (
 CREATE INDEX IF NOT EXISTS "{table}_outbox_waiting" ON "{table}_outbox" (relayed_at, seq);
 CREATE INDEX IF NOT EXISTS "{table}_outbox_expires_at" ON "{table}_outbox" (expires_at);
 "#,
+    // Parked outbox rows: the broker refused them for good (see
+    // `outbox::Outbox::park`).
+    r#"
+ALTER TABLE "{table}_outbox" ADD COLUMN parked_at INTEGER;
+ALTER TABLE "{table}_outbox" ADD COLUMN parked_reason TEXT;
+"#,
 ];
 
 /// Deletes at most a batch of expired journal entries.
