@@ -20,8 +20,10 @@
 //! | `idem_abandoned_total` | counter | callers dropped before their call ended, by `what` became of the claim: `released` (handed back for a retry), `saved` (the outcome in hand is stored in the background), `left` (left to its lease: no runtime or store to hand it back with) |
 //! | `idem_steps_total` | counter | [durable steps](crate::steps) completed, by `step` and `decision`: `ran` (called now), `replayed` (answered from the journal) |
 //! | `idem_steps_in_doubt_total` | counter | steps found in doubt, by `step` and `resolution`: `rerun`, `reconciled`, `reconciled_none` (reconcile found nothing and the step ran), `in_flight` (an earlier attempt's call may still land: the attempt was told to come back), `refused`, `allowed` (an operator allowed a rerun), `operator_completed`, `operator_rerun` |
+//! | `idem_outbox_messages_total` | counter | messages an [outbox](crate::outbox) relay handled, by `outcome`: `relayed` (acknowledged by the broker and marked), `failed` (not taken: given back for a later round), `parked` (refused for good) |
 //!
-//! Each carries an `operation` label: the scope's operation, never the
+//! Each carries an `operation` label (but the outbox's, which carries
+//! `table`, the outbox's table): the scope's operation, never the
 //! principal or the key, so that label sets stay small. The HTTP layer's
 //! scopes of a raw request path (a request that matched no route
 //! template) share one label instead, `METHOD (unmatched)`, so that no
@@ -53,6 +55,8 @@ pub const STORE_RETRIES: &str = "idem_store_retries_total";
 pub const UNPROTECTED: &str = "idem_unprotected_total";
 /// The name of the abandoned-calls counter.
 pub const ABANDONED: &str = "idem_abandoned_total";
+/// The name of the outbox relays' counter.
+pub const OUTBOX_MESSAGES: &str = "idem_outbox_messages_total";
 /// The name of the replay latency histogram.
 pub const REPLAY_LATENCY: &str = "idem_replay_latency_seconds";
 

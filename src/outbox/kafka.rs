@@ -216,6 +216,17 @@ impl<DB: Backend> KafkaRelay<DB> {
             self.renew_producer(produced.producer_refused);
             self.outbox.release(&lease, &produced.failed).await?;
         }
+        let table = self.outbox.table().to_owned();
+        for (outcome, n) in [
+            ("relayed", marked),
+            ("failed", produced.failed.len() as u64),
+            ("parked", parked as u64),
+        ] {
+            if n > 0 {
+                metrics::counter!(crate::metrics::OUTBOX_MESSAGES, "table" => table.clone(), "outcome" => outcome)
+                    .increment(n);
+            }
+        }
         Ok(Relayed {
             leased: lease.messages().len(),
             acknowledged: produced.acknowledged.len(),

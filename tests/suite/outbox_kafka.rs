@@ -571,11 +571,36 @@ where
     // A producer that takes no record over 2,000 bytes.
     let small = config(&brokers()).set("message.max.bytes", "2000").clone();
     let relay = KafkaRelay::new(outbox.clone(), &small).unwrap();
+    // The round runs on this thread: its counters reach this recorder.
+    let recorder = metrics_util::debugging::DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let guard = metrics::set_default_local_recorder(&recorder);
     let round = relay.relay_once().await.unwrap();
+    drop(guard);
     assert_eq!(
         (round.leased, round.acknowledged, round.failed, round.parked),
         (3, 2, 0, 1),
         "{round:?}"
+    );
+    let mut counted = BTreeMap::new();
+    for (key, _, _, value) in snapshotter.snapshot().into_vec() {
+        let key = key.key();
+        if key.name() != idem::metrics::OUTBOX_MESSAGES {
+            continue;
+        }
+        let label = |name: &str| {
+            key.labels()
+                .find(|l| l.key() == name)
+                .map(|l| l.value().to_owned())
+        };
+        assert_eq!(label("table"), Some(outbox.table().to_owned()));
+        if let metrics_util::debugging::DebugValue::Counter(n) = value {
+            counted.insert(label("outcome").unwrap(), n);
+        }
+    }
+    assert_eq!(
+        counted,
+        BTreeMap::from([("relayed".to_owned(), 2), ("parked".to_owned(), 1)])
     );
     assert_eq!(outbox.waiting().await.unwrap(), 0);
     assert_eq!(outbox.parked_count().await.unwrap(), 1);

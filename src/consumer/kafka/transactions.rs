@@ -46,6 +46,14 @@
 //! applies each once. Two identical outputs of one input have one id:
 //! they are one message.
 //!
+//! Give each running instance its own `transactional.id`, the same
+//! after its restart. A producer that is fenced (another one started with
+//! its id) or fails for good is made again by the next
+//! [`begin`](TransactionalProducer::begin); two live instances sharing an
+//! id would fence each other in turn, each aborting the other's
+//! transaction: every effect stays single (the marker holds), but little
+//! gets committed to Kafka until one of them stops.
+//!
 //! Readers downstream should read with `isolation.level=read_committed`,
 //! Kafka's default in most clients but not librdkafka's, so that they do
 //! not see the records of an aborted transaction. (The brokers the tests
