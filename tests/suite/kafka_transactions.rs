@@ -7,7 +7,9 @@
 //! sent twice by their producer), writes one invoice row per order and the
 //! dedupe marker in one database transaction, and produces one `invoice`
 //! record per order in a Kafka transaction with the input's offset. It
-//! "crashes" after the database committed and before Kafka's commit: its
+//! "crashes" once before the database committed (the record is then
+//! processed afresh), and twice after the database committed and before
+//! Kafka's commit: its
 //! Kafka transaction is left open, and its consumer and producer are
 //! dropped. The transformer started in its place (the same group, the same
 //! `transactional.id`, whose registration aborts the open transaction)
@@ -47,6 +49,8 @@ const ORDERS: usize = 12;
 const SENT_TWICE: [usize; 2] = [3, 8];
 /// The transformer crashes after the database commit of its n-th record.
 const CRASH_AFTER: [usize; 2] = [4, 9];
+/// The transformer crashes before the database commit of its n-th record.
+const CRASH_BEFORE_DB_COMMIT: usize = 6;
 const WAIT: Duration = Duration::from_secs(120);
 
 fn order(n: usize) -> (String, String) {
@@ -109,6 +113,7 @@ struct Counts {
     processed: usize,
     duplicates: usize,
     crashes: usize,
+    crashes_before: usize,
     aborted: usize,
     /// The records the group committed past, at the end.
     committed: usize,
@@ -204,6 +209,22 @@ async fn transform(
                 .send_offsets(&source, &record)
                 .await
                 .expect("the offset in the transaction");
+            if !handled.is_duplicate()
+                && counts.processed == CRASH_BEFORE_DB_COMMIT
+                && counts.crashes_before == 0
+            {
+                // Dies before the database commits: the effect rolls back,
+                // the Kafka transaction stays open. The record is processed
+                // again, afresh.
+                counts.crashes_before += 1;
+                counts.processed -= 1;
+                drop(tx);
+                drop(kafka);
+                drop(record);
+                drop(producer);
+                drop(source);
+                continue 'restart;
+            }
             tx.commit().await.unwrap();
             if !handled.is_duplicate() && CRASH_AFTER.contains(&counts.processed) {
                 // Dies between the two commits: the Kafka transaction stays
@@ -411,7 +432,11 @@ async fn one_invoice_per_order(bootstrap: &str, topics: Topics<'_>, label: &str)
         let first = copies.iter().find(|(other, _)| other == id).unwrap();
         assert_eq!(&first.1, payload, "every copy of {id} is the same invoice");
     }
-    assert_eq!(counts.crashes, CRASH_AFTER.len(), "{counts:?}");
+    assert_eq!(
+        (counts.crashes, counts.crashes_before),
+        (CRASH_AFTER.len(), 1),
+        "{counts:?}"
+    );
     match mock {
         // The mock cluster takes transactional offset commits without
         // keeping them.
@@ -432,12 +457,14 @@ async fn one_invoice_per_order(bootstrap: &str, topics: Topics<'_>, label: &str)
     );
     println!(
         "kafka_transactions::{label}: {inputs} order records ({ORDERS} orders), {} deliveries, \
-         {} processed, {} duplicates, {} crashes between the commits, {} commits failed and \
+         {} processed, {} duplicates, {} crashes between the commits, {} before the database's, \
+         {} commits failed and \
          aborted; downstream {} invoice records, {} after dedupe",
         counts.records,
         counts.processed,
         counts.duplicates,
         counts.crashes,
+        counts.crashes_before,
         counts.aborted,
         copies.len(),
         ids.len()
