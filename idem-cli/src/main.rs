@@ -2,6 +2,7 @@
 
 mod failure;
 mod open;
+mod outbox;
 mod show;
 mod time;
 
@@ -17,11 +18,13 @@ use serde_json::{json, Value};
 use crate::failure::Failure;
 use crate::open::{open, Target};
 
-/// Inspect, settle, forget and purge idempotency records on any idem store.
+/// Inspect, settle, forget and purge idempotency records on any idem store;
+/// look at and unpark the messages of a SQL store's outbox.
 ///
-/// Exit codes: 0 done; 1 store error; 2 invalid arguments; 3 invalid URL;
-/// 4 store unreachable; 5 no idem table; 6 not found; 7 not confirmed;
-/// 8 refused (the step is not in doubt).
+/// Exit codes: 0 done; 1 store error; 2 invalid arguments (or a command
+/// the store has nothing for, as `outbox` on Redis); 3 invalid URL; 4
+/// store unreachable; 5 no idem table; 6 not found; 7 not confirmed; 8
+/// refused (the step is not in doubt).
 #[derive(Parser)]
 #[command(name = "idem", version, max_term_width = 100)]
 struct Cli {
@@ -95,6 +98,12 @@ enum Command {
     /// Count records by scope and state, journal entries by state, and
     /// show the oldest record in progress
     Stats,
+    /// The transactional outbox (SQL stores): count the messages waiting
+    /// and parked, list the parked ones, unpark them
+    Outbox {
+        #[command(subcommand)]
+        command: Option<outbox::OutboxCommand>,
+    },
 }
 
 #[derive(Args)]
@@ -174,6 +183,7 @@ async fn run(cli: Cli) -> Result<(), Failure> {
         Command::Forget { at, yes } => forget(&target, &at, yes, json).await,
         Command::Purge { batch } => purge(&target, batch as usize, json).await,
         Command::Stats => stats(&target, json).await,
+        Command::Outbox { command } => outbox::run(&target, command, json).await,
     }
 }
 

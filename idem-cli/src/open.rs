@@ -12,9 +12,11 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use idem::admin::{Inventory, ENTITY_CLAIMS_TABLE};
+use idem::outbox::Outbox;
 use idem::SqlStore;
 
 use crate::failure::Failure;
+use crate::outbox::OutboxAdmin;
 
 /// How long opening a store may take before it counts as unreachable.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -31,6 +33,11 @@ pub(crate) struct Target {
     /// Entity mode's claims (`idem_entity_claims`), where the database has
     /// them (SQL only).
     pub(crate) entity: Option<Box<dyn Inventory>>,
+    /// Whether it is a SQL database (the outbox lives there only).
+    pub(crate) sql: bool,
+    /// The outbox beside the records table (SQL, where the records table
+    /// exists).
+    pub(crate) outbox: Option<Box<dyn OutboxAdmin>>,
 }
 
 impl Target {
@@ -227,11 +234,14 @@ where
         .map_err(|e| Failure::Unreachable(format!("cannot read {name}: {e}")))?;
     let entity = SqlStore::new(pool).with_table_name(ENTITY_CLAIMS_TABLE)?;
     let entity_exists = table != ENTITY_CLAIMS_TABLE && entity.is_set_up().await?;
+    let outbox = records_exist.then(|| Box::new(Outbox::new(&records)) as Box<dyn OutboxAdmin>);
     let target = Target {
         name,
         records_at: format!("{table:?}"),
         records: records_exist.then(|| Box::new(records) as Box<dyn Inventory>),
         entity: entity_exists.then(|| Box::new(entity) as Box<dyn Inventory>),
+        sql: true,
+        outbox,
     };
     if target.records.is_none() && target.entity.is_none() {
         return Err(Failure::MissingTable(format!(
@@ -299,6 +309,8 @@ async fn open_redis(url: &str, shown: &str, prefix: Option<&str>) -> Result<Targ
         records_at,
         records: Some(Box::new(store)),
         entity: None,
+        sql: false,
+        outbox: None,
     })
 }
 

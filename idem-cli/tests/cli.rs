@@ -19,6 +19,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http_body_util::Full;
 use idem::entity::EntityDatabase;
+use idem::outbox::{Message, Outbox};
 use idem::steps::Step;
 use idem::{run, Call, Error, Policy, Store};
 use serde_json::Value;
@@ -464,6 +465,226 @@ where
     assert_eq!(claim["outcome"]["decoded"]["empty"], true);
 }
 
+/// The value of the text line that starts with `label` (`  waiting  3  ...`).
+fn counted(out: &str, label: &str) -> u64 {
+    out.lines()
+        .find_map(|line| line.trim_start().strip_prefix(label))
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no {label:?} count in:\n{out}"))
+}
+
+/// The outbox of a SQL store: three messages published by one operation,
+/// leased by a relay of the test's own, two of them parked as a broker
+/// refusing them for good would have them; then counted, listed and
+/// unparked through the binary, the outbox read back by the library.
+async fn outbox_walkthrough<DB>(store: idem::SqlStore<DB>, args: &[String])
+where
+    DB: idem::Backend,
+    idem::SqlStore<DB>: Store,
+{
+    let outbox = Outbox::new(&store);
+    let key = fresh("ship");
+    let binary: Vec<u8> = (0..300u32).map(|i| (i % 256) as u8).rev().collect();
+    let messages = [
+        Message::new("payment.created", r#"{"id":"pay-1","amount":500}"#)
+            .unwrap()
+            .with_key("pay-1")
+            .unwrap()
+            .with_header("content-type", "application/json")
+            .unwrap(),
+        Message::new("payment.audit", binary).unwrap(),
+        Message::new("payment.created", r#"{"id":"pay-2"}"#)
+            .unwrap()
+            .with_key("pay-2")
+            .unwrap(),
+    ];
+    let ids: Vec<String> = run(&store, Call::new("cli::ship", &key, &1u8), async {
+        let mut tx = store.pool().begin().await.map_err(Error::store)?;
+        let mut ids = Vec::new();
+        for message in &messages {
+            ids.push(outbox.publish(&mut *tx, message).await?.to_string());
+        }
+        tx.commit().await.map_err(Error::store)?;
+        Ok::<_, Error>(ids)
+    })
+    .await
+    .unwrap();
+    assert_eq!(outbox.waiting().await.unwrap(), 3);
+
+    // A relay of the test's own: the broker refuses the first two for
+    // good, the third is given back (it failed for a while).
+    let lease = outbox.lease(10, Duration::from_secs(30)).await.unwrap();
+    let seqs: Vec<i64> = lease.messages().iter().map(|m| m.seq()).collect();
+    assert_eq!(seqs.len(), 3, "{lease:?}");
+    let (too_large, denied, later) = (seqs[0], seqs[1], seqs[2]);
+    assert!(outbox
+        .park(&lease, too_large, "Broker: Message size too large")
+        .await
+        .unwrap());
+    assert!(outbox
+        .park(&lease, denied, "Broker: Topic authorization failed")
+        .await
+        .unwrap());
+    assert_eq!(outbox.release(&lease, &[later]).await.unwrap(), 1);
+
+    // Status: the bare command and `status`, text and JSON.
+    let out = expect(args, &["outbox"], "", 0).await.stdout;
+    assert_eq!(counted(&out, "waiting"), 1, "{out}");
+    assert_eq!(counted(&out, "parked"), 2, "{out}");
+    assert!(out.contains("_outbox"), "the table is named: {out}");
+    assert!(out.contains("idem outbox parked"), "a hint: {out}");
+    let status = json(args, &["outbox", "status"]).await;
+    assert_eq!(status["waiting"], 1, "{status}");
+    assert_eq!(status["parked"], 2, "{status}");
+
+    // The parked ones, the oldest first, with the broker's reasons.
+    let out = expect(args, &["outbox", "parked"], "", 0).await.stdout;
+    assert!(out.contains("2 parked message(s)"), "{out}");
+    assert!(
+        out.contains(&format!(
+            "#{too_large:<6} topic payment.created  key pay-1  attempts 1"
+        )),
+        "{out}"
+    );
+    assert!(
+        out.contains(r#"payload  27 bytes: {"id":"pay-1","amount":500}"#),
+        "{out}"
+    );
+    assert!(out.contains(&format!("id       {}", ids[0])), "{out}");
+    assert!(out.contains("headers  content-type"), "{out}");
+    assert!(
+        out.contains("reason   Broker: Message size too large"),
+        "{out}"
+    );
+    assert!(
+        out.contains(&format!("#{denied:<6} topic payment.audit  key none")),
+        "{out}"
+    );
+    assert!(out.contains("payload  300 bytes, binary"), "{out}");
+    assert!(out.contains("Broker: Topic authorization failed"), "{out}");
+    assert!(!out.contains(&format!("#{later} ")), "not parked: {out}");
+    assert!(
+        out.find(&format!("#{too_large} ")) < out.find(&format!("#{denied} ")),
+        "the oldest first: {out}"
+    );
+    let parked = json(args, &["outbox", "parked"]).await;
+    assert_eq!(parked["parked"], 2, "{parked}");
+    let listed = parked["messages"].as_array().unwrap();
+    assert_eq!(listed.len(), 2, "{parked}");
+    assert_eq!(listed[0]["seq"], too_large);
+    assert_eq!(listed[0]["id"], ids[0]);
+    assert_eq!(listed[0]["topic"], "payment.created");
+    assert_eq!(listed[0]["key"]["text"], "pay-1");
+    assert_eq!(listed[0]["payload"]["bytes"], 27);
+    assert_eq!(
+        listed[0]["payload"]["text_preview"],
+        r#"{"id":"pay-1","amount":500}"#
+    );
+    assert_eq!(listed[0]["headers"][0][0], "content-type");
+    assert_eq!(listed[0]["attempts"], 1);
+    assert_eq!(listed[0]["reason"], "Broker: Message size too large");
+    assert_eq!(listed[1]["seq"], denied);
+    assert_eq!(listed[1]["key"], Value::Null);
+    assert_eq!(listed[1]["payload"]["bytes"], 300);
+    assert_eq!(listed[1]["payload"]["text_preview"], Value::Null);
+    let first = json(args, &["outbox", "parked", "--limit", "1"]).await;
+    assert_eq!(first["parked"], 2, "{first}");
+    assert_eq!(first["messages"].as_array().unwrap().len(), 1, "{first}");
+    assert_eq!(first["messages"][0]["seq"], too_large);
+    let out = expect(args, &["outbox", "parked", "--limit", "1"], "", 0)
+        .await
+        .stdout;
+    assert!(out.contains("the oldest 1 shown"), "{out}");
+    expect(args, &["outbox", "parked", "--limit", "0"], "", 2).await;
+
+    // Unparking asks first; "n" changes nothing.
+    let one = too_large.to_string();
+    let no = expect(
+        args,
+        &["outbox", "unpark", &one],
+        "n
+",
+        7,
+    )
+    .await;
+    assert!(no.stderr.contains("Unpark 1 message(s)"), "{}", no.stderr);
+    assert!(
+        no.stderr.contains("Broker: Message size too large"),
+        "the message is shown before the question: {}",
+        no.stderr
+    );
+    assert_eq!(outbox.parked_count().await.unwrap(), 2);
+    // A message that is not parked: nothing is changed.
+    let not_parked = expect(
+        args,
+        &["outbox", "unpark", &one, &later.to_string(), "--yes"],
+        "",
+        6,
+    )
+    .await;
+    assert!(
+        not_parked.stderr.contains(&format!("#{later}")),
+        "{}",
+        not_parked.stderr
+    );
+    assert_eq!(outbox.parked_count().await.unwrap(), 2);
+    let yes = expect(
+        args,
+        &["outbox", "unpark", &one],
+        "y
+",
+        0,
+    )
+    .await;
+    assert!(
+        yes.stdout
+            .contains(&format!("unparked 1 message(s) (#{too_large})")),
+        "{}",
+        yes.stdout
+    );
+    assert_eq!(outbox.parked_count().await.unwrap(), 1);
+    assert_eq!(outbox.waiting().await.unwrap(), 2);
+    let status = json(args, &["outbox"]).await;
+    assert_eq!(
+        (status["waiting"].clone(), status["parked"].clone()),
+        (2.into(), 1.into())
+    );
+    // Back in its place: the next lease takes it before the one behind it.
+    let lease = outbox.lease(10, Duration::from_secs(30)).await.unwrap();
+    let again: Vec<(i64, i64)> = lease
+        .messages()
+        .iter()
+        .map(|m| (m.seq(), m.attempts()))
+        .collect();
+    assert_eq!(again, [(too_large, 2), (later, 2)]);
+    outbox.release(&lease, &[too_large, later]).await.unwrap();
+
+    // Every parked message; then there is none left.
+    let all = expect(
+        args,
+        &["outbox", "unpark", "--all", "--json"],
+        "y
+",
+        0,
+    )
+    .await;
+    assert!(all.stderr.contains("Unpark all 1 parked"), "{}", all.stderr);
+    let all: Value = serde_json::from_str(&all.stdout).unwrap();
+    assert_eq!(all["unparked"], 1, "{all}");
+    assert_eq!(all["seqs"], serde_json::json!([denied]));
+    assert_eq!(all["parked_again"], 0);
+    assert_eq!(outbox.parked_count().await.unwrap(), 0);
+    assert_eq!(outbox.waiting().await.unwrap(), 3);
+    let none = expect(args, &["outbox", "unpark", "--all"], "", 0).await;
+    assert!(none.stdout.contains("nothing is parked"), "{}", none.stdout);
+    let out = expect(args, &["outbox", "parked"], "", 0).await.stdout;
+    assert!(out.contains("nothing is parked"), "{out}");
+    // Neither messages nor --all, or both: a usage error.
+    expect(args, &["outbox", "unpark"], "", 2).await;
+    expect(args, &["outbox", "unpark", &one, "--all"], "", 2).await;
+}
+
 /// A records table of its own for one test, dropped at the end.
 fn table_name(tag: &str) -> String {
     format!("cli_{tag}_{}", std::process::id())
@@ -476,6 +697,7 @@ async fn sqlite() {
     let store = idem::SqliteStore::connect(&url).await.unwrap();
     let args = vec!["--url".to_owned(), url.clone()];
     walkthrough(store.clone(), &args, true).await;
+    outbox_walkthrough(store.clone(), &args).await;
     entity_claims(
         store.pool().clone(),
         &args,
@@ -517,6 +739,19 @@ async fn sqlite() {
         out.stderr
     );
     expect(&[], &["stats"], "", 2).await;
+
+    // A database migrated before the outbox existed has no outbox table.
+    sqlx::raw_sql("DROP TABLE idem_records_outbox")
+        .execute(store.pool())
+        .await
+        .unwrap();
+    let out = expect(&args, &["outbox"], "", 5).await;
+    assert!(
+        out.stderr
+            .contains("no outbox table \"idem_records_outbox\""),
+        "{}",
+        out.stderr
+    );
 }
 
 async fn sql_server<DB>(url: &str, tag: &str, create: &str)
@@ -540,7 +775,8 @@ where
         "--table".to_owned(),
         table.clone(),
     ];
-    walkthrough(store, &args, true).await;
+    walkthrough(store.clone(), &args, true).await;
+    outbox_walkthrough(store, &args).await;
     entity_claims(pool.clone(), &args, create).await;
     // A records table that is not there: nothing to forget from.
     let out = expect(
@@ -557,7 +793,7 @@ where
     .await;
     assert!(out.stderr.contains("cli_no_such_table"), "{}", out.stderr);
     let q = if tag == "mysql" { '`' } else { '"' };
-    for t in [format!("{table}_steps"), table] {
+    for t in [format!("{table}_steps"), format!("{table}_outbox"), table] {
         let _ = sqlx::raw_sql(&format!("DROP TABLE IF EXISTS {q}{t}{q}"))
             .execute(&pool)
             .await;
@@ -630,6 +866,20 @@ async fn redis() {
     walkthrough(store, &args, false).await;
     let out = expect(&args, &["--table", "t", "stats"], "", 2).await;
     assert!(out.stderr.contains("--table is for SQL"), "{}", out.stderr);
+    // The outbox lives in the SQL stores only.
+    for command in [
+        &["outbox"][..],
+        &["outbox", "parked"],
+        &["outbox", "unpark", "--all"],
+    ] {
+        let out = expect(&args, command, "", 2).await;
+        assert!(
+            out.stderr
+                .contains("the outbox lives in the SQL stores only"),
+            "{}",
+            out.stderr
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
