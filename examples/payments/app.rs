@@ -14,6 +14,10 @@
 //!
 //! Errors are RFC 9457 `application/problem+json` documents: the
 //! idempotency layer's, and the app's own ([`problem`](super::problem)).
+//!
+//! Every payment stored writes its `payment.created` event to the outbox
+//! ([`events`](super::events)); with `kafka_brokers` set (and the `kafka`
+//! feature built in), the server runs the outbox's relay beside it.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -27,6 +31,7 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
 use super::db::{self, ConnectError, Database};
+use super::events::PAYMENT_CREATED;
 use super::service::{create_payment, idempotency_layer};
 use super::{api, stripe, telemetry};
 
@@ -43,6 +48,11 @@ pub struct Config {
     pub idempotency_store: Option<String>,
     pub gateway_latency: Duration,
     pub gateway_failure_rate: f64,
+    /// The topic of the `payment.created` events (`--events-topic`).
+    pub events_topic: String,
+    /// The Kafka cluster (bootstrap servers) the outbox's relay produces
+    /// the events to (`--kafka-brokers`); none: they wait in the outbox.
+    pub kafka_brokers: Option<String>,
 }
 
 impl Default for Config {
@@ -54,6 +64,8 @@ impl Default for Config {
             idempotency_store: None,
             gateway_latency: Duration::from_millis(50),
             gateway_failure_rate: 0.0,
+            events_topic: PAYMENT_CREATED.to_owned(),
+            kafka_brokers: None,
         }
     }
 }
@@ -93,14 +105,27 @@ pub enum StartError {
         addr: SocketAddr,
         source: std::io::Error,
     },
+    #[error("the events' topic: {0}")]
+    Topic(#[from] idem::outbox::InvalidMessage),
+    #[error("cannot start the outbox's relay to Kafka: {0}")]
+    Relay(idem::Error),
+    #[cfg(not(feature = "kafka"))]
+    #[error(
+        "--kafka-brokers {0}: this build has no Kafka support: run it with `--features kafka`"
+    )]
+    KafkaNotBuilt(String),
 }
 
 /// A running service.
 pub struct Server {
     pub addr: SocketAddr,
     pub app: Arc<App>,
+    /// Where the events go, for the banner.
+    pub events: String,
     shutdown: Option<oneshot::Sender<()>>,
     task: JoinHandle<std::io::Result<()>>,
+    /// The outbox's relay, when it runs here.
+    relay: Option<JoinHandle<()>>,
 }
 
 impl Server {
@@ -114,7 +139,13 @@ impl Server {
         if let Some(shutdown) = self.shutdown.take() {
             let _ = shutdown.send(());
         }
-        (&mut self.task).await.unwrap_or(Ok(()))
+        let served = (&mut self.task).await.unwrap_or(Ok(()));
+        // What it leased and did not mark is produced again after its
+        // lease, by the next relay.
+        if let Some(relay) = self.relay.take() {
+            relay.abort();
+        }
+        served
     }
 
     /// Serves until the server stops by itself (it does not, but for an
@@ -137,6 +168,27 @@ pub async fn start(config: &Config) -> Result<Server, StartError> {
         db.store = store;
         db.description = format!("{}, the layer's records in {description}", db.description);
     }
+    idem::outbox::Message::tombstone(&config.events_topic)?;
+    db.backend.set_events_topic(&config.events_topic);
+    let (relay, events): (Option<db::Relay>, String) = match &config.kafka_brokers {
+        None => (
+            None,
+            format!(
+                "events ({}) kept in the outbox: no Kafka relay",
+                config.events_topic
+            ),
+        ),
+        #[cfg(feature = "kafka")]
+        Some(brokers) => (
+            Some(db.backend.relay(brokers).map_err(StartError::Relay)?),
+            format!(
+                "events ({}) relayed to Kafka at {brokers}",
+                config.events_topic
+            ),
+        ),
+        #[cfg(not(feature = "kafka"))]
+        Some(brokers) => return Err(StartError::KafkaNotBuilt(brokers.clone())),
+    };
     let app = Arc::new(App {
         db,
         metrics: telemetry::prometheus(),
@@ -163,7 +215,9 @@ pub async fn start(config: &Config) -> Result<Server, StartError> {
     Ok(Server {
         addr,
         app,
+        events,
         shutdown: Some(shutdown),
         task,
+        relay: relay.map(tokio::spawn),
     })
 }

@@ -25,6 +25,10 @@ options:
   --gateway-latency-ms MS      time a call to the fake card gateway takes; a charge is
                                recorded half way through it (default 50; demo 100)
   --gateway-failure-rate RATE  share of charges that fail transiently, 0 to 1 (default 0; demo 0.1)
+  --kafka-brokers HOSTS        relay the outbox's payment.created events to this Kafka cluster
+                               (bootstrap servers, HOST:PORT[,...]; default: $KAFKA_BROKERS,
+                               else none: the events wait in the outbox); needs --features kafka
+  --events-topic TOPIC         the events' topic (default payment.created)
   -h, --help                   this help";
 
 #[derive(Debug, PartialEq)]
@@ -43,6 +47,8 @@ struct Options {
     idempotency_store: Option<String>,
     latency_ms: Option<u64>,
     failure_rate: Option<f64>,
+    kafka_brokers: Option<String>,
+    events_topic: Option<String>,
 }
 
 fn parse(args: Vec<String>) -> Result<(Command, Options), String> {
@@ -78,6 +84,8 @@ fn parse(args: Vec<String>) -> Result<(Command, Options), String> {
             "--database-url" => options.database_url = Some(value("a URL")?),
             "--no-http-layer" => options.no_http_layer = true,
             "--idempotency-store" => options.idempotency_store = Some(value("a URL")?),
+            "--kafka-brokers" => options.kafka_brokers = Some(value("bootstrap servers")?),
+            "--events-topic" => options.events_topic = Some(value("a topic")?),
             "--gateway-latency-ms" => {
                 let ms = value("a number of milliseconds")?;
                 options.latency_ms = Some(
@@ -154,6 +162,10 @@ async fn serve(options: Options) -> u8 {
         gateway_failure_rate: options
             .failure_rate
             .unwrap_or(defaults.gateway_failure_rate),
+        events_topic: options.events_topic.unwrap_or(defaults.events_topic),
+        kafka_brokers: options
+            .kafka_brokers
+            .or_else(|| std::env::var("KAFKA_BROKERS").ok()),
     };
     let server = match app::start(&config).await {
         Ok(server) => server,
@@ -195,11 +207,13 @@ replayed (Idempotent-Replayed: true), and the card is charged once.
     -d '{{\"amount\": 2500, \"currency\": \"EUR\", \"card\": \"4242424242424242\", \"description\": \"Coffee beans\"}}'
 
 The gateway's ledger, one charge per key:  curl {url}/gateway/charges
+Each payment stored publishes payment.created: {events}.
 Press Ctrl-C to stop.",
         db = server.app.db.description,
         latency = config.gateway_latency.as_millis(),
         rate = config.gateway_failure_rate,
         key = new_id("order"),
+        events = server.events,
     )
 }
 
@@ -224,6 +238,10 @@ async fn demo_command(options: Options) -> u8 {
         idempotency_store: options.idempotency_store,
         gateway_latency: Duration::from_millis(options.latency_ms.unwrap_or(100)),
         gateway_failure_rate: options.failure_rate.unwrap_or(0.1),
+        events_topic: options
+            .events_topic
+            .unwrap_or_else(|| Config::default().events_topic),
+        kafka_brokers: options.kafka_brokers,
     };
     demo::run(&config).await
 }
@@ -256,6 +274,15 @@ mod tests {
             Some("redis://127.0.0.1:6379")
         );
         assert!(parse(args(&["--idempotency-store"])).is_err());
+        let (_, options) = parse(args(&[
+            "--kafka-brokers=127.0.0.1:9092",
+            "--events-topic",
+            "payments.v1",
+        ]))
+        .unwrap();
+        assert_eq!(options.kafka_brokers.as_deref(), Some("127.0.0.1:9092"));
+        assert_eq!(options.events_topic.as_deref(), Some("payments.v1"));
+        assert!(parse(args(&["--kafka-brokers"])).is_err());
         assert_eq!(parse(args(&[])).unwrap().0, Command::Serve);
         assert!(parse(args(&["--gateway-failure-rate", "2"])).is_err());
         assert!(parse(args(&["--bogus"])).is_err());

@@ -6,6 +6,8 @@
 //! cargo run --example payments -- demo               # a scripted storm of retries, then a table
 //! DATABASE_URL=postgres://postgres@127.0.0.1:5432/test \
 //!     cargo run --example payments --features postgres
+//! KAFKA_BROKERS=127.0.0.1:9092 cargo run --example payments --features kafka
+//!                                                    # payment.created relayed to Kafka
 //! ```
 //!
 //! Read it in this order:
@@ -15,7 +17,8 @@
 //!    a durable step; its handler; and the HTTP
 //!    [`IdempotencyLayer`](idem::http::IdempotencyLayer) in front of it.
 //! 2. [`app`]: the routes, where the layer goes, and the server.
-//! 3. What they use: [`model`] (the rows and the commands), [`gateway`]
+//! 3. What they use: [`model`] (the rows and the commands), [`events`]
+//!    (`payment.created`, through the outbox), [`gateway`]
 //!    (the fake card gateway, the side effect, with Stripe's idempotency
 //!    keys), [`api`] (the other routes: reads, subscriptions, the
 //!    gateway's ledger), [`problem`] (the app's error documents).
@@ -31,6 +34,7 @@ pub mod cli;
 pub mod clock;
 pub mod db;
 pub mod demo;
+pub mod events;
 pub mod gateway;
 pub mod model;
 pub mod problem;

@@ -29,6 +29,11 @@
 //!
 //! Started with `--no-http-layer`, the app runs without the layer, and the
 //! operation alone still charges once per key.
+//!
+//! Every payment stored announces itself: its `payment.created` event is
+//! written to the outbox in the transaction that inserts its row (see
+//! [`events`](super::events)), so the event exists exactly when the
+//! payment does.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -46,20 +51,29 @@ use sqlx::Pool;
 
 use super::app::App;
 use super::clock::now_rfc3339;
+use super::events::Events;
 use super::gateway::{Charge, ChargeRequest, Gateway, GatewayError};
 use super::model::{mask_card, NewPayment, Payment, Table};
 use super::problem::{declined, internal, problem, unless_json};
 use super::random::new_id;
 
 /// The payment operations, on one database: SQLite, PostgreSQL or MySQL.
-pub struct Payments<DB: sqlx::Database> {
+pub struct Payments<DB: idem::Backend> {
     pub pool: Pool<DB>,
     pub gateway: Arc<Gateway>,
+    /// The outbox that `payment.created` goes through, in the same
+    /// database.
+    pub events: Events<DB>,
 }
 
-impl<DB: sqlx::Database> Payments<DB> {
+impl<DB: idem::Backend> Payments<DB> {
     pub fn new(pool: Pool<DB>, gateway: Arc<Gateway>) -> Self {
-        Payments { pool, gateway }
+        let events = Events::new(&pool);
+        Payments {
+            pool,
+            gateway,
+            events,
+        }
     }
 }
 
@@ -73,7 +87,9 @@ where
     /// row keeps the command's fingerprint; a gateway failure stores
     /// nothing, so the retry charges. The charge is a durable step
     /// ([`charge`](Self::charge)): a retry after a crash between the charge
-    /// and the row finds the charge rather than making another.
+    /// and the row finds the charge rather than making another. The
+    /// payment's `payment.created` event is committed with its row, and
+    /// only then.
     #[idempotent(key = cmd.idempotency_key, store = self.pool, entity)]
     pub async fn create(&self, cmd: &NewPayment) -> Result<Payment, ServiceError> {
         let charge = self
@@ -84,7 +100,7 @@ where
                 card: &cmd.card,
             })
             .await?;
-        Ok(Payment {
+        let payment = Payment {
             seq: 0,
             id: new_id("pay"),
             idempotency_token: cmd.idempotency_key.clone(),
@@ -96,11 +112,14 @@ where
             description: cmd.description.clone(),
             charge_id: charge.id,
             created_at: now_rfc3339(),
-        })
+        };
+        // Held for the transaction that inserts the row: written with it.
+        self.events.payment_created(&payment)?;
+        Ok(payment)
     }
 }
 
-impl<DB: sqlx::Database> Payments<DB> {
+impl<DB: idem::Backend> Payments<DB> {
     /// The card charge of an idempotent operation, as its durable step
     /// `charge`. The claim keeps duplicates out while the operation runs,
     /// and the row answers retries once it is stored; in between, the

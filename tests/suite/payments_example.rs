@@ -14,7 +14,8 @@
 //! --example payments`.
 //!
 //! The ground truth is the gateway's ledger (`GET /gateway/charges`): one
-//! charge per accepted key, whatever the client did.
+//! charge per accepted key, whatever the client did. A payment stored
+//! leaves its `payment.created` event in the outbox, and a replay none.
 
 use crate::payments;
 
@@ -28,6 +29,7 @@ use std::time::Duration;
 
 use common::namespace::Namespace;
 use payments::app::{self, Config};
+use payments::db::Backend;
 use payments::gateway::{Charge, ChargeRequest, GatewayError};
 use payments_app::{
     app_command, assert_one_charge_per_key, card, spawn_instance, Api, DECLINED, VISA,
@@ -46,6 +48,7 @@ fn config(db: &Namespace) -> Config {
         idempotency_store: None,
         gateway_latency: Duration::from_millis(10),
         gateway_failure_rate: 0.0,
+        ..Config::default()
     }
 }
 
@@ -101,7 +104,39 @@ async fn create_then_replay(db: Namespace) {
     let quoted = api.pay("\"order-1\"", &body).await;
     assert!(quoted.replayed());
     assert_eq!(quoted.body, first.body);
+
+    // One event, the payment's, whatever the replays.
+    let events = match &server.app.db.backend {
+        Backend::Sqlite(service) => waiting_events(&service.events.outbox).await,
+        Backend::Postgres(service) => waiting_events(&service.events.outbox).await,
+        Backend::MySql(service) => waiting_events(&service.events.outbox).await,
+    };
+    let [event] = &events[..] else {
+        panic!("one payment.created event, not {events:?}");
+    };
+    assert_eq!(event.topic(), "payment.created");
+    assert_eq!(event.key(), Some(id.as_bytes()));
+    let payload: Value = serde_json::from_slice(event.payload().unwrap()).unwrap();
+    assert_eq!(
+        payload,
+        json!({ "payment_id": id, "amount": 2500, "currency": "EUR", "status": "succeeded",
+                "idempotency_key": "order-1" })
+    );
     server.stop().await.unwrap();
+}
+
+/// The messages waiting in `outbox`, leased and given back.
+async fn waiting_events<DB: idem::Backend>(
+    outbox: &idem::outbox::Outbox<DB>,
+) -> Vec<idem::outbox::Message> {
+    let lease = outbox.lease(100, Duration::from_secs(30)).await.unwrap();
+    let seqs: Vec<i64> = lease.messages().iter().map(|m| m.seq()).collect();
+    outbox.release(&lease, &seqs).await.unwrap();
+    lease
+        .messages()
+        .iter()
+        .map(|leased| leased.message().clone())
+        .collect()
 }
 
 async fn invalid_requests_are_400_and_store_nothing(db: Namespace) {

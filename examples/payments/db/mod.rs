@@ -193,9 +193,27 @@ pub async fn idempotency_store(url: &str) -> Result<(Arc<dyn Store>, String), Co
     Err(ConnectError::RedisNotBuilt(url.to_owned()))
 }
 
+/// The outbox's relay, to run on a task of its own.
+pub type Relay = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
+
 impl Backend {
     pub fn gateway(&self) -> &Gateway {
         on_backend!(self, |service, _sql| &service.gateway)
+    }
+
+    /// Announces payments on `topic` from now on.
+    pub fn set_events_topic(&mut self, topic: &str) {
+        on_backend!(self, |service, _sql| service.events.topic =
+            topic.to_owned())
+    }
+
+    /// The outbox's relay to the Kafka cluster at `brokers`.
+    #[cfg(feature = "kafka")]
+    pub fn relay(&self, brokers: &str) -> Result<Relay, idem::Error> {
+        on_backend!(self, |service, _sql| {
+            let relay = service.events.relay(brokers)?;
+            Ok(Box::pin(async move { relay.run().await }))
+        })
     }
 
     pub async fn create(&self, command: &NewPayment) -> Result<Payment, ServiceError> {
