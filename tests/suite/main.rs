@@ -114,6 +114,14 @@ mod payments_example;
     feature = "mysql"
 ))]
 mod payments_killed_connections;
+#[cfg(all(
+    feature = "axum",
+    feature = "sqlite",
+    feature = "postgres",
+    feature = "mysql",
+    feature = "kafka"
+))]
+mod payments_outbox_soak;
 #[cfg(all(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 mod process_faults;
 mod redis_failover;

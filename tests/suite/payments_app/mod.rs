@@ -46,6 +46,7 @@ pub fn app_command(args: &[&str]) -> tokio::process::Command {
         .args([APP_PROCESS, "--exact", "--nocapture", "--test-threads=1"])
         .env("PAYMENTS_APP_ARGS", serde_json::to_string(args).unwrap())
         .env_remove("DATABASE_URL")
+        .env_remove("KAFKA_BROKERS")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
@@ -65,23 +66,40 @@ pub struct Process {
 /// Starts `payments serve` with `args` and waits (30 s at most) for its
 /// banner's URL.
 pub async fn spawn_instance(args: &[&str]) -> Process {
-    let mut child = app_command(args).spawn().expect("start the app process");
+    start(app_command(args))
+        .await
+        .unwrap_or_else(|err| panic!("{err}"))
+}
+
+/// Starts the app with `command` (an [`app_command`]) and waits (30 s at
+/// most) for its banner's URL; answers why not when it exited first (it
+/// could not open its database, say) or did not listen in time.
+pub async fn start(mut command: tokio::process::Command) -> Result<Process, String> {
+    let mut child = command.spawn().expect("start the app process");
     let mut stdout = BufReader::new(child.stdout.take().unwrap()).lines();
-    let url = tokio::time::timeout(Duration::from_secs(30), async {
-        while let Some(line) = stdout.next_line().await.unwrap() {
+    let listening = tokio::time::timeout(Duration::from_secs(30), async {
+        while let Ok(Some(line)) = stdout.next_line().await {
             // The test harness may print its own words first on the line.
             if let Some((_, rest)) = line.split_once("payments: listening on ") {
-                return rest.split_whitespace().next().unwrap().to_owned();
+                return Some(rest.split_whitespace().next().unwrap().to_owned());
             }
         }
-        panic!("the app process exited before listening");
+        None
     })
-    .await
-    .expect("the app process did not listen within 30 s");
-    Process {
-        url,
-        child,
-        _stdout: stdout,
+    .await;
+    match listening {
+        Ok(Some(url)) => Ok(Process {
+            url,
+            child,
+            _stdout: stdout,
+        }),
+        Ok(None) => {
+            let status = child.wait().await.expect("reap the app process");
+            Err(format!(
+                "the app process exited before listening ({status})"
+            ))
+        }
+        Err(_) => Err("the app process did not listen within 30 s".to_owned()),
     }
 }
 
