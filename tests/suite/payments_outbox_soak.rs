@@ -37,7 +37,7 @@
 //! - every key answered 201 has its row, with the id answered, and so its
 //!   one effect;
 //! - every record read was an effect or a duplicate absorbed, and the
-//!   outbox holds nothing left to relay.
+//!   outbox holds nothing left to relay, and nothing parked.
 //!
 //! `IDEM_SOAK_SECS` sets the load phase (default 60 s); the drain is
 //! bounded. The figures are printed (`cargo test --all-features --test
@@ -88,7 +88,7 @@ const PROCESS_KILL_EVERY_S: (f64, f64) = (1.5, 4.0);
 const AIMED_SHARE: f64 = 0.75;
 /// How long after the first sign of a relay's round an aimed kill
 /// strikes, in milliseconds, drawn from this range.
-const AIM_OFFSET_MS: (f64, f64) = (0.0, 15.0);
+const AIM_OFFSET_MS: (f64, f64) = (0.0, 40.0);
 /// The pause between two connection kills, in milliseconds.
 const CONNECTION_KILL_EVERY_MS: (f64, f64) = (50.0, 300.0);
 /// The share of connection kills that take every connection at once.
@@ -679,6 +679,8 @@ struct Report {
     duplicates: usize,
     offsets_refused: usize,
     waiting: u64,
+    /// Messages the relays parked (the broker refused them for good).
+    parked: u64,
     load: Duration,
     drain: Duration,
     /// Payment rows without an effect (events lost).
@@ -774,6 +776,7 @@ impl Report {
             + self.refused.len()
             + self.unexpected.len()
             + usize::from(self.waiting != 0)
+            + usize::from(self.parked != 0)
     }
 }
 
@@ -803,8 +806,13 @@ impl fmt::Display for Report {
         writeln!(
             f,
             "  downstream: {} records read (events produced), {} effects, {} duplicates \
-             absorbed; {} offset commits refused; {} messages left in the outbox",
-            self.records, self.effects, self.duplicates, self.offsets_refused, self.waiting
+             absorbed; {} offset commits refused; {} messages left in the outbox, {} parked",
+            self.records,
+            self.effects,
+            self.duplicates,
+            self.offsets_refused,
+            self.waiting,
+            self.parked
         )?;
         writeln!(f, "  answers: {:?}", self.statuses)?;
         writeln!(
@@ -912,6 +920,10 @@ async fn soak() {
     .unwrap();
 
     let waiting = outbox.waiting().await.expect("the outbox's count");
+    let parked = outbox
+        .parked_count()
+        .await
+        .expect("the outbox's parked count");
     let mut report = Report {
         requests: traffic.requests.load(Ordering::Relaxed),
         statuses: std::mem::take(&mut *traffic.statuses.lock().unwrap()),
@@ -926,6 +938,7 @@ async fn soak() {
         duplicates: counts.duplicates.load(Ordering::Relaxed),
         offsets_refused: counts.offsets_refused.load(Ordering::Relaxed),
         waiting,
+        parked,
         load: stop - started,
         drain,
         refused: std::mem::take(&mut *counts.refused.lock().unwrap()),
