@@ -120,7 +120,7 @@ pub enum StartError {
 pub struct Server {
     pub addr: SocketAddr,
     pub app: Arc<App>,
-    /// Where the events go, for the banner.
+    /// What becomes of the outbox's events, for the banner.
     pub events: String,
     shutdown: Option<oneshot::Sender<()>>,
     task: JoinHandle<std::io::Result<()>>,
@@ -173,18 +173,12 @@ pub async fn start(config: &Config) -> Result<Server, StartError> {
     let (relay, events): (Option<db::Relay>, String) = match &config.kafka_brokers {
         None => (
             None,
-            format!(
-                "events ({}) kept in the outbox: no Kafka relay",
-                config.events_topic
-            ),
+            "they wait there, no relay runs (--kafka-brokers)".to_owned(),
         ),
         #[cfg(feature = "kafka")]
         Some(brokers) => (
             Some(db.backend.relay(brokers).map_err(StartError::Relay)?),
-            format!(
-                "events ({}) relayed to Kafka at {brokers}",
-                config.events_topic
-            ),
+            format!("a relay produces them to Kafka at {brokers}"),
         ),
         #[cfg(not(feature = "kafka"))]
         Some(brokers) => return Err(StartError::KafkaNotBuilt(brokers.clone())),

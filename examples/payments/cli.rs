@@ -207,12 +207,13 @@ replayed (Idempotent-Replayed: true), and the card is charged once.
     -d '{{\"amount\": 2500, \"currency\": \"EUR\", \"card\": \"4242424242424242\", \"description\": \"Coffee beans\"}}'
 
 The gateway's ledger, one charge per key:  curl {url}/gateway/charges
-Each payment stored publishes payment.created: {events}.
+Each payment stored writes its {topic} event to the outbox: {events}.
 Press Ctrl-C to stop.",
         db = server.app.db.description,
         latency = config.gateway_latency.as_millis(),
         rate = config.gateway_failure_rate,
         key = new_id("order"),
+        topic = config.events_topic,
         events = server.events,
     )
 }
