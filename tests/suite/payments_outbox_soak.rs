@@ -8,13 +8,15 @@
 //! `--kafka-brokers` and a topic of the test's own: each process serves
 //! HTTP and runs the outbox's relay. During the load phase:
 //!
-//! - clients make payments, each with its own `Idempotency-Key`, and retry
-//!   timeouts, broken connections, 409 and 5xx with the same key and body,
-//!   on whichever process is up; now and then one asks again for an answer
-//!   it had;
+//! - customers arrive at random, each payment with its own
+//!   `Idempotency-Key`, and their clients retry timeouts, broken
+//!   connections, 409 and 5xx with the same key and body, on whichever
+//!   process is up; now and then one asks again for an answer it had;
 //! - the app's process is SIGKILLed at random every few seconds and
 //!   started again on the same database: nothing of it runs on (no
-//!   release, no mark, no flush of the producer);
+//!   release, no mark, no flush of the producer). Most kills are aimed at
+//!   a relay's round, a few milliseconds after it leased or marked a
+//!   batch, where the window between the broker's append and the mark is;
 //! - its database connections are terminated at random
 //!   (`pg_terminate_backend`), one at a time and now and then all at once,
 //!   starts included (a start that fails is started again).
@@ -39,8 +41,8 @@
 //! - every record read was an effect or a duplicate absorbed, and the
 //!   outbox holds nothing left to relay, and nothing parked.
 //!
-//! `IDEM_SOAK_SECS` sets the load phase (default 60 s); the drain is
-//! bounded. The figures are printed (`cargo test --all-features --test
+//! `IDEM_SOAK_SECS` sets the load phase (default 60 s; the variable sets
+//! `payments_killed_connections`' too); the drain is bounded. The figures are printed (`cargo test --all-features --test
 //! suite -- payments_outbox_soak --nocapture`).
 
 use crate::common;
