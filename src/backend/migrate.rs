@@ -53,7 +53,13 @@ pub(crate) async fn apply<DB: Backend>(
             continue;
         }
         let sql = rename(migration.replace("{table}", table));
-        DB::execute_script(conn, &sql).await?;
+        if let Err(err) = DB::execute_script(conn, &sql).await {
+            let err = Error::from(err);
+            if !DB::column_exists_already(&err) {
+                return Err(err);
+            }
+            tracing::info!(table, version, "the migration had run; recording it");
+        }
         let values = vec![
             Value::Text(table),
             Value::Int(version),

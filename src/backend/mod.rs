@@ -179,6 +179,14 @@ pub(crate) mod dialect {
             false
         }
 
+        /// A migration's `ADD COLUMN` found the column there: the migration
+        /// ran, and its record did not (MySQL's DDL commits at once, and
+        /// MySQL, unlike MariaDB, has no `ADD COLUMN IF NOT EXISTS`).
+        fn column_exists_already(err: &Error) -> bool {
+            let _ = err;
+            false
+        }
+
         /// The most bytes of outcome one completion can carry, all its
         /// copies of the outcome together: a fixed limit of the database's
         /// protocol or value types, which no setting raises. None by

@@ -199,7 +199,38 @@ impl<DB: Backend> KafkaRelay<DB> {
         if lease.is_empty() {
             return Ok(Relayed::default());
         }
-        let produced = self.produce(&lease).await;
+        let mut produced = self.produce(&lease).await;
+        // A broker answers a whole produce request (a batch of the
+        // partition's records) as too large, or against its policy,
+        // however small each record in it: a refused record is produced
+        // again alone before it is parked, and parked only if it is
+        // refused alone too.
+        let refused = std::mem::take(&mut produced.refused);
+        let producer = self.producer();
+        for (seq, reason) in refused {
+            let Some(message) = lease.messages().iter().find(|m| m.seq() == seq) else {
+                continue;
+            };
+            let alone = match send(&producer, message).await {
+                Ok(delivery) => match delivery.await {
+                    Ok(Ok(_)) => None,
+                    Ok(Err((err, _))) => Some(err),
+                    Err(_) => Some(KafkaError::Canceled),
+                },
+                Err(err) => Some(err),
+            };
+            match alone {
+                None => produced.acknowledged.push(seq),
+                Some(err) if refuses_for_good(&err) => {
+                    tracing::debug!(seq, first = %reason, "refused again, alone");
+                    produced.refused.push((seq, err.to_string()));
+                }
+                Some(err) => {
+                    tracing::warn!(error = %err, seq, "the broker did not take an outbox message");
+                    produced.failed.push(seq);
+                }
+            }
+        }
         let marked = self.outbox.mark_relayed(&produced.acknowledged).await?;
         let mut parked = 0;
         for (seq, reason) in &produced.refused {

@@ -662,3 +662,50 @@ async fn a_refused_message_is_parked_on_mysql() {
     let (store, _guard) = common::backend::mysql::store(4).await;
     a_refused_message_is_parked(store).await;
 }
+
+/// A broker answers MESSAGE_TOO_LARGE for a whole produce request (a batch
+/// over the topic's `max.message.bytes`, however small each record in
+/// it): the relay produces each refused message again alone, and parks
+/// none of those that go through alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_refused_as_too_large_parks_nothing_that_fits() {
+    use rdkafka::mocking::MockCluster;
+    use rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
+
+    let cluster = MockCluster::new(1).expect("a mock cluster");
+    cluster.create_topic("small.events", 1, 1).unwrap();
+    let (store, _guard) = common::backend::sqlite_file::store(4).await;
+    let outbox = Outbox::new(&store);
+    for n in 0..5 {
+        let key = format!("op-{n}");
+        run(&store, Call::new(SCOPE, &key, &n), async {
+            let mut tx = store.pool().begin().await.map_err(Error::store)?;
+            let message =
+                OutboxMessage::new("small.events", format!("event {n}"))?.with_key("k")?;
+            outbox.publish(&mut tx, &message).await?;
+            tx.commit().await.map_err(Error::store)?;
+            Ok::<_, Error>(())
+        })
+        .await
+        .unwrap();
+    }
+    let relay = KafkaRelay::new(outbox.clone(), &config(&cluster.bootstrap_servers())).unwrap();
+    // The next produce request, the batch of the five, is refused.
+    cluster.request_errors(
+        RDKafkaApiKey::Produce,
+        &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_MSG_SIZE_TOO_LARGE],
+    );
+    let round = relay.relay_once().await.unwrap();
+    assert_eq!(
+        (round.acknowledged, round.parked, round.failed),
+        (5, 0, 0),
+        "{round:?}"
+    );
+    assert_eq!(
+        (
+            outbox.waiting().await.unwrap(),
+            outbox.parked_count().await.unwrap()
+        ),
+        (0, 0)
+    );
+}

@@ -124,10 +124,12 @@ CREATE TABLE IF NOT EXISTS `{table}_outbox` (
 ) ENGINE = InnoDB ROW_FORMAT = DYNAMIC
 "#,
     // Parked outbox rows: the broker refused them for good (see
-    // `outbox::Outbox::park`).
+    // `outbox::Outbox::park`). One statement, so both columns come or
+    // neither; without `IF NOT EXISTS`, which MySQL lacks: a run whose
+    // record was lost finds the columns there (`column_exists_already`).
     r#"
-ALTER TABLE `{table}_outbox` ADD COLUMN IF NOT EXISTS parked_at BIGINT NULL,
-    ADD COLUMN IF NOT EXISTS parked_reason BLOB NULL
+ALTER TABLE `{table}_outbox` ADD COLUMN parked_at BIGINT NULL,
+    ADD COLUMN parked_reason BLOB NULL
 "#,
 ];
 
@@ -414,6 +416,13 @@ impl Dialect for MySql {
         database_error(err)
             .and_then(|e| e.code())
             .is_some_and(|code| code == "40001")
+    }
+
+    /// ER_DUP_FIELDNAME (1060).
+    fn column_exists_already(err: &Error) -> bool {
+        database_error(err)
+            .and_then(|e| e.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>())
+            .is_some_and(|e| e.number() == 1060)
     }
 }
 
