@@ -203,7 +203,20 @@ pub enum InvalidMessage {
     /// outbox sets itself.
     #[error("invalid header name {0:?}: it must be non-empty and not {MESSAGE_ID_HEADER:?}")]
     Header(String),
+    /// A stored message's bytes do not decode.
+    #[error("a stored message does not decode: {0}")]
+    Encoding(String),
+    /// A consumer's outputs, as kept with its marker, would exceed
+    /// [`MAX_OUTPUTS_BYTES`].
+    #[error("outputs of {0} bytes as kept with the marker, over the limit of {limit}", limit = MAX_OUTPUTS_BYTES)]
+    OutputsTooLarge(usize),
 }
+
+/// The most bytes the messages a consumer produces for one record
+/// (`consumer::kafka::transactions::Outputs`) take as kept with its
+/// dedupe marker: under the engine's default largest outcome (4 MiB), so
+/// that a redelivery always finds them.
+pub const MAX_OUTPUTS_BYTES: usize = 3 * 1024 * 1024;
 
 impl From<InvalidMessage> for Error {
     /// As an [`Error::Config`]: not retryable.
@@ -846,32 +859,47 @@ impl Leased {
 
 /// A [`Message`] as it is serialized (kept with a consumer's marker, by
 /// [`consumer::kafka::transactions`](crate::consumer::kafka)): bytes that
-/// are UTF-8 as text, others as an array of numbers; checked again when
-/// read back.
+/// are text as text, others in base64, so that the form is at most a
+/// third longer than the bytes; checked again when read back.
 mod wire {
+    use base64::Engine as _;
     use serde::{Deserialize, Serialize};
 
     #[derive(Serialize, Deserialize)]
     #[serde(untagged)]
     pub(super) enum Bytes {
         Text(String),
-        Raw(Vec<u8>),
+        Base64 { base64: String },
     }
 
     impl From<Vec<u8>> for Bytes {
         fn from(bytes: Vec<u8>) -> Self {
-            match String::from_utf8(bytes) {
-                Ok(text) => Bytes::Text(text),
-                Err(err) => Bytes::Raw(err.into_bytes()),
+            // Text that JSON escapes at length (control characters take
+            // six bytes each) goes as base64 too.
+            let escaped = bytes
+                .iter()
+                .filter(|b| **b < 0x20 || **b == b'"' || **b == b'\\')
+                .count();
+            if escaped * 16 <= bytes.len() {
+                if let Ok(text) = String::from_utf8(bytes.clone()) {
+                    return Bytes::Text(text);
+                }
+            }
+            Bytes::Base64 {
+                base64: base64::engine::general_purpose::STANDARD.encode(&bytes),
             }
         }
     }
 
-    impl From<Bytes> for Vec<u8> {
-        fn from(bytes: Bytes) -> Self {
+    impl TryFrom<Bytes> for Vec<u8> {
+        type Error = super::InvalidMessage;
+
+        fn try_from(bytes: Bytes) -> Result<Self, Self::Error> {
             match bytes {
-                Bytes::Text(text) => text.into_bytes(),
-                Bytes::Raw(raw) => raw,
+                Bytes::Text(text) => Ok(text.into_bytes()),
+                Bytes::Base64 { base64 } => base64::engine::general_purpose::STANDARD
+                    .decode(base64)
+                    .map_err(|err| super::InvalidMessage::Encoding(err.to_string())),
             }
         }
     }
@@ -907,10 +935,10 @@ mod wire {
 
         fn try_from(wire: Message) -> Result<Self, Self::Error> {
             let mut message = super::Message::tombstone(&wire.topic)?;
-            message.key = wire.key.map(Vec::from);
-            message = message.with_payload(wire.payload.map(Vec::from))?;
+            message.key = wire.key.map(Vec::try_from).transpose()?;
+            message = message.with_payload(wire.payload.map(Vec::try_from).transpose()?)?;
             for (name, value) in wire.headers {
-                message = message.with_header(&name, Vec::from(value))?;
+                message = message.with_header(&name, Vec::try_from(value)?)?;
             }
             Ok(message)
         }

@@ -486,3 +486,59 @@ async fn mock_cluster() {
     )
     .await;
 }
+
+/// The record is read again after its database commit (the Kafka commit
+/// failed, or the process died before it): the duplicate carries the
+/// stored outputs, however large they were allowed to be.
+async fn redelivery_gets_the_stored_outputs(outputs: Outputs) {
+    let guard = Guard::temp_dir();
+    let store = SqliteStore::connect(&format!("sqlite://{}", guard.path("big.db").display()))
+        .await
+        .unwrap();
+    let dedup = Deduplicator::new(store.clone(), SCOPE);
+    let mut tx = store.pool().begin().await.unwrap();
+    let first = dedup
+        .process_in_transaction(&mut *tx, "order-1", &"payload", |tx| {
+            let outputs = outputs.clone();
+            async move { (Ok::<_, idem::Error>(outputs), tx) }
+        })
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    assert!(!first.is_duplicate());
+    let mut tx = store.pool().begin().await.unwrap();
+    let again = dedup
+        .process_in_transaction(&mut *tx, "order-1", &"payload", |tx| async move {
+            (Ok::<_, idem::Error>(Outputs::none()), tx)
+        })
+        .await
+        .expect("the stored outputs");
+    tx.rollback().await.unwrap();
+    assert!(again.is_duplicate());
+    assert_eq!(again.value(), &outputs);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_largest_outputs_survive_a_redelivery() {
+    use idem::outbox::{InvalidMessage, MAX_MESSAGE_BYTES};
+    // Text: three of the largest messages fit, a fourth is refused when
+    // the handler builds its outputs, before anything commits.
+    let text = Message::new("reports", "x".repeat(MAX_MESSAGE_BYTES)).unwrap();
+    let three = Outputs::one(text.clone())
+        .with(text.clone())
+        .unwrap()
+        .with(text.clone())
+        .unwrap();
+    assert!(matches!(
+        three.clone().with(text),
+        Err(InvalidMessage::OutputsTooLarge(_))
+    ));
+    redelivery_gets_the_stored_outputs(three).await;
+    // Bytes that are not text, kept in base64.
+    let binary = Outputs::one(Message::new("invoice.pdf", vec![0xffu8; 600_000]).unwrap())
+        .with(Message::new("invoice.pdf", vec![0xfeu8; 600_000]).unwrap())
+        .unwrap()
+        .with(Message::new("invoice.pdf", vec![0x00u8; 600_000]).unwrap())
+        .unwrap();
+    redelivery_gets_the_stored_outputs(binary).await;
+}

@@ -146,63 +146,111 @@ use super::Identity;
 use crate::error::Error;
 use crate::fingerprint::Fingerprint;
 use crate::key::Scope;
-use crate::outbox::{Message, MessageId, MESSAGE_ID_HEADER};
+use crate::outbox::{InvalidMessage, Message, MessageId, MAX_OUTPUTS_BYTES, MESSAGE_ID_HEADER};
 
 /// The records a handler produces for one input record, kept with its
-/// dedupe marker so that a redelivery produces the same ones.
+/// dedupe marker so that a redelivery produces the same ones. At most
+/// [`MAX_OUTPUTS_BYTES`] as kept (text as text, other bytes in base64),
+/// so that the marker always holds them: a handler with more to say
+/// writes it to its database, or to the [outbox](crate::outbox).
 ///
 /// ```
 /// use idem::consumer::kafka::transactions::Outputs;
-/// use idem::outbox::Message;
+/// use idem::outbox::{InvalidMessage, Message, MAX_MESSAGE_BYTES};
 ///
 /// let outputs = Outputs::one(Message::new("invoice.issued", r#"{"order":"o-1"}"#)?)
-///     .with(Message::new("audit", "issued o-1")?);
+///     .with(Message::new("audit", "issued o-1")?)?;
 /// assert_eq!(outputs.messages().len(), 2);
 /// assert!(Outputs::none().is_empty());
-/// # Ok::<_, idem::outbox::InvalidMessage>(())
+///
+/// // Four of the largest messages are more than a marker keeps.
+/// let largest = Message::new("reports", "x".repeat(MAX_MESSAGE_BYTES))?;
+/// let three = Outputs::one(largest.clone()).with(largest.clone())?.with(largest.clone())?;
+/// assert!(matches!(three.with(largest), Err(InvalidMessage::OutputsTooLarge(_))));
+/// # Ok::<_, InvalidMessage>(())
 /// ```
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(transparent)]
-pub struct Outputs(Vec<Message>);
+#[derive(Clone, Debug, Default)]
+pub struct Outputs {
+    messages: Vec<Message>,
+    /// The bytes of `messages` as kept.
+    bytes: usize,
+}
 
 impl Outputs {
     /// No records: the effect is all.
     pub fn none() -> Self {
-        Outputs(Vec::new())
+        Outputs::default()
     }
 
-    /// One record.
+    /// One record (one always fits).
     pub fn one(message: Message) -> Self {
-        Outputs(vec![message])
+        let bytes = kept_bytes(&message) + 2;
+        Outputs {
+            messages: vec![message],
+            bytes,
+        }
     }
 
     /// These records and `message`, produced after them.
-    #[must_use]
-    pub fn with(mut self, message: Message) -> Self {
-        self.0.push(message);
-        self
+    ///
+    /// # Errors
+    ///
+    /// [`InvalidMessage::OutputsTooLarge`] when they would take more than
+    /// [`MAX_OUTPUTS_BYTES`] as kept.
+    pub fn with(mut self, message: Message) -> Result<Self, InvalidMessage> {
+        let bytes = self.bytes.max(2) + kept_bytes(&message) + 1;
+        if bytes > MAX_OUTPUTS_BYTES {
+            return Err(InvalidMessage::OutputsTooLarge(bytes));
+        }
+        self.messages.push(message);
+        self.bytes = bytes;
+        Ok(self)
     }
 
     /// The records, in the order they are produced.
     pub fn messages(&self) -> &[Message] {
-        &self.0
+        &self.messages
     }
 
     /// Whether there are none.
     pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
+        self.messages.is_empty()
     }
 }
 
-impl From<Vec<Message>> for Outputs {
-    fn from(messages: Vec<Message>) -> Self {
-        Outputs(messages)
+impl PartialEq for Outputs {
+    fn eq(&self, other: &Self) -> bool {
+        self.messages == other.messages
     }
 }
 
-impl FromIterator<Message> for Outputs {
-    fn from_iter<I: IntoIterator<Item = Message>>(iter: I) -> Self {
-        Outputs(iter.into_iter().collect())
+impl Eq for Outputs {}
+
+/// The bytes of `message` as kept with the marker.
+fn kept_bytes(message: &Message) -> usize {
+    serde_json::to_vec(message).map_or(usize::MAX / 4, |json| json.len())
+}
+
+impl TryFrom<Vec<Message>> for Outputs {
+    type Error = InvalidMessage;
+
+    fn try_from(messages: Vec<Message>) -> Result<Self, Self::Error> {
+        messages
+            .into_iter()
+            .try_fold(Outputs::none(), Outputs::with)
+    }
+}
+
+impl Serialize for Outputs {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        self.messages.serialize(serializer)
+    }
+}
+
+impl<'de> Deserialize<'de> for Outputs {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let messages = Vec::<Message>::deserialize(deserializer)?;
+        Outputs::try_from(messages).map_err(serde::de::Error::custom)
     }
 }
 
@@ -366,9 +414,9 @@ impl KafkaTransaction<'_> {
         input: &Identity,
         outputs: &Outputs,
     ) -> Result<Vec<MessageId>, Error> {
-        let mut ids = Vec::with_capacity(outputs.0.len());
-        let mut deliveries = Vec::with_capacity(outputs.0.len());
-        for output in &outputs.0 {
+        let mut ids = Vec::with_capacity(outputs.messages.len());
+        let mut deliveries = Vec::with_capacity(outputs.messages.len());
+        for output in &outputs.messages {
             let id = output_id(scope, input, output)?;
             let mut headers = OwnedHeaders::new_with_capacity(output.headers().len() + 1);
             headers = headers.insert(Header {
@@ -561,7 +609,8 @@ mod tests {
                 .with_header("bin", vec![0xff, 0x00])
                 .unwrap(),
         )
-        .with(Message::tombstone("invoices.compacted").unwrap());
+        .with(Message::tombstone("invoices.compacted").unwrap())
+        .unwrap();
         let json = serde_json::to_string(&outputs).unwrap();
         assert_eq!(serde_json::from_str::<Outputs>(&json).unwrap(), outputs);
         // Text stays text in the marker.
