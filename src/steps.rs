@@ -1109,8 +1109,8 @@ async fn flushed<F: Future>(body: F) -> F::Output {
     output
 }
 
-/// The next outbox message of `topic` in the operation this task's body
-/// runs under; `None` outside an operation.
+/// What an outbox message's id and retention derive from in the
+/// operation this task's body runs under; `None` outside an operation.
 #[cfg(feature = "_sql")]
 pub(crate) fn next_message() -> Option<MessageSlot> {
     OPERATION
