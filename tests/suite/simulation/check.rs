@@ -1,11 +1,13 @@
 //! The promises, checked after every history: effects per operation,
-//! answers per key, no stuck keys, bounded waits and bounded state.
+//! answers per key, no stuck keys, bounded waits, bounded state, and the
+//! outbox's messages, leases and deliveries.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use super::downstream::Effect;
 use super::history::{Backend, Fate, FaultKind, History, Mode, Op, StepPolicy, LONG_TTL_MS};
+use super::outbox::{contents, LeaseEnd, Seen, DRAIN};
 use super::run::{render, Answer, ErrorClass, Observed, Run, FINAL};
 
 /// Whether an operation may show more than one effect.
@@ -295,6 +297,10 @@ pub fn check(h: &History, o: &Observed) -> Result<Passed, String> {
         }
     }
 
+    if let Some(seen) = &o.outbox {
+        outbox(h, o, seen, &mut broken);
+    }
+
     // No stuck keys: the final call (checked above: not `InProgress`)
     // left the record finished or released.
     if o.stuck {
@@ -322,6 +328,325 @@ pub fn check(h: &History, o: &Observed) -> Result<Passed, String> {
         Ok(passed)
     } else {
         Err(broken.join("\n"))
+    }
+}
+
+/// The charge an answer's value names (`ch_<id>`, padded or not).
+fn charge_of(value: &str) -> Option<u64> {
+    let digits = value.strip_prefix("ch_")?;
+    let end = digits.find('.').unwrap_or(digits.len());
+    digits[..end].parse().ok()
+}
+
+/// The outbox's promises (src/outbox/mod.rs, the module's documentation:
+/// *Exactly once, end to end* and *Relays*; `MessageId`, `Outbox::lease`,
+/// `Outbox::mark_relayed`, `Leased::attempts`), checked on what the
+/// bodies published, what the relays leased and delivered, the consumer,
+/// and the table after the final drain.
+fn outbox(h: &History, o: &Observed, seen: &Seen, broken: &mut Vec<String>) {
+    let log = &seen.log;
+    let last = o.runs.len() - 1;
+    let who = |attempt: usize| {
+        if attempt == FINAL {
+            "the final call".to_owned()
+        } else {
+            format!("attempt {attempt}")
+        }
+    };
+    // Every message the outbox held at some point: the rows after the
+    // drain, and those delivered (a relayed row may have been purged).
+    let mut held: BTreeMap<&str, (&str, &str)> = BTreeMap::new();
+    for row in &seen.rows {
+        held.insert(&row.id, (&row.topic, &row.payload));
+    }
+    for deliveries in log.deliveries.values() {
+        for d in deliveries {
+            held.insert(&d.message.id, (&d.message.topic, &d.message.payload));
+        }
+    }
+    let held_content: BTreeSet<(&str, &str)> = held.values().copied().collect();
+
+    // "A stable id": `MessageId` is "the same for the same operation
+    // (scope, key and payload) and the same message (topic, key, payload
+    // and headers), in any attempt, process or takeover": what `publish`
+    // answered and what a relay leased are the derivation of the content.
+    let published = log.publications.iter().flat_map(|p| &p.messages);
+    let delivered = log.deliveries.values().flatten().map(|d| &d.message);
+    for m in published.chain(delivered) {
+        if m.id != m.derived {
+            broken.push(format!(
+                "outbox: message {} {:?} has the id {}, not the one its content derives ({})",
+                m.topic, m.payload, m.id, m.derived
+            ));
+        }
+    }
+
+    // "Enqueued once. A message is written on your transaction, with your
+    // rows: it commits or rolls back with them. A replay does not run the
+    // body, so it enqueues nothing." Every message held was published by
+    // a body whose transaction committed (or may have: its caller dropped
+    // it, its commit failed)...
+    for (id, (topic, payload)) in &held {
+        let by_committed = log
+            .publications
+            .iter()
+            .any(|p| p.committed != Some(false) && p.messages.iter().any(|m| m.id == *id));
+        if !by_committed {
+            broken.push(format!(
+                "outbox: message {topic} {payload:?} ({id}) was in the outbox, but every body \
+                 that published it rolled back (or none published it)"
+            ));
+        }
+    }
+    // A message a rolled-back body published, and a later body published
+    // again, shows as a lease of it before that later body began.
+    for (at, lease) in log.leases.iter().enumerate() {
+        for row in &lease.rows {
+            let began = log
+                .publications
+                .iter()
+                .filter(|p| p.committed != Some(false) && p.messages.iter().any(|m| m.id == row.id))
+                .map(|p| p.at)
+                .min();
+            if let Some(began) = began.filter(|began| lease.got < *began) {
+                broken.push(format!(
+                    "outbox: row {} was leased at {:?} (lease {at}), before the first body that \
+                     committed it began publishing ({began:?})",
+                    row.seq, lease.got
+                ));
+            }
+        }
+    }
+    // ... and a body whose transaction committed has its messages there.
+    for p in &log.publications {
+        if p.committed != Some(true) {
+            continue;
+        }
+        for m in &p.messages {
+            if !held.contains_key(m.id.as_str()) {
+                broken.push(format!(
+                    "outbox: {} committed the transaction of charge {} with message {} {:?}, \
+                     which the outbox never held",
+                    who(p.attempt),
+                    p.charge,
+                    m.topic,
+                    m.payload
+                ));
+            }
+        }
+    }
+    // Per operation: an effect that an `Ok` answers with committed with
+    // its messages, whichever attempt's body made it.
+    for (epoch, runs) in epochs(h, o).iter().enumerate() {
+        for (i, run) in runs {
+            let Answer::Ok(value) = &run.answer else {
+                continue;
+            };
+            let Some(charge) = charge_of(value) else {
+                continue;
+            };
+            for (topic, payload) in contents(seen.messages, charge) {
+                if !held_content.contains(&(topic, payload.as_str())) {
+                    let i = if *i == last { FINAL } else { *i };
+                    broken.push(format!(
+                        "outbox: epoch {epoch}: {} was answered with charge {charge}, whose \
+                         message {topic} {payload:?} the outbox never held",
+                        who(i)
+                    ));
+                }
+            }
+        }
+    }
+
+    // "a message whose id the outbox holds already is not written again"
+    // (`Outbox::publish`): one row per message, unless a purge deleted
+    // the first (a relayed row past its ttl) and a later operation of the
+    // key published it again.
+    let mut seqs: BTreeMap<&str, BTreeSet<i64>> = BTreeMap::new();
+    for row in &seen.rows {
+        seqs.entry(&row.id).or_default().insert(row.seq);
+    }
+    for lease in &log.leases {
+        for row in &lease.rows {
+            seqs.entry(&row.id).or_default().insert(row.seq);
+        }
+    }
+    for (id, seqs) in &seqs {
+        if seqs.len() > 1 && log.purged == 0 {
+            broken.push(format!(
+                "outbox: message {id} was written {} times (rows {seqs:?}), nothing purged",
+                seqs.len()
+            ));
+        }
+    }
+    let mut contents_seen: BTreeMap<(&str, &str), BTreeSet<&str>> = BTreeMap::new();
+    for (id, content) in &held {
+        contents_seen.entry(*content).or_default().insert(id);
+    }
+    for ((topic, payload), ids) in &contents_seen {
+        if ids.len() > 1 {
+            broken.push(format!(
+                "outbox: message {topic} {payload:?} was held under {} ids: {ids:?}",
+                ids.len()
+            ));
+        }
+    }
+
+    // "Produced at least once ... Processed once": after the final drain
+    // nothing waits (`Outbox::waiting`), every message was delivered, and
+    // the consumer that dedupes on the id had one effect of each.
+    if seen.waiting != 0 {
+        broken.push(format!(
+            "outbox: {} messages still wait after the final drain",
+            seen.waiting
+        ));
+    }
+    for row in &seen.rows {
+        if !row.relayed {
+            broken.push(format!(
+                "outbox: row {} ({} {:?}) is not relayed after the final drain",
+                row.seq, row.topic, row.payload
+            ));
+        }
+    }
+    for (id, (topic, payload)) in &held {
+        if !log.deliveries.contains_key(*id) {
+            broken.push(format!(
+                "outbox: message {topic} {payload:?} ({id}) was never delivered"
+            ));
+        }
+    }
+    for (topic, payload) in &held_content {
+        let effects = log
+            .effects
+            .get(&(topic.to_string(), payload.to_string()))
+            .copied()
+            .unwrap_or(0);
+        if effects != 1 {
+            broken.push(format!(
+                "outbox: the consumer, deduping by id, had {effects} effects of {topic} \
+                 {payload:?}"
+            ));
+        }
+    }
+
+    // *Relays*: "no row is marked that the broker did not acknowledge":
+    // a row is relayed only when a relay that delivered it marked it (the
+    // harness's relays mark what they delivered, and only that).
+    let marked: BTreeSet<i64> = log
+        .leases
+        .iter()
+        .filter(|l| matches!(l.end, Some(LeaseEnd::Marked { .. })))
+        .flat_map(|l| l.delivered.iter().copied())
+        .collect();
+    for row in &seen.rows {
+        if row.relayed && !marked.contains(&row.seq) {
+            broken.push(format!(
+                "outbox: row {} ({} {:?}) is relayed, though no relay that delivered it \
+                 marked it",
+                row.seq, row.topic, row.payload
+            ));
+        }
+    }
+    for lease in &log.leases {
+        if let Some(LeaseEnd::Marked { newly, .. }) = lease.end {
+            if newly > lease.rows.len() as u64 {
+                broken.push(format!(
+                    "outbox: a mark of {} rows marked {newly}",
+                    lease.rows.len()
+                ));
+            }
+        }
+    }
+
+    // *Relays*: "each row is relayed by one relay at a time": a row is
+    // leased again only after its lease passed or its relay gave it back,
+    // never once marked; and `Leased::attempts` counts its leases.
+    let slack = Duration::from_millis(2);
+    for (a_at, a) in log.leases.iter().enumerate() {
+        for (b_at, b) in log.leases.iter().enumerate() {
+            // `a` was leased before `b` was asked for.
+            if a_at == b_at || a.got > b.asked {
+                continue;
+            }
+            for row in &b.rows {
+                let Some(before) = a.rows.iter().find(|r| r.seq == row.seq) else {
+                    continue;
+                };
+                if let Some(LeaseEnd::Marked { done, .. }) = a.end {
+                    if done <= b.asked {
+                        broken.push(format!(
+                            "outbox: row {} was leased at {:?} (lease {b_at}), after lease \
+                             {a_at} marked it relayed",
+                            row.seq, b.got
+                        ));
+                    }
+                }
+                let live = b.got + slack < a.asked + a.lease;
+                let kept = a.released().is_none_or(|sent| sent > b.got);
+                if live && kept {
+                    broken.push(format!(
+                        "outbox: row {} was leased by relay {} at {:?}..{:?} while relay {}'s \
+                         lease from {:?} for {:?} held it",
+                        row.seq, b.relay, b.asked, b.got, a.relay, a.asked, a.lease
+                    ));
+                }
+                if row.attempts <= before.attempts {
+                    broken.push(format!(
+                        "outbox: row {} counts {} leases at lease {b_at}, {} at the earlier \
+                         lease {a_at}",
+                        row.seq, row.attempts, before.attempts
+                    ));
+                }
+            }
+        }
+    }
+
+    // *Exactly once*: "A relay that dies between the two leaves the row
+    // leased; after the lease another relay ... produces it again"; and
+    // *Relays*: a relay "that is only slow ... may see its lease end while
+    // it still produces: the next relay produces the rows too"; a row
+    // given back is "produced again later". So of the leases that
+    // delivered one row, at most one marked it before it passed: every
+    // other died, gave it back, or let its lease pass.
+    for deliveries in log.deliveries.values() {
+        let mut by_seq: BTreeMap<i64, Vec<usize>> = BTreeMap::new();
+        for d in deliveries {
+            by_seq.entry(d.seq).or_default().push(d.lease);
+        }
+        for (seq, leases) in by_seq {
+            let clean: Vec<usize> = leases
+                .iter()
+                .copied()
+                .filter(|&at| {
+                    let lease = &log.leases[at];
+                    matches!(lease.end, Some(LeaseEnd::Marked { .. })) && !lease.may_have_passed()
+                })
+                .collect();
+            if clean.len() > 1 {
+                broken.push(format!(
+                    "outbox: row {seq} was delivered {} times (leases {leases:?}), and leases \
+                     {clean:?} each marked it before their lease passed",
+                    leases.len()
+                ));
+            }
+        }
+    }
+
+    // Relay calls fail only under faults, which strike the store's
+    // wrapper, not the outbox.
+    for (relay, err) in &log.errors {
+        let relay = if *relay == DRAIN {
+            "the drain".to_owned()
+        } else {
+            format!("relay {relay}")
+        };
+        broken.push(format!("outbox: {relay}: {err}"));
+    }
+    for (at, lease) in log.leases.iter().enumerate() {
+        if let Some(LeaseEnd::Failed(err)) = &lease.end {
+            broken.push(format!("outbox: lease {at} (relay {}): {err}", lease.relay));
+        }
     }
 }
 

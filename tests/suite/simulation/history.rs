@@ -186,6 +186,63 @@ pub struct Failover {
     pub window_ms: u64,
 }
 
+/// What the body publishes through the outbox, in the transaction of its
+/// effect (SQL backends). Each message names the charge it announces.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Messages {
+    /// One message.
+    One,
+    /// Two, on two topics.
+    TwoTopics,
+    /// Two on one topic, with different payloads.
+    TwoPayloads,
+    /// One message published twice: one message, written once.
+    SameTwice,
+}
+
+/// How a relay ends its `nth` lease (the others mark what they
+/// delivered).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RelayFate {
+    /// It marks what it delivered.
+    Marks,
+    /// It delivers the first `delivered` messages of its lease and dies:
+    /// nothing is marked or given back, the rows wait for its lease to
+    /// pass.
+    Dies { delivered: usize },
+    /// It delivers its lease and gives it back (`Outbox::release`), as
+    /// after a produce whose acknowledgement it did not get.
+    Releases,
+    /// It delivers its lease and marks it only after the lease passed (a
+    /// broker that answers late).
+    Slow,
+}
+
+/// One relay: from `at_ms` for `for_ms`, it leases at most `batch`
+/// messages, delivers them to the consumer and marks them, and looks
+/// again after `pause_ms`; its `nth` (from 1) lease that holds messages
+/// ends as `fate` says. After each lease it purges when `purges`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Relay {
+    pub at_ms: u64,
+    pub for_ms: u64,
+    pub batch: usize,
+    pub pause_ms: u64,
+    pub nth: u32,
+    pub purges: bool,
+    pub fate: RelayFate,
+}
+
+/// The outbox's part of a history (SQL backends): what every body
+/// publishes, the relays' lease, and the relays, which run beside the
+/// attempts and one another.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OutboxPlan {
+    pub messages: Messages,
+    pub lease_ms: u64,
+    pub relays: Vec<Relay>,
+}
+
 /// One operation key's history.
 #[derive(Clone, Debug)]
 pub struct History {
@@ -210,6 +267,8 @@ pub struct History {
     pub faults: Vec<Fault>,
     pub outages: Vec<Outage>,
     pub failover: Option<Failover>,
+    /// The outbox: bodies publish, relays relay (SQL backends).
+    pub outbox: Option<OutboxPlan>,
 }
 
 /// The call's `max_outcome` in every history.
@@ -433,6 +492,65 @@ fn failover() -> impl Strategy<Value = Failover> {
     (op, nth, percent).prop_map(|(op, nth, window_ms)| Failover { op, nth, window_ms })
 }
 
+fn relay_fate() -> impl Strategy<Value = RelayFate> {
+    prop_oneof![
+        2 => Just(RelayFate::Marks),
+        2 => (0usize..=3).prop_map(|delivered| RelayFate::Dies { delivered }),
+        1 => Just(RelayFate::Releases),
+        1 => Just(RelayFate::Slow),
+    ]
+}
+
+/// A relay starts while the bodies run (they publish after their charge
+/// and work) and looks for up to two seconds, until the history's calls
+/// are over (then the final drain relays what is left).
+fn relay() -> impl Strategy<Value = Relay> {
+    (
+        (0u64..=400, 300u64..=2_000),
+        1usize..=3,
+        10u64..=100,
+        prop_oneof![3 => Just(1u32), 1 => 2u32..=3],
+        prop::bool::weighted(0.3),
+        relay_fate(),
+    )
+        .prop_map(
+            |((at_ms, for_ms), batch, pause_ms, nth, purges, fate)| Relay {
+                at_ms,
+                for_ms,
+                batch,
+                pause_ms,
+                nth,
+                purges,
+                fate,
+            },
+        )
+}
+
+/// The outbox in half the histories of a SQL backend; none elsewhere (no
+/// draw, so the other backends' histories are those of their seeds).
+fn outbox(s: &Scale, backend: Backend) -> BoxedStrategy<Option<OutboxPlan>> {
+    if !backend.sql() {
+        return Just(None).boxed();
+    }
+    let messages = prop_oneof![
+        3 => Just(Messages::One),
+        1 => Just(Messages::TwoTopics),
+        1 => Just(Messages::TwoPayloads),
+        1 => Just(Messages::SameTwice),
+    ];
+    let plan = (
+        messages,
+        s.lease.clone(),
+        prop::collection::vec(relay(), 1..=3),
+    )
+        .prop_map(|(messages, lease_ms, relays)| OutboxPlan {
+            messages,
+            lease_ms,
+            relays,
+        });
+    prop::option::weighted(0.5, plan).boxed()
+}
+
 /// The histories of `backend`.
 pub fn history(backend: Backend) -> impl Strategy<Value = History> {
     let s = scale(backend);
@@ -470,11 +588,15 @@ pub fn history(backend: Backend) -> impl Strategy<Value = History> {
         prop::collection::vec(outage(&s), 0..=1),
         failover(),
     );
-    (timing, shape, events).prop_map(
+    // Drawn last: a seed's other parts are what they were before the
+    // outbox.
+    let outbox = outbox(&s, backend);
+    (timing, shape, events, outbox).prop_map(
         move |(
             (lease_ms, ttl, wait_ms, work_ms),
             (mode, policy, downstream, large_outcome, size_limit, detach, outlives),
             (attempts, faults, outages, failover),
+            outbox,
         )| {
             let mut h = History {
                 backend,
@@ -495,6 +617,7 @@ pub fn history(backend: Backend) -> impl Strategy<Value = History> {
                     window_ms: lease_ms * failover.window_ms / 100,
                     ..failover
                 }),
+                outbox,
             };
             if outlives {
                 outlive(&mut h, ttl.unwrap_or(3));

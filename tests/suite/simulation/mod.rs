@@ -39,6 +39,22 @@
 //!   window are lost; the writes that wait for the replica fail in it
 //!   (a window longer than the lease loses renewals too: the checker
 //!   counts it as such an outage);
+//! - **the outbox** (the SQL backends, half the histories; drawn last,
+//!   so that a seed's other parts are what they were without it): the
+//!   body publishes, for its charge, one message, two (on two topics, or
+//!   on one topic with two payloads) or one message twice, in the
+//!   transaction of its effect: in record mode on a transaction of its
+//!   own after its work, rolled back when the body fails, or in an atomic
+//!   phase's, beside the charge's row; in transactional mode on the
+//!   claim's transaction; in entity mode with `Outbox::enqueue`, written
+//!   with the row. One to three relays, their leases as short as the
+//!   history's, start while the bodies run and lease batches of one to
+//!   three messages every 10 to 100 ms until the calls are over; each
+//!   delivers what it leased to a consumer that dedupes by message id,
+//!   then marks it, except at one drawn lease, where it dies after
+//!   delivering none, some or all of it, gives it back, or marks it only
+//!   after the lease passed; some purge after each lease
+//!   ([`outbox`]);
 //! - **time**: leases of 30 ms to 2 s, ttls about the lease or an hour,
 //!   bodies that outlive them. The memory store runs on tokio's paused
 //!   clock (a current-thread runtime), so a history of minutes takes
@@ -62,7 +78,8 @@
 //! # What it checks ([`check`])
 //!
 //! After the attempts, the store recovers (faults stop, leases pass) and a
-//! final clean call is made. Then:
+//! final clean call is made; then the relays stop and a final drain
+//! relays what the outbox holds. Then:
 //!
 //! - **effects**: at most one effect per operation, except where the
 //!   guide documents a repeat for the policy and the downstream
@@ -75,7 +92,22 @@
 //! - **bounded waits**: a caller that waits gets an answer within a bound
 //!   made of the history's own spans;
 //! - **bounded state**: one record and at most one journal entry for one
-//!   key and one step.
+//!   key and one step;
+//! - **the outbox** (`check::outbox`, which cites the outbox module's
+//!   documentation for each): every message the outbox held was published
+//!   by a body whose transaction committed (or may have: its caller
+//!   dropped it), and no relay leased it before such a body began (a
+//!   rolled-back body's message, published again later); a body whose
+//!   transaction committed, and the charge every `Ok` answers with, have
+//!   their messages there; each message's id is the one its content
+//!   derives (`MessageId::derive`), and a message is written once (again
+//!   only after a purge deleted it); after the drain nothing waits, every
+//!   message was delivered, and the consumer had one effect of each; a
+//!   row is relayed only if a relay that delivered it marked it; a row is
+//!   leased again only after its lease passed or was given back, never
+//!   once marked, and its lease count grows; a message delivered twice
+//!   was delivered first under a lease whose relay died, gave it back, or
+//!   marked it after the lease had passed.
 //!
 //! A key whose record may have expired between two attempts (a ttl about
 //! the lease) starts a new operation: the checks hold per such epoch. A
@@ -90,8 +122,11 @@
 //! `simulation::sqlite`, `simulation::postgres`, `simulation::mysql`,
 //! `simulation::redis` and `simulation::redis_failover` likewise (default
 //! [`SQLITE_SEEDS`], [`POSTGRES_SEEDS`], [`MYSQL_SEEDS`], [`REDIS_SEEDS`],
-//! [`REDIS_FAILOVER_SEEDS`]); each prints its time and in how many
-//! histories a fault struck. `simulation::redis_failover` holds
+//! [`REDIS_FAILOVER_SEEDS`]); each prints its time, in how many
+//! histories a fault struck, and what the outbox's histories did (their
+//! messages, the relays' leases, the relays that died holding one, the
+//! leases given back or marked late, the redeliveries the consumer
+//! absorbed, the rows purged). `simulation::redis_failover` holds
 //! `common::FAILOVERS`.
 //! `IDEM_SIM_SEED=<n>` runs that one seed. Failures known to be open
 //! (`check::known_open` names them; none today: the three it named, a
@@ -121,6 +156,10 @@
 //!   promotion beats the replication of the write before it.
 //! - Memory per call is checked as the records and journal entries one
 //!   key leaves, not as bytes.
+//! - The outbox's relays are its own API, delivering to a consumer in the
+//!   harness: no broker (`outbox_kafka` relays to one). One key's
+//!   messages only, so the order across operations is not checked; no
+//!   store fault strikes the outbox's statements.
 
 mod check;
 mod downstream;
@@ -128,6 +167,7 @@ mod downstream;
 mod failover;
 mod faults;
 mod history;
+mod outbox;
 mod run;
 
 use std::cell::RefCell;
@@ -181,6 +221,7 @@ fn simulate(backend: Backend, test: &str, default: u64, shrink: u32) {
     let mut known_open: BTreeMap<&'static str, u64> = BTreeMap::new();
     // The histories in which a fault (or a failover) struck.
     let struck = std::cell::Cell::new(0u64);
+    let tally = RefCell::new(outbox::Tally::default());
     for seed in seeds.clone() {
         let mut bytes = [0u8; 32];
         bytes[..8].copy_from_slice(&seed.to_le_bytes());
@@ -203,6 +244,9 @@ fn simulate(backend: Backend, test: &str, default: u64, shrink: u32) {
             if first.borrow().is_none() && observed.struck > 0 {
                 struck.set(struck.get() + 1);
             }
+            if let (None, Some(seen)) = (&*first.borrow(), &observed.outbox) {
+                tally.borrow_mut().add(seen);
+            }
             match check::check(&h, &observed) {
                 Ok(passed) => {
                     first.borrow_mut().get_or_insert(passed.known_open);
@@ -210,8 +254,13 @@ fn simulate(backend: Backend, test: &str, default: u64, shrink: u32) {
                 }
                 Err(broken) => {
                     first.borrow_mut().get_or_insert_with(Vec::new);
+                    let outbox = observed
+                        .outbox
+                        .as_ref()
+                        .map(|seen| format!("\noutbox: {seen:#?}"))
+                        .unwrap_or_default();
                     Err(TestCaseError::fail(format!(
-                        "{broken}\n\nwhat the callers got: {:#?}\neffects: {:?}",
+                        "{broken}\n\nwhat the callers got: {:#?}\neffects: {:?}{outbox}",
                         observed.runs, observed.effects
                     )))
                 }
@@ -234,12 +283,13 @@ fn simulate(backend: Backend, test: &str, default: u64, shrink: u32) {
     }
     println!(
         "simulation::{test}: {} seeds ({}..{}) in {:.1?}, a fault struck in {}; \
-         known open failures hit: {known_open:?}",
+         {}; known open failures hit: {known_open:?}",
         seeds.end - seeds.start,
         seeds.start,
         seeds.end,
         began.elapsed(),
-        struck.get()
+        struck.get(),
+        tally.borrow()
     );
 }
 

@@ -16,11 +16,12 @@ use tokio::time::Instant;
 
 use super::downstream::{Effect, Gateway};
 use super::faults::{Faulty, Plan, ATTEMPT};
-use super::history::{Attempt, Backend, Fate, History, Mode, StepPolicy, MAX_OUTCOME};
+use super::history::{Attempt, Backend, Fate, History, Mode, OutboxPlan, StepPolicy, MAX_OUTCOME};
+use super::outbox::{Row as OutboxRow, Seen, Side};
 
 pub const SCOPE: &str = "simulation.pay";
 pub const OP_KEY: &str = "order-1";
-const PAYLOAD: u64 = 500;
+pub const PAYLOAD: u64 = 500;
 /// The final call's index among the attempts, as the gateway tags it.
 pub const FINAL: usize = usize::MAX;
 
@@ -146,6 +147,8 @@ pub struct Observed {
     pub journal: Option<usize>,
     /// How many store operations a fault struck.
     pub struck: usize,
+    /// The outbox's part, when the history has one.
+    pub outbox: Option<Seen>,
 }
 
 /// How long any caller may take before it counts as waiting for ever.
@@ -289,10 +292,24 @@ async fn charge(
     }
 }
 
-/// The rest of the body after its charge: its work, then its failure or
-/// its value.
-async fn finish(h: &History, attempt: &Attempt, id: u64) -> Result<String, SimError> {
+/// Record mode's body with an outbox, after its work: its messages for
+/// the charge on a transaction of its own, committed, or rolled back when
+/// the body fails (`true`).
+type Announce<'a> =
+    Box<dyn FnOnce(u64, bool) -> Pin<Box<dyn Future<Output = Result<(), SimError>> + 'a>> + 'a>;
+
+/// The rest of the body after its charge: its work, its messages (record
+/// mode with an outbox), then its failure or its value.
+async fn finish(
+    h: &History,
+    attempt: &Attempt,
+    id: u64,
+    announce: Option<Announce<'_>>,
+) -> Result<String, SimError> {
     tokio::time::sleep(Duration::from_millis(h.work_ms)).await;
+    if let Some(announce) = announce {
+        announce(id, attempt.body_fails).await?;
+    }
     if attempt.body_fails {
         return Err(SimError::Body);
     }
@@ -304,10 +321,13 @@ async fn finish(h: &History, attempt: &Attempt, id: u64) -> Result<String, SimEr
 type Atomic<'a> = Pin<Box<dyn Future<Output = Result<u64, SimError>> + 'a>>;
 
 /// One attempt in record mode, on any store; `atomic` is the body's
-/// charge when the history's policy is an atomic phase.
+/// charge when the history's policy is an atomic phase, `announce` its
+/// messages when it publishes them after its work.
+#[allow(clippy::too_many_arguments)]
 async fn record_attempt<S: Store + ?Sized>(
     store: &S,
     atomic: Option<Atomic<'_>>,
+    announce: Option<Announce<'_>>,
     gateway: &Arc<Gateway>,
     h: &History,
     index: usize,
@@ -320,22 +340,57 @@ async fn record_attempt<S: Store + ?Sized>(
             (StepPolicy::Atomic, Some(atomic)) => atomic.await?,
             _ => charge(h, gateway, index, attempt).await?,
         };
-        finish(h, attempt, id).await
+        finish(h, attempt, id, announce).await
     })
     .await
 }
 
 /// An atomic phase on a transaction of the store's pool: the charge's row
-/// commits with the step's journal entry.
-async fn atomic_charge<D: SimSql>(store: &D::Store, index: usize) -> Result<u64, SimError> {
+/// commits with the step's journal entry (and the body's messages, with
+/// an outbox).
+async fn atomic_charge<D: SimSql>(
+    store: &D::Store,
+    side: Option<&Side<D>>,
+    index: usize,
+) -> Result<u64, SimError> {
     let mut tx = D::pool(store).begin().await.map_err(sql)?;
     let id = Step::new("charge")
-        .in_transaction(store, &mut *tx, |conn, key| async move {
-            (D::insert_charge(conn, key.as_str(), index).await, conn)
+        .in_transaction(store, &mut *tx, |conn, key| {
+            charge_row::<D>(conn, side, key, index)
         })
-        .await?;
+        .await;
+    let settle = |committed| {
+        if let Some(side) = side {
+            side.settle(index, committed);
+        }
+    };
+    let id = match id {
+        Ok(id) => id,
+        Err(err) => {
+            let _ = tx.rollback().await;
+            settle(Some(false));
+            return Err(err);
+        }
+    };
     tx.commit().await.map_err(sql)?;
+    settle(Some(true));
     Ok(id)
+}
+
+/// An atomic phase's work on the caller's transaction: the charge's row,
+/// then the body's messages beside it.
+async fn charge_row<'c, D: SimSql>(
+    conn: &'c mut D::Connection,
+    side: Option<&Side<D>>,
+    key: StepKey,
+    index: usize,
+) -> (Result<u64, SimError>, &'c mut D::Connection) {
+    let id = D::insert_charge(&mut *conn, key.as_str(), index).await;
+    let id = match (id, side) {
+        (Ok(id), Some(side)) => side.publish(&mut *conn, index, id).await.map(|()| id),
+        (id, _) => id,
+    };
+    (id, conn)
 }
 
 /// Runs a history on a current-thread runtime of its own, its clock
@@ -397,7 +452,7 @@ async fn record_history<S: Store + 'static>(
     let gateway = Gateway::new(h.downstream);
     let one = |index: usize, attempt: Attempt, wait: Option<Duration>| {
         let (store, gateway, h) = (store.clone(), gateway.clone(), h.clone());
-        async move { record_attempt(&*store, None, &gateway, &h, index, &attempt, wait).await }
+        async move { record_attempt(&*store, None, None, &gateway, &h, index, &attempt, wait).await }
     };
     let runs = calls(h, start, &plan, one).await;
     let (stuck, journal) = leftovers(&*store).await;
@@ -408,6 +463,7 @@ async fn record_history<S: Store + 'static>(
         records: records(&store.inner),
         journal: Some(journal),
         struck: plan.struck.load(Ordering::SeqCst),
+        outbox: None,
     }
 }
 
@@ -555,6 +611,12 @@ pub trait SimSql: idem::entity::EntityDatabase {
     /// The charges' rows as effects, and how many payment rows there are.
     async fn rows(pool: &sqlx::Pool<Self>) -> (Vec<Effect>, usize);
 
+    /// The outbox of `store`, for a history's `plan`.
+    fn side(store: &Self::Store, plan: OutboxPlan, start: Instant) -> Arc<Side<Self>>;
+
+    /// The rows of the outbox table `table`, in order.
+    async fn outbox_rows(pool: &sqlx::Pool<Self>, table: &str) -> Vec<OutboxRow>;
+
     /// `idem::entity::run` of a payment.
     async fn entity<Fut>(
         pool: &sqlx::Pool<Self>,
@@ -566,7 +628,7 @@ pub trait SimSql: idem::entity::EntityDatabase {
 }
 
 macro_rules! sim_sql {
-    ($feature:literal, $db:ty, $tables:expr, $param:expr, fresh: $fresh:expr) => {
+    ($feature:literal, $db:ty, $tables:expr, $param:expr, outbox: $outbox:expr, fresh: $fresh:expr) => {
         #[cfg(feature = $feature)]
         impl SimSql for $db {
             type Store = idem::SqlStore<$db>;
@@ -625,6 +687,27 @@ macro_rules! sim_sql {
                 (effects, payments as usize)
             }
 
+            fn side(store: &Self::Store, plan: OutboxPlan, start: Instant) -> Arc<Side<Self>> {
+                Side::new(store, plan, start)
+            }
+
+            async fn outbox_rows(pool: &sqlx::Pool<Self>, table: &str) -> Vec<OutboxRow> {
+                let rows: Vec<(i64, String, String, String, Option<i64>)> =
+                    sqlx::query_as(&$outbox.replace("{table}", table))
+                        .fetch_all(pool)
+                        .await
+                        .expect("the outbox's rows");
+                rows.into_iter()
+                    .map(|(seq, id, topic, payload, relayed_at)| OutboxRow {
+                        seq,
+                        id,
+                        topic,
+                        payload,
+                        relayed: relayed_at.is_some(),
+                    })
+                    .collect()
+            }
+
             async fn entity<Fut>(
                 pool: &sqlx::Pool<Self>,
                 call: Call,
@@ -650,7 +733,9 @@ sim_sql!("sqlite", sqlx::Sqlite, "
         step_key TEXT NOT NULL,
         attempt INTEGER NOT NULL
     );
-", |n| format!("?{n}"), fresh: async {
+", |n| format!("?{n}"), outbox: "SELECT seq, message_id, topic, CAST(payload AS TEXT), relayed_at
+    FROM \"{table}\" ORDER BY seq",
+fresh: async {
     let (store, guard) = crate::common::backend::sqlite_file::store(8).await;
     (store, Box::new(guard) as Box<dyn std::any::Any>)
 });
@@ -666,7 +751,9 @@ sim_sql!("postgres", sqlx::Postgres, "
         step_key TEXT NOT NULL,
         attempt BIGINT NOT NULL
     );
-", |n| format!("${n}"), fresh: async {
+", |n| format!("${n}"), outbox: "SELECT seq, message_id, topic, convert_from(payload, 'UTF8'),
+    relayed_at FROM \"{table}\" ORDER BY seq",
+fresh: async {
     server_store(crate::common::backend::postgres::namespace("sim").await).await
 });
 
@@ -683,7 +770,9 @@ sim_sql!("mysql", sqlx::MySql, "
         step_key VARCHAR(255) NOT NULL,
         attempt BIGINT NOT NULL
     ) ENGINE = InnoDB;
-", |_| "?".to_owned(), fresh: async {
+", |_| "?".to_owned(), outbox: "SELECT seq, CAST(message_id AS CHAR), CAST(topic AS CHAR),
+    CAST(payload AS CHAR), relayed_at FROM `{table}` ORDER BY seq",
+fresh: async {
     server_store(crate::common::backend::mysql::namespace("sim").await).await
 });
 
@@ -723,20 +812,45 @@ async fn sql_history<D: SimSql>(h: &History) -> Observed {
         plan: plan.clone(),
     });
     let gateway = Gateway::new(h.downstream);
+    let side = h
+        .outbox
+        .as_ref()
+        .map(|plan| D::side(&sql, plan.clone(), start));
+    // The relays run beside the attempts (and the final call).
+    let relays: Vec<_> = side
+        .iter()
+        .flat_map(|side| {
+            let plan = h.outbox.as_ref().expect("an outbox plan");
+            plan.relays
+                .iter()
+                .enumerate()
+                .map(|(who, relay)| tokio::task::spawn_local(side.clone().relay(who, *relay)))
+        })
+        .collect();
     let one = |index: usize, attempt: Attempt, wait: Option<Duration>| {
         let (store, sql, gateway, h) = (store.clone(), sql.clone(), gateway.clone(), h.clone());
+        let side = side.clone();
         async move {
-            let (gateway, attempt) = (&gateway, &attempt);
+            let (gateway, attempt, side) = (&gateway, &attempt, side.as_deref());
             match h.mode {
                 Mode::Record => {
                     let atomic = (h.policy == StepPolicy::Atomic)
-                        .then(|| Box::pin(atomic_charge::<D>(&sql, index)) as Atomic<'_>);
-                    record_attempt(&*store, atomic, gateway, &h, index, attempt, wait).await
+                        .then(|| Box::pin(atomic_charge::<D>(&sql, side, index)) as Atomic<'_>);
+                    let announce = side.filter(|_| atomic.is_none()).map(|side| {
+                        Box::new(move |id, fails| {
+                            Box::pin(side.announce(index, id, fails))
+                                as Pin<Box<dyn Future<Output = _>>>
+                        }) as Announce<'_>
+                    });
+                    record_attempt(&*store, atomic, announce, gateway, &h, index, attempt, wait)
+                        .await
                 }
                 Mode::Transactional => {
-                    transactional_attempt::<D>(&sql, gateway, &h, index, attempt, wait).await
+                    transactional_attempt::<D>(&sql, side, gateway, &h, index, attempt, wait).await
                 }
-                Mode::Entity => entity_attempt::<D>(&sql, gateway, &h, index, attempt, wait).await,
+                Mode::Entity => {
+                    entity_attempt::<D>(&sql, side, gateway, &h, index, attempt, wait).await
+                }
             }
         }
     };
@@ -745,6 +859,24 @@ async fn sql_history<D: SimSql>(h: &History) -> Observed {
     let mut effects = gateway.effects();
     let (rows, payments) = D::rows(D::pool(&sql)).await;
     effects.extend(rows);
+    let outbox = match side {
+        Some(side) => {
+            side.stop();
+            for relay in relays {
+                relay.await.expect("a relay's task");
+            }
+            let waiting = side.drain().await;
+            let rows = D::outbox_rows(D::pool(&sql), side.outbox.table()).await;
+            let log = side.log.lock().unwrap().clone();
+            Some(Seen {
+                messages: h.outbox.as_ref().expect("an outbox plan").messages,
+                log,
+                rows,
+                waiting,
+            })
+        }
+        None => None,
+    };
     D::pool(&sql).close().await;
     drop(keep);
     Observed {
@@ -756,6 +888,7 @@ async fn sql_history<D: SimSql>(h: &History) -> Observed {
         records: (h.mode == Mode::Entity).then_some(payments),
         journal: (h.mode == Mode::Record).then_some(journal),
         struck: plan.struck.load(Ordering::SeqCst),
+        outbox,
     }
 }
 
@@ -763,6 +896,7 @@ async fn sql_history<D: SimSql>(h: &History) -> Observed {
 /// completion on one transaction, committed after an `Ok`.
 async fn transactional_attempt<D: SimSql>(
     store: &D::Store,
+    side: Option<&Side<D>>,
     gateway: &Arc<Gateway>,
     h: &History,
     index: usize,
@@ -777,27 +911,42 @@ async fn transactional_attempt<D: SimSql>(
             StepPolicy::NoSteps => D::insert_charge(&mut *conn, OP_KEY, index).await,
             StepPolicy::Atomic => {
                 Step::new("charge")
-                    .in_transaction(store, &mut *conn, |conn, key| async move {
-                        (D::insert_charge(conn, key.as_str(), index).await, conn)
+                    .in_transaction(store, &mut *conn, |conn, key| {
+                        charge_row::<D>(conn, side, key, index)
                     })
                     .await
             }
             _ => charge(h, gateway, index, attempt).await,
         };
+        // The messages, on the claim's transaction (an atomic phase wrote
+        // them beside its row).
+        let id = match (id, side) {
+            (Ok(id), Some(side)) if h.policy != StepPolicy::Atomic => {
+                side.publish(&mut *conn, index, id).await.map(|()| id)
+            }
+            (id, _) => id,
+        };
         let result = match id {
-            Ok(id) => finish(h, attempt, id).await,
+            Ok(id) => finish(h, attempt, id, None).await,
             Err(err) => Err(err),
         };
         (result, conn)
     })
     .await;
+    let settle = |committed| {
+        if let Some(side) = side {
+            side.settle(index, committed);
+        }
+    };
     match result {
         Ok(value) => {
             tx.commit().await.map_err(sql)?;
+            settle(Some(true));
             Ok(value)
         }
         Err(err) => {
             let _ = tx.rollback().await;
+            settle(Some(false));
             Err(err)
         }
     }
@@ -806,6 +955,7 @@ async fn transactional_attempt<D: SimSql>(
 /// One attempt in entity mode: the row is the outcome.
 async fn entity_attempt<D: SimSql>(
     store: &D::Store,
+    side: Option<&Side<D>>,
     gateway: &Arc<Gateway>,
     h: &History,
     index: usize,
@@ -815,13 +965,27 @@ async fn entity_attempt<D: SimSql>(
     let payment = D::entity(D::pool(store), call(h, wait), async {
         body_starts(index);
         let id = charge(h, gateway, index, attempt).await?;
-        let value = finish(h, attempt, id).await?;
+        // Held for the transaction that inserts the row.
+        if let Some(side) = side {
+            side.enqueue(index, id)?;
+        }
+        let value = finish(h, attempt, id, None).await?;
         Ok::<_, SimError>(SimPayment {
             id: 0,
             token: OP_KEY.to_owned(),
             charge: value,
         })
     })
-    .await?;
-    Ok(payment.charge)
+    .await;
+    if let Some(side) = side {
+        match &payment {
+            Ok(payment) => side.settle_entity(index, &payment.charge),
+            // The body's own failure: its messages were never written.
+            Err(SimError::Body | SimError::Timeout | SimError::Declined) => {
+                side.settle(index, Some(false))
+            }
+            Err(SimError::Idem(_)) => {}
+        }
+    }
+    Ok(payment?.charge)
 }
