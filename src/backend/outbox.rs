@@ -287,16 +287,19 @@ impl<DB: Backend> SqlStore<DB> {
         Ok(rows)
     }
 
+    /// A text column of an outbox row (bytes on MySQL).
+    fn outbox_text(row: &DB::Row, column: &str) -> Result<String, Error> {
+        if DB::TEXT_AS_BYTES {
+            let bytes = DB::bytes(row, column)?.unwrap_or_default();
+            String::from_utf8(bytes)
+                .map_err(|_| Error::store(format!("outbox row: {column} is not UTF-8")))
+        } else {
+            Ok(DB::text(row, column)?)
+        }
+    }
+
     fn outbox_row(&self, row: &DB::Row) -> Result<LeasedRow, Error> {
-        let text = |column: &str| -> Result<String, Error> {
-            if DB::TEXT_AS_BYTES {
-                let bytes = DB::bytes(row, column)?.unwrap_or_default();
-                String::from_utf8(bytes)
-                    .map_err(|_| Error::store(format!("outbox row: {column} is not UTF-8")))
-            } else {
-                Ok(DB::text(row, column)?)
-            }
-        };
+        let text = |column: &str| Self::outbox_text(row, column);
         Ok(LeasedRow {
             seq: DB::int(row, "seq")?.unwrap_or(-1),
             id: text("message_id")?,
@@ -314,15 +317,7 @@ impl<DB: Backend> SqlStore<DB> {
         sql: &OutboxStatements,
         seqs: &[i64],
     ) -> Result<u64, Error> {
-        if seqs.is_empty() {
-            return Ok(0);
-        }
-        let mark = with_list::<DB>(&sql.mark, seqs.len());
-        let values = seqs.iter().map(|seq| Value::Int(*seq)).collect();
-        let _turn = self.gate.enter().await;
-        let mut conn = self.pool.acquire().await?;
-        let done = DB::execute(&mut conn, &mark, values).await?;
-        Ok(DB::rows_affected(&done))
+        self.outbox_on_seqs(&sql.mark, Vec::new(), seqs).await
     }
 
     /// Gives the rows `seqs` leased under `token` back, for the next lease.
@@ -332,16 +327,8 @@ impl<DB: Backend> SqlStore<DB> {
         token: &ClaimToken,
         seqs: &[i64],
     ) -> Result<u64, Error> {
-        if seqs.is_empty() {
-            return Ok(0);
-        }
-        let release = with_list::<DB>(&sql.release, seqs.len());
-        let mut values = vec![Value::Bytes(token.as_bytes())];
-        values.extend(seqs.iter().map(|seq| Value::Int(*seq)));
-        let _turn = self.gate.enter().await;
-        let mut conn = self.pool.acquire().await?;
-        let done = DB::execute(&mut conn, &release, values).await?;
-        Ok(DB::rows_affected(&done))
+        self.outbox_on_seqs(&sql.release, vec![Value::Bytes(token.as_bytes())], seqs)
+            .await
     }
 
     /// Deletes at most `batch` relayed rows kept past their time.
@@ -411,13 +398,10 @@ impl<DB: Backend> SqlStore<DB> {
         .await?;
         rows.iter()
             .map(|row| {
-                let reason = if DB::TEXT_AS_BYTES {
-                    String::from_utf8_lossy(&DB::bytes(row, "parked_reason")?.unwrap_or_default())
-                        .into_owned()
-                } else {
-                    DB::text(row, "parked_reason")?
-                };
-                Ok((self.outbox_row(row)?, reason))
+                Ok((
+                    self.outbox_row(row)?,
+                    Self::outbox_text(row, "parked_reason")?,
+                ))
             })
             .collect()
     }
@@ -428,14 +412,25 @@ impl<DB: Backend> SqlStore<DB> {
         sql: &OutboxStatements,
         seqs: &[i64],
     ) -> Result<u64, Error> {
+        self.outbox_on_seqs(&sql.unpark, Vec::new(), seqs).await
+    }
+
+    /// Runs the write `prefix` (ended by `seq IN `) on the rows `seqs`,
+    /// after the values `leading`; returns how many rows it changed.
+    async fn outbox_on_seqs(
+        &self,
+        prefix: &str,
+        mut leading: Vec<Value<'_>>,
+        seqs: &[i64],
+    ) -> Result<u64, Error> {
         if seqs.is_empty() {
             return Ok(0);
         }
-        let unpark = with_list::<DB>(&sql.unpark, seqs.len());
-        let values = seqs.iter().map(|seq| Value::Int(*seq)).collect();
+        let statement = with_list::<DB>(prefix, seqs.len());
+        leading.extend(seqs.iter().map(|seq| Value::Int(*seq)));
         let _turn = self.gate.enter().await;
         let mut conn = self.pool.acquire().await?;
-        let done = DB::execute(&mut conn, &unpark, values).await?;
+        let done = DB::execute(&mut conn, &statement, leading).await?;
         Ok(DB::rows_affected(&done))
     }
 }

@@ -47,10 +47,10 @@ use std::time::Duration;
 
 use rdkafka::error::{KafkaError, KafkaResult};
 use rdkafka::message::{Header, OwnedHeaders};
-use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
+use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord, Producer};
 use rdkafka::ClientConfig;
 
-use super::{Lease, Leased, Outbox, MESSAGE_ID_HEADER};
+use super::{Lease, Message, MessageId, Outbox, MESSAGE_ID_HEADER};
 use crate::backend::Backend;
 use crate::error::Error;
 
@@ -211,15 +211,7 @@ impl<DB: Backend> KafkaRelay<DB> {
             let Some(message) = lease.messages().iter().find(|m| m.seq() == seq) else {
                 continue;
             };
-            let alone = match send(&producer, message).await {
-                Ok(delivery) => match delivery.await {
-                    Ok(Ok(_)) => None,
-                    Ok(Err((err, _))) => Some(err),
-                    Err(_) => Some(KafkaError::Canceled),
-                },
-                Err(err) => Some(err),
-            };
-            match alone {
+            match settled(send(&producer, message.id(), message.message()).await).await {
                 None => produced.acknowledged.push(seq),
                 Some(err) if refuses_for_good(&err) => {
                     tracing::debug!(seq, first = %reason, "refused again, alone");
@@ -275,21 +267,17 @@ impl<DB: Backend> KafkaRelay<DB> {
         let producer = self.producer();
         let mut deliveries = Vec::with_capacity(lease.messages().len());
         for message in lease.messages() {
-            deliveries.push((message.seq(), send(&producer, message).await));
+            deliveries.push((
+                message.seq(),
+                send(&producer, message.id(), message.message()).await,
+            ));
         }
         let mut produced = Produced::default();
         for (seq, delivery) in deliveries {
-            let refusal = match delivery {
-                Ok(delivery) => match delivery.await {
-                    Ok(Ok(_)) => None,
-                    Ok(Err((err, _))) => {
-                        produced.producer_refused |= refuses_producer(&err);
-                        Some(err)
-                    }
-                    Err(_) => Some(KafkaError::Canceled),
-                },
-                Err(err) => Some(err),
-            };
+            let refusal = settled(delivery).await;
+            if let Some(err) = &refusal {
+                produced.producer_refused |= refuses_producer(err);
+            }
             match refusal {
                 None => produced.acknowledged.push(seq),
                 Some(err) if refuses_for_good(&err) => {
@@ -337,16 +325,18 @@ impl<DB: Backend> KafkaRelay<DB> {
     }
 }
 
-/// Queues one message in `producer`, waiting while its queue is full.
-async fn send(
+/// Queues `body`, with its `id` in the [`MESSAGE_ID_HEADER`] header, in
+/// `producer`, waiting while its queue is full. The relay's and a Kafka
+/// transaction's (`consumer::kafka::transactions`) way to produce.
+pub(crate) async fn send(
     producer: &FutureProducer,
-    message: &Leased,
-) -> KafkaResult<rdkafka::producer::DeliveryFuture> {
-    let body = message.message();
+    id: &MessageId,
+    body: &Message,
+) -> KafkaResult<DeliveryFuture> {
     let mut headers = OwnedHeaders::new_with_capacity(body.headers().len() + 1);
     headers = headers.insert(Header {
         key: MESSAGE_ID_HEADER,
-        value: Some(message.id().as_str()),
+        value: Some(id.as_str()),
     });
     for (name, value) in body.headers() {
         headers = headers.insert(Header {
@@ -373,6 +363,19 @@ async fn send(
             }
             Err((err, _)) => return Err(err),
         }
+    }
+}
+
+/// How a sent record ended: `None` when the broker acknowledged it, or
+/// why it did not.
+pub(crate) async fn settled(sent: KafkaResult<DeliveryFuture>) -> Option<KafkaError> {
+    match sent {
+        Ok(delivery) => match delivery.await {
+            Ok(Ok(_)) => None,
+            Ok(Err((err, _))) => Some(err),
+            Err(_) => Some(KafkaError::Canceled),
+        },
+        Err(err) => Some(err),
     }
 }
 

@@ -39,7 +39,7 @@
 //! twice (a producer upstream that sent it twice, or a redelivery after an
 //! aborted transaction) has its outputs produced in two transactions.
 //! Every output carries a stable id in the
-//! [`MESSAGE_ID_HEADER`] header,
+//! [`MESSAGE_ID_HEADER`](crate::outbox::MESSAGE_ID_HEADER) header,
 //! derived from the deduplicator's scope, the input's key and fingerprint,
 //! and the output itself, the same on every delivery: a downstream
 //! consumer that dedupes on it (with [`KeyFrom::header`](super::KeyFrom::header))
@@ -136,9 +136,9 @@
 use std::time::Duration;
 
 use rdkafka::consumer::{Consumer, ConsumerContext};
-use rdkafka::error::{KafkaError, RDKafkaErrorCode};
-use rdkafka::message::{BorrowedMessage, Header, Message as _, OwnedHeaders};
-use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
+use rdkafka::error::KafkaError;
+use rdkafka::message::{BorrowedMessage, Message as _};
+use rdkafka::producer::{FutureProducer, Producer};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use serde::{Deserialize, Serialize};
 
@@ -146,7 +146,8 @@ use super::Identity;
 use crate::error::Error;
 use crate::fingerprint::Fingerprint;
 use crate::key::Scope;
-use crate::outbox::{InvalidMessage, Message, MessageId, MAX_OUTPUTS_BYTES, MESSAGE_ID_HEADER};
+use crate::outbox::kafka::{send, settled};
+use crate::outbox::{InvalidMessage, Message, MessageId, MAX_OUTPUTS_BYTES};
 
 /// The records a handler produces for one input record, kept with its
 /// dedupe marker so that a redelivery produces the same ones. At most
@@ -401,7 +402,7 @@ impl std::fmt::Debug for KafkaTransaction<'_> {
 
 impl KafkaTransaction<'_> {
     /// Produces `outputs` in this transaction, in order, each with its
-    /// [`output_id`] in the [`MESSAGE_ID_HEADER`] header, and waits for
+    /// [`output_id`] in the [`MESSAGE_ID_HEADER`](crate::outbox::MESSAGE_ID_HEADER) header, and waits for
     /// the broker's acknowledgements. Returns the ids.
     ///
     /// # Errors
@@ -418,45 +419,12 @@ impl KafkaTransaction<'_> {
         let mut deliveries = Vec::with_capacity(outputs.messages.len());
         for output in &outputs.messages {
             let id = output_id(scope, input, output)?;
-            let mut headers = OwnedHeaders::new_with_capacity(output.headers().len() + 1);
-            headers = headers.insert(Header {
-                key: MESSAGE_ID_HEADER,
-                value: Some(id.as_str()),
-            });
-            for (name, value) in output.headers() {
-                headers = headers.insert(Header {
-                    key: name.as_str(),
-                    value: Some(value.as_slice()),
-                });
-            }
-            let mut record: FutureRecord<'_, [u8], [u8]> =
-                FutureRecord::to(output.topic()).headers(headers);
-            if let Some(key) = output.key() {
-                record = record.key(key);
-            }
-            if let Some(payload) = output.payload() {
-                record = record.payload(payload);
-            }
-            let delivery = loop {
-                match self.state.producer.send_result(record) {
-                    Ok(delivery) => break delivery,
-                    Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back)) => {
-                        record = back;
-                        tokio::time::sleep(Duration::from_millis(5)).await;
-                    }
-                    Err((err, _)) => return Err(Error::store(err)),
-                }
-            };
-            deliveries.push(delivery);
+            deliveries.push(send(&self.state.producer, &id, output).await);
             ids.push(id);
         }
         for delivery in deliveries {
-            match delivery.await {
-                Ok(Ok(_)) => {}
-                Ok(Err((err, _))) => return Err(Error::store(err)),
-                Err(_) => {
-                    return Err(Error::store(KafkaError::Canceled));
-                }
+            if let Some(err) = settled(delivery).await {
+                return Err(Error::store(err));
             }
         }
         Ok(ids)
@@ -598,6 +566,7 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::outbox::MESSAGE_ID_HEADER;
 
     #[test]
     fn outputs_round_trip_through_the_marker() {
