@@ -582,6 +582,17 @@ fn outbox(h: &History, o: &Observed, seen: &Seen, broken: &mut Vec<String>) {
                         ));
                     }
                 }
+                if let Some((parked, unparked)) = a.parked() {
+                    // *Parked messages*: "no relay leases it again ...
+                    // until unparked".
+                    if parked + slack < b.asked && b.got + slack < unparked {
+                        broken.push(format!(
+                            "outbox: row {} was leased at {:?}..{:?} (lease {b_at}) while \
+                             parked ({parked:?}..{unparked:?}, lease {a_at})",
+                            row.seq, b.asked, b.got
+                        ));
+                    }
+                }
                 let live = b.got + slack < a.asked + a.lease;
                 let kept = a.released().is_none_or(|sent| sent > b.got);
                 if live && kept {

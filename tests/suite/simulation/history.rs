@@ -216,6 +216,9 @@ pub enum RelayFate {
     /// It delivers its lease and marks it only after the lease passed (a
     /// broker that answers late).
     Slow,
+    /// The broker refuses its lease for good: it parks the rows (delivers
+    /// none), and an operator unparks them `pause_ms` later.
+    Parks { pause_ms: u64 },
 }
 
 /// One relay: from `at_ms` for `for_ms`, it leases at most `batch`
@@ -498,6 +501,7 @@ fn relay_fate() -> impl Strategy<Value = RelayFate> {
         2 => (0usize..=3).prop_map(|delivered| RelayFate::Dies { delivered }),
         1 => Just(RelayFate::Releases),
         1 => Just(RelayFate::Slow),
+        1 => (0u64..=150).prop_map(|pause_ms| RelayFate::Parks { pause_ms }),
     ]
 }
 

@@ -52,8 +52,10 @@
 //!   three messages every 10 to 100 ms until the calls are over; each
 //!   delivers what it leased to a consumer that dedupes by message id,
 //!   then marks it, except at one drawn lease, where it dies after
-//!   delivering none, some or all of it, gives it back, or marks it only
-//!   after the lease passed; some purge after each lease
+//!   delivering none, some or all of it, gives it back, marks it only
+//!   after the lease passed, or parks it (the broker refused it for good)
+//!   and unparks it up to 150 ms later, and no lease may take a parked
+//!   row; some purge after each lease
 //!   ([`outbox`]);
 //! - **time**: leases of 30 ms to 2 s, ttls about the lease or an hour,
 //!   bodies that outlive them. The memory store runs on tokio's paused

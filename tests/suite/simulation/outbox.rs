@@ -52,6 +52,14 @@ pub enum LeaseEnd {
     },
     /// Given back (`Outbox::release`).
     Released { sent: Duration, done: Duration },
+    /// Parked (`Outbox::park`, answered at `done`; `parked` rows were),
+    /// then unparked (`Outbox::unpark`, sent at `unparked`): no lease may
+    /// take them between the two.
+    Parked {
+        done: Duration,
+        parked: u64,
+        unparked: Duration,
+    },
     /// The mark or the give-back failed: the rows wait for the lease.
     Failed(String),
 }
@@ -89,9 +97,11 @@ impl LeaseSeen {
     pub fn may_have_passed(&self) -> bool {
         let lease_ends = self.asked + self.lease;
         match &self.end {
-            Some(LeaseEnd::Marked { done, .. } | LeaseEnd::Released { done, .. }) => {
-                *done + Duration::from_millis(2) >= lease_ends
-            }
+            Some(
+                LeaseEnd::Marked { done, .. }
+                | LeaseEnd::Released { done, .. }
+                | LeaseEnd::Parked { done, .. },
+            ) => *done + Duration::from_millis(2) >= lease_ends,
             _ => true,
         }
     }
@@ -100,6 +110,15 @@ impl LeaseSeen {
     pub fn released(&self) -> Option<Duration> {
         match &self.end {
             Some(LeaseEnd::Released { sent, .. }) => Some(*sent),
+            Some(LeaseEnd::Parked { unparked, .. }) => Some(*unparked),
+            _ => None,
+        }
+    }
+
+    /// When its rows were parked and when they were unparked, if they were.
+    pub fn parked(&self) -> Option<(Duration, Duration)> {
+        match &self.end {
+            Some(LeaseEnd::Parked { done, unparked, .. }) => Some((*done, *unparked)),
             _ => None,
         }
     }
@@ -434,6 +453,7 @@ mod side {
             let messages = lease.messages();
             let delivered = match fate {
                 RelayFate::Dies { delivered } => delivered.min(messages.len()),
+                RelayFate::Parks { .. } => 0,
                 _ => messages.len(),
             };
             for leased in &messages[..delivered] {
@@ -454,6 +474,32 @@ mod side {
                             done: self.start.elapsed(),
                         },
                         Err(err) => LeaseEnd::Failed(format!("release: {err}")),
+                    }
+                }
+                RelayFate::Parks { pause_ms } => {
+                    let mut parked = 0;
+                    let mut failed = None;
+                    for seq in &seqs {
+                        match self.outbox.park(&lease, *seq, "refused for good").await {
+                            Ok(true) => parked += 1,
+                            Ok(false) => {}
+                            Err(err) => failed = Some(format!("park: {err}")),
+                        }
+                    }
+                    let done = self.start.elapsed();
+                    tokio::time::sleep(Duration::from_millis(pause_ms)).await;
+                    let unparked = self.start.elapsed();
+                    match (failed, self.outbox.unpark(&seqs).await) {
+                        (None, Ok(n)) if n == parked => LeaseEnd::Parked {
+                            done,
+                            parked,
+                            unparked,
+                        },
+                        (None, Ok(n)) => {
+                            LeaseEnd::Failed(format!("unpark: {n} rows of {parked} parked"))
+                        }
+                        (Some(err), _) => LeaseEnd::Failed(err),
+                        (None, Err(err)) => LeaseEnd::Failed(format!("unpark: {err}")),
                     }
                 }
                 RelayFate::Marks | RelayFate::Slow => {
@@ -526,6 +572,8 @@ pub struct Tally {
     pub retaken: u64,
     /// Leases given back.
     pub released: u64,
+    /// Rows parked (and unparked).
+    pub parked: u64,
     /// Leases marked after they may have passed.
     pub late: u64,
     /// Deliveries of a message processed before: absorbed by the
@@ -551,6 +599,7 @@ impl Tally {
             match &lease.end {
                 Some(LeaseEnd::Died) => self.deaths += 1,
                 Some(LeaseEnd::Released { .. }) => self.released += 1,
+                Some(LeaseEnd::Parked { parked, .. }) => self.parked += parked,
                 Some(LeaseEnd::Marked { .. }) if lease.may_have_passed() => self.late += 1,
                 _ => {}
             }
@@ -577,13 +626,14 @@ impl std::fmt::Display for Tally {
         write!(
             f,
             "an outbox in {} ({} messages; {} relay leases, {} relays died holding one, {} \
-             given back, {} marked late, {} leases of rows leased before, {} redeliveries \
-             absorbed by the consumer, {} rows purged)",
+             given back, {} rows parked and unparked, {} marked late, {} leases of rows leased \
+             before, {} redeliveries absorbed by the consumer, {} rows purged)",
             self.histories,
             self.messages,
             self.leases,
             self.deaths,
             self.released,
+            self.parked,
             self.late,
             self.retaken,
             self.absorbed,
