@@ -2,8 +2,9 @@
 //! key whatever its scope, counts by scope and state, the database's
 //! clock, and purges that say how far they got. The `idem` command line
 //! tool (crate `idem-cli`) is built on this module and on [`Store`]'s own
-//! operator methods ([`get`](Store::get), [`forget`](Store::forget),
-//! [`steps`](Store::steps), [`resolve_step`](Store::resolve_step)).
+//! operator methods ([`get`](Store::get), [`forget`](Store::forget)),
+//! and [`Journal`](crate::store::Journal)'s ([`steps`](crate::store::Journal::steps),
+//! [`resolve_step`](crate::store::Journal::resolve_step)).
 //!
 //! [`Inventory`] is implemented by the SQL stores and by
 //! [`RedisStore`](crate::RedisStore). Its reads look at every record (a
@@ -101,7 +102,7 @@ pub trait Inventory: Store {
     /// Every step journal entry of an operation whose key is `key`, in
     /// any scope, by scope and `seq`. On Redis, only the journals of keys
     /// that have a record (a journal outlives its released claim there
-    /// unseen: look it up with [`Store::steps`]).
+    /// unseen: look it up with [`Journal::steps`](crate::store::Journal::steps)).
     async fn steps_with_key(&self, key: &Key) -> Result<Vec<StepRecord>, Error>;
 
     /// Counts of records by scope and state, of journal entries by state,

@@ -46,7 +46,7 @@
 //! lands or another caller took the key over (only possible after an
 //! outage longer than the lease). A duplicate arriving meanwhile waits,
 //! then replays. A store of your own that cannot work in the background
-//! ([`Store::detach`] answers `None`) leaves the key claimed, no longer
+//! (without [`Detach`](crate::store::Detach)) leaves the key claimed, no longer
 //! renewed, once its caller has its value: after the lease a retry runs
 //! the operation again (its durable steps replay what they journaled).
 //!
@@ -64,7 +64,7 @@
 //!   stored in the background.
 //!
 //! Handing back and storing in the background run on a task of their own
-//! ([`Store::detach`] gives them the store), logged and counted as
+//! ([`Detach`](crate::store::Detach) gives them the store), logged and counted as
 //! `idem_abandoned_total{what}`. A re-run after a drop is safe for the
 //! database's rows, not by itself for calls to other systems: pass the key
 //! on to them. To let a body always run to completion, call the idempotent
@@ -665,7 +665,11 @@ where
     // store, fenced by this claim; a dropped caller's claim is handed
     // back once their writes on the way have landed.
     guard.running(claim.clone());
-    let operation = Operation::new(store.detach(), claim.clone(), call.steps_as());
+    let operation = Operation::new(
+        store.capabilities().detached(),
+        claim.clone(),
+        call.steps_as(),
+    );
     guard.journal_first(operation.clone());
     let body = std::pin::pin!(operation.scope(body));
     let result = renewing(store, claim, Some(call), body).await;
@@ -1102,7 +1106,8 @@ impl<S: Store + ?Sized> Records for Pooled<'_, S> {
         // on the heap, so that this future, and the call's, which is moved
         // (copied whole) as it is built and awaited, do not carry it: a
         // round trip dwarfs the allocation.
-        let answer = match self.0.begin_now(request) {
+        let immediate = self.0.capabilities().immediate;
+        let answer = match immediate.and_then(|now| now.begin_now(request)) {
             None => return Box::pin(begin_sent(self.0, request)).await,
             Some(answer @ Err(Error::Store(_))) => answer,
             Some(answer) => return answer,
@@ -1123,10 +1128,11 @@ impl<S: Store + ?Sized> Records for Pooled<'_, S> {
         request: &BeginRequest<'_>,
         timeout: Duration,
     ) -> Result<Option<Begin>, Error> {
-        self.0.wait_for_outcome(request, timeout).await
+        let waker = self.0.capabilities().waker();
+        waker.wait_for_outcome(request, timeout).await
     }
     fn max_poll(&self) -> Duration {
-        if self.0.wakes_across_processes() {
+        if self.0.capabilities().waker().wakes_across_processes() {
             MAX_POLL_NOTIFIED
         } else {
             MAX_POLL
@@ -1540,7 +1546,10 @@ async fn keep_renewed<S: Store + ?Sized>(store: &S, claim: &Claim, what: Renewin
                     // body that runs longer must keep them, or an attempt
                     // taking over after a crash would find them expired,
                     // and run completed steps again.
-                    let kept = store.keep_steps(&claim.scope, &claim.key, *ttl);
+                    let Some(journal) = store.journal() else {
+                        continue;
+                    };
+                    let kept = journal.keep_steps(&claim.scope, &claim.key, *ttl);
                     match within(period, kept).await {
                         Some(Ok(())) => {}
                         Some(Err(err)) => {
@@ -1608,7 +1617,7 @@ async fn save<S: Store + ?Sized>(
     outcome: &Outcome,
     patience: SaveFor,
 ) -> Saved {
-    match store.complete_now(claim, outcome) {
+    match complete_now(store, claim, outcome) {
         // Stored at once: a store in memory.
         Some(Ok(())) => Saved::Stored,
         Some(Err(Error::LeaseLost)) => lease_lost(claim),
@@ -1630,6 +1639,16 @@ async fn save<S: Store + ?Sized>(
     }
 }
 
+/// [`Store::complete`] done at once by a store that can
+/// ([`Immediate`](crate::store::Immediate)).
+fn complete_now<S: Store + ?Sized>(
+    store: &S,
+    claim: &Claim,
+    outcome: &Outcome,
+) -> Option<Result<(), Error>> {
+    store.capabilities().immediate?.complete_now(claim, outcome)
+}
+
 /// [`save`] for a store that does not complete at once, or failed to at
 /// once (`first`, that attempt's answer, taken as the loop's first).
 async fn save_patiently<S: Store + ?Sized>(
@@ -1646,7 +1665,7 @@ async fn save_patiently<S: Store + ?Sized>(
     let mut unrecorded = None;
     loop {
         let outcome = unrecorded.as_ref().unwrap_or(outcome);
-        let completed = match first.take().or_else(|| store.complete_now(claim, outcome)) {
+        let completed = match first.take().or_else(|| complete_now(store, claim, outcome)) {
             // Done (or failed) at once: a store in memory.
             Some(done) => done,
             None => {
@@ -1701,12 +1720,12 @@ async fn save_patiently<S: Store + ?Sized>(
 
 /// A caller's wait for its outcome to be stored is over
 /// ([`SAVE_IN_LINE`]): it gets its value now. A store that can work in
-/// the background ([`Store::detach`]) goes on storing it there (the
+/// the background ([`Detach`](crate::store::Detach)) goes on storing it there (the
 /// call's guard hands it on); one that cannot leaves the key claimed, no
 /// longer renewed, until its lease runs out.
 fn not_yet<S: Store + ?Sized>(store: &S, err: Option<&Error>) -> Saved {
     let error = err.map(tracing::field::display);
-    if store.detach().is_some() {
+    if store.capabilities().detach.is_some() {
         tracing::warn!(
             error,
             "the outcome is not stored yet; returning the value and storing it in the background"
@@ -1791,7 +1810,7 @@ enum Holding {
 /// own: the claim back to the store (fenced by its token, so a later
 /// claim is never touched), or the outcome into it.
 ///
-/// It borrows the store and detaches it ([`Store::detach`]) only when it
+/// It borrows the store and detaches it ([`Detach`](crate::store::Detach)) only when it
 /// has something to hand on, so a call that ends normally pays nothing.
 struct Guard<'s, 'r, S: Store + ?Sized> {
     store: &'s S,
@@ -1855,7 +1874,7 @@ impl<S: Store + ?Sized> Drop for Guard<'_, '_, S> {
             None => Claim::granted(self.request, 0),
         };
         let runtime = tokio::runtime::Handle::try_current().ok();
-        let (Some(runtime), Some(store)) = (runtime, self.store.detach()) else {
+        let (Some(runtime), Some(store)) = (runtime, self.store.capabilities().detached()) else {
             tracing::warn!(
                 decision = "abandoned",
                 fence = claim.fence,

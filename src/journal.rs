@@ -25,7 +25,7 @@
 //!
 //! The types here are public for implementations of
 //! [`Store`](crate::Store) outside this crate, as [`record`](crate::record)'s
-//! are: a store answers [`Store::begin_step`](crate::Store::begin_step)
+//! are: a store answers [`Journal::begin_step`](crate::store::Journal::begin_step)
 //! with [`decide_step`], and writes what it says.
 
 use std::time::Duration;
@@ -94,7 +94,7 @@ pub struct StepRecord {
     pub expires_at: Millis,
 }
 
-/// What an attempt asks of [`Store::begin_step`](crate::Store::begin_step).
+/// What an attempt asks of [`Journal::begin_step`](crate::store::Journal::begin_step).
 #[derive(Clone, Copy, Debug)]
 pub struct StepRequest<'a> {
     /// The step's place in the operation, from 0.
@@ -129,7 +129,7 @@ pub enum StepRun {
     Allowed,
 }
 
-/// What a store answers to [`Store::begin_step`](crate::Store::begin_step).
+/// What a store answers to [`Journal::begin_step`](crate::store::Journal::begin_step).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum StepBegin {
     /// The entry now says this attempt started the step: run it.
@@ -222,7 +222,7 @@ fn settled_at(entry: &StepRecord, request: &StepRequest<'_>) -> Millis {
 }
 
 /// How an operator settles a step in doubt
-/// ([`Store::resolve_step`](crate::Store::resolve_step)).
+/// ([`Journal::resolve_step`](crate::store::Journal::resolve_step)).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum StepResolution {
     /// The step's effect happened, with this output (as the step's codec

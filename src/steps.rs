@@ -123,7 +123,7 @@
 //! step there gets its derived key and runs (a rerun after a rollback uses
 //! the same key), and `reconcile` and `refuse` are refused with
 //! [`Error::Config`]. The journal is written through the store's
-//! background handle ([`Store::detach`]): on a store of your own without
+//! background handle ([`Detach`](crate::store::Detach)): on a store of your own without
 //! one, steps run unjournaled, as in transactional mode. Steps must be
 //! called from the operation's own task: a task spawned by the body does
 //! not see the operation.
@@ -142,7 +142,7 @@ use crate::fingerprint::Fingerprint;
 use crate::journal::{StepBegin, StepRequest, StepResolution, StepRun};
 use crate::key::{AsKey, Key, KeyError, Scope};
 use crate::record::Claim;
-use crate::store::{Store, TransactionalStore};
+use crate::store::{journal_of, Store, TransactionalStore};
 
 /// The name of the steps counter (`decision`: `ran`, `replayed`,
 /// `failed_cleanly` (its call failed with no effect, and its start was
@@ -872,7 +872,7 @@ impl<R> Step<R> {
                 return Err(Error::Config(format!(
                     "step {name:?} asks to {} when in doubt, which needs a journal that outlives \
                      the attempt: run the operation in record or entity mode (not transactional), \
-                     on a store that has a background handle (`Store::detach`)",
+                     on a store that has a background handle (`Detach`)",
                     if policy == InDoubt::Refuse {
                         "refuse"
                     } else {
@@ -885,7 +885,7 @@ impl<R> Step<R> {
         };
         if beside
             && policy == InDoubt::Rerun
-            && journal.journal_beside()
+            && journal.journal().is_some_and(|j| j.writes_beside())
             && unjournaled(&*journal, &current).await?
         {
             // Met for the first time, and rerun if in doubt: its entry is
@@ -1247,7 +1247,10 @@ async fn take_back() {
     else {
         return;
     };
-    let Some(journal) = current.journal.clone() else {
+    let Some(store) = current.journal.clone() else {
+        return;
+    };
+    let Some(journal) = store.journal() else {
         return;
     };
     match journal
@@ -1295,7 +1298,7 @@ async fn unjournaled(journal: &dyn Store, current: &Current) -> Result<bool, Err
     if let Some(absent) = known {
         return Ok(absent);
     }
-    let entries = journal
+    let entries = journal_of(journal)?
         .steps(&current.claim.scope, &current.claim.key)
         .await?;
     let seqs: Vec<u32> = entries.iter().map(|entry| entry.seq).collect();
@@ -1352,7 +1355,7 @@ where
 /// started and without an outcome: with the `output` its effect had
 /// (replayed by the next attempt), or `None` to let the next attempt run
 /// it again with the same key. Returns whether there was such a step;
-/// [`Store::steps`] lists an operation's journal.
+/// [`Journal::steps`](crate::store::Journal::steps) lists an operation's journal.
 ///
 /// Only a step in doubt is settled: one whose starting attempt no longer
 /// holds the operation (the attempt is gone, its lease lapsed, or another
@@ -1378,7 +1381,7 @@ where
         ),
         None => (StepResolution::Rerun, "operator_rerun"),
     };
-    let resolved = store
+    let resolved = journal_of(store)?
         .resolve_step(scope, key, seq, name, &resolution)
         .await?;
     if resolved {
@@ -1425,7 +1428,7 @@ async fn begin(
 ) -> Result<StepBegin, Error> {
     let mut attempt = 1;
     loop {
-        match journal.begin_step(claim, request).await {
+        match journal_of(journal)?.begin_step(claim, request).await {
             Err(Error::Store(err)) if attempt < JOURNAL_ATTEMPTS => {
                 tracing::warn!(error = %err, step = request.name, "beginning a step failed; trying again");
                 tokio::time::sleep(Duration::from_millis(10 * u64::from(attempt))).await;
@@ -1448,7 +1451,10 @@ async fn journal_output(
 ) -> Result<(), Error> {
     let mut attempt = 1;
     loop {
-        match journal.complete_step(&current.claim, request, bytes).await {
+        match journal_of(journal)?
+            .complete_step(&current.claim, request, bytes)
+            .await
+        {
             Ok(()) => return Ok(()),
             Err(Error::Store(err)) if attempt < JOURNAL_ATTEMPTS => {
                 tracing::warn!(error = %err, step = request.name, "journaling a step failed; trying again");

@@ -50,11 +50,11 @@ async fn call<S: idem::Store + ?Sized>(store: &S, key: &str) -> i64 {
 /// - a replay: its key (`Call::new` owns it; the scope shares the text of
 ///   the thread's last scope of the same operation) and the copy of the
 ///   stored outcome it is answered with (a store in memory answers the
-///   claim at once, `Store::begin_now`, without a boxed future);
+///   claim at once, `Immediate::begin_now`, without a boxed future);
 /// - a first execution: its key, the execution's future (on the heap, so
 ///   that a replay neither carries nor copies it), the outcome's bytes,
 ///   the record's copy of them, the owned handle on the store through
-///   which the body's durable steps journal (`Store::detach`), and the
+///   which the body's durable steps journal (`Detach`), and the
 ///   list of their journal writes on the way, shared with the engine (so
 ///   that a dropped caller's claim is handed back after them); and, now
 ///   and then, the growth of the store's map.
@@ -70,7 +70,7 @@ fn calls_allocate_only_what_they_keep_or_box() {
 }
 
 /// The same through the handles a store is shared with, which must pass
-/// on its answers at once (`Store::begin_now`, `Store::complete_now`).
+/// on its answers at once (`Immediate::begin_now`, `Immediate::complete_now`).
 #[test]
 fn shared_stores_allocate_no_more() {
     measure(&std::sync::Arc::new(idem::MemoryStore::new()));

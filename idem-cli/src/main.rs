@@ -196,7 +196,7 @@ async fn journals(
 ) -> Result<Vec<(&'static str, Vec<StepRecord>, Option<Record>)>, Failure> {
     let mut found = Vec::new();
     for (name, store) in target.stores() {
-        let steps = store.steps(scope, key).await?;
+        let steps = journal(store)?.steps(scope, key).await?;
         if !steps.is_empty() {
             // Entity mode journals under the operation's scope, and
             // claims under `idem.entity.<table>`: its attempt's record
@@ -489,7 +489,7 @@ async fn resolve(
     if !yes {
         confirm(&what)?;
     }
-    if !store
+    if !journal(store)?
         .resolve_step(&scope, &key, seq, &step.name, &resolution)
         .await?
     {
@@ -542,7 +542,7 @@ async fn forget(target: &Target, at: &ScopedKey, yes: bool, json: bool) -> Resul
     })?;
     let now = store.now().await?;
     let record = store.get(&scope, &key).await?;
-    let steps = store.steps(&scope, &key).await?;
+    let steps = journal(store)?.steps(&scope, &key).await?;
     let Some(record) = record else {
         if steps.is_empty() {
             return Err(Failure::NotFound(format!(
@@ -610,10 +610,17 @@ async fn forget_confirmed(
     Ok(())
 }
 
+/// The step journal of `store`: every store the tool opens keeps one.
+fn journal(store: &dyn Inventory) -> Result<&dyn idem::store::Journal, idem::Error> {
+    store
+        .journal()
+        .ok_or_else(|| idem::Error::Config("this store keeps no step journal".into()))
+}
+
 async fn purge(target: &Target, batch: usize, json: bool) -> Result<(), Failure> {
     let mut results = Vec::new();
     for (name, store) in target.stores() {
-        if store.deletes_expired_itself() {
+        if store.capabilities().deletes_expired_itself {
             results.push((name, 0, true));
             continue;
         }

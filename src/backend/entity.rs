@@ -17,10 +17,10 @@ use super::records::validate_table_name;
 use super::{Backend, SqlStore};
 use crate::error::Error;
 use crate::fingerprint::Fingerprint;
-use crate::journal::{StepBegin, StepRecord, StepRequest, StepResolution};
+
 use crate::key::{Key, KeyError, Scope};
 use crate::record::{Begin, BeginRequest, Claim, ClaimToken, Outcome, Record};
-use crate::store::Store;
+use crate::store::{Capabilities, Detach, Journal, Store};
 
 /// `name` quoted as an identifier.
 pub(crate) fn quote<DB: Dialect>(name: &str) -> String {
@@ -421,46 +421,17 @@ impl<S: Store + Clone + 'static> Store for Claims<S> {
     async fn purge_expired(&self, batch: usize) -> Result<u64, Error> {
         self.store.purge_expired(batch).await
     }
-    async fn begin_step(&self, claim: &Claim, step: &StepRequest<'_>) -> Result<StepBegin, Error> {
-        self.store.begin_step(claim, step).await
+    fn journal(&self) -> Option<&dyn Journal> {
+        self.store.journal()
     }
-    async fn complete_step(
-        &self,
-        claim: &Claim,
-        step: &StepRequest<'_>,
-        output: &[u8],
-    ) -> Result<(), Error> {
-        self.store.complete_step(claim, step, output).await
+    fn capabilities(&self) -> Capabilities<'_> {
+        // Waiting polls: a duplicate's wake-up would not say whether the
+        // caller's transaction committed the completion with its row.
+        Capabilities::default().with_detach(self)
     }
-    async fn undo_step(&self, claim: &Claim, step: &StepRequest<'_>) -> Result<bool, Error> {
-        self.store.undo_step(claim, step).await
-    }
-    async fn steps(&self, scope: &Scope, key: &Key) -> Result<Vec<StepRecord>, Error> {
-        self.store.steps(scope, key).await
-    }
-    async fn keep_steps(
-        &self,
-        scope: &Scope,
-        key: &Key,
-        ttl: std::time::Duration,
-    ) -> Result<(), Error> {
-        self.store.keep_steps(scope, key, ttl).await
-    }
-    async fn resolve_step(
-        &self,
-        scope: &Scope,
-        key: &Key,
-        seq: u32,
-        name: &str,
-        resolution: &StepResolution,
-    ) -> Result<bool, Error> {
-        self.store
-            .resolve_step(scope, key, seq, name, resolution)
-            .await
-    }
-    fn journal_beside(&self) -> bool {
-        self.store.journal_beside()
-    }
+}
+
+impl<S: Store + Clone + 'static> Detach for Claims<S> {
     fn detach(&self) -> Option<Arc<dyn Store>> {
         Some(Arc::new(self.clone()))
     }

@@ -269,7 +269,7 @@ impl<DB: Backend> SqlStore<DB> {
         row.map(|row| decode::<DB>(&row)).transpose()
     }
 
-    /// [`Store::begin_step`](crate::Store::begin_step) on a connection in
+    /// [`Journal::begin_step`](crate::store::Journal::begin_step) on a connection in
     /// a transaction.
     pub(crate) async fn begin_step_on(
         &self,
@@ -307,7 +307,7 @@ impl<DB: Backend> SqlStore<DB> {
         Ok(StepBegin::Run(run))
     }
 
-    /// [`Store::complete_step`](crate::Store::complete_step) on a
+    /// [`Journal::complete_step`](crate::store::Journal::complete_step) on a
     /// connection in a transaction: the caller's, for a step whose rows
     /// commit with its entry.
     pub async fn complete_step_on(
@@ -347,7 +347,7 @@ impl<DB: Backend> SqlStore<DB> {
         }
     }
 
-    /// [`Store::begin_step`](crate::Store::begin_step) on the pool. A
+    /// [`Journal::begin_step`](crate::store::Journal::begin_step) on the pool. A
     /// step met for the first time (the common case) is started with one
     /// statement; anything else (an entry there, a fence that does not
     /// hold) is read and decided in a transaction.
@@ -377,7 +377,7 @@ impl<DB: Backend> SqlStore<DB> {
         in_transaction!(self, |conn| self.begin_step_on(conn, claim, step))
     }
 
-    /// [`Store::complete_step`](crate::Store::complete_step) on the pool:
+    /// [`Journal::complete_step`](crate::store::Journal::complete_step) on the pool:
     /// one statement, or, when it changes nothing (a completion sent
     /// again, a fence that does not hold), a transaction that says why.
     pub(crate) async fn complete_step_in_transaction(
@@ -419,7 +419,7 @@ impl<DB: Backend> SqlStore<DB> {
             .collect()
     }
 
-    /// [`Store::undo_step`](crate::Store::undo_step) on a connection.
+    /// [`Journal::undo_step`](crate::store::Journal::undo_step) on a connection.
     pub(crate) async fn undo_step_on(
         &self,
         conn: &mut DB::Connection,

@@ -26,7 +26,7 @@ use crate::record::{
     decide, duration_millis, Begin, BeginRequest, Claim, ClaimToken, Millis, Outcome, OutcomeKind,
     Record, State,
 };
-use crate::store::{Look, Store, Waiters};
+use crate::store::{Capabilities, Detach, Journal, Look, Store, Waiters, Wake};
 
 /// How many times a claim is tried against records that change under it
 /// (released, lapsed, purged between two statements) before giving up:
@@ -276,7 +276,7 @@ impl<DB: Backend> SqlStore<DB> {
         Ok(Begin::Claimed(Claim::granted(req, fence)))
     }
 
-    /// [`Store::keep_steps`] on a given connection.
+    /// [`Journal::keep_steps`](crate::store::Journal::keep_steps) on a given connection.
     async fn keep_steps_on(
         &self,
         conn: &mut DB::Connection,
@@ -668,11 +668,6 @@ impl<DB: Backend> Store for SqlStore<DB> {
         self.get_on(&mut conn, scope, key).await
     }
 
-    async fn keep_steps(&self, scope: &Scope, key: &Key, ttl: Duration) -> Result<(), Error> {
-        let _turn = self.gate.enter().await;
-        on_pool!(self, |conn| self.keep_steps_on(&mut conn, scope, key, ttl))
-    }
-
     async fn forget(&self, scope: &Scope, key: &Key) -> Result<bool, Error> {
         let bound = Bound::key(scope, key);
         let forget = &self.sql.forget;
@@ -693,6 +688,22 @@ impl<DB: Backend> Store for SqlStore<DB> {
 
     async fn purge_expired(&self, batch: usize) -> Result<u64, Error> {
         self.purge_reporting(batch, &|_| {}).await
+    }
+
+    fn journal(&self) -> Option<&dyn Journal> {
+        Some(self)
+    }
+
+    fn capabilities(&self) -> Capabilities<'_> {
+        Capabilities::default().with_wake(self).with_detach(self)
+    }
+}
+
+#[async_trait]
+impl<DB: Backend> Journal for SqlStore<DB> {
+    async fn keep_steps(&self, scope: &Scope, key: &Key, ttl: Duration) -> Result<(), Error> {
+        let _turn = self.gate.enter().await;
+        on_pool!(self, |conn| self.keep_steps_on(&mut conn, scope, key, ttl))
     }
 
     async fn begin_step(&self, claim: &Claim, step: &StepRequest<'_>) -> Result<StepBegin, Error> {
@@ -729,6 +740,13 @@ impl<DB: Backend> Store for SqlStore<DB> {
             .await
     }
 
+    fn writes_beside(&self) -> bool {
+        DB::WRITES_IN_PARALLEL
+    }
+}
+
+#[async_trait]
+impl<DB: Backend> Wake for SqlStore<DB> {
     async fn wait_for_change(
         &self,
         scope: &Scope,
@@ -752,11 +770,9 @@ impl<DB: Backend> Store for SqlStore<DB> {
     fn wakes_across_processes(&self) -> bool {
         DB::wakes_across_processes(self)
     }
+}
 
-    fn journal_beside(&self) -> bool {
-        DB::WRITES_IN_PARALLEL
-    }
-
+impl<DB: Backend> Detach for SqlStore<DB> {
     fn detach(&self) -> Option<Arc<dyn Store>> {
         Some(Arc::new(self.clone()))
     }

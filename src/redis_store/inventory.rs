@@ -12,7 +12,7 @@ use crate::error::Error;
 use crate::journal::{StepRecord, StepState};
 use crate::key::Key;
 use crate::record::{Millis, Record, State};
-use crate::store::Store;
+use crate::store::Journal;
 
 /// How many keys one `SCAN` looks at.
 const PAGE: usize = 500;

@@ -35,7 +35,7 @@ use crate::record::{
     decide, duration_millis, Begin, BeginRequest, Claim, ClaimToken, Millis, Outcome, OutcomeKind,
     Record, State,
 };
-use crate::store::{Look, Store, Waiters};
+use crate::store::{Capabilities, Detach, Journal, Look, Store, Waiters, Wake};
 
 /// The default prefix of every key the store writes.
 const DEFAULT_PREFIX: &str = "idem";
@@ -63,7 +63,7 @@ const DEFAULT_RESPONSE_TIMEOUT: Duration = Duration::from_secs(10);
 ///   scripts from `TIME`, never from this process's clock.
 /// - **Redis expires records.** Each record is written with `PEXPIREAT`,
 ///   its step journal too, so [`Store::purge_expired`] has nothing to do
-///   and answers 0 ([`Store::deletes_expired_itself`]).
+///   and answers 0 ([`Capabilities::deletes_expired_itself`](crate::store::Capabilities::deletes_expired_itself)).
 /// - **One slot per record.** The keys of a record (`<prefix>:{<tag>}:r`
 ///   for the record, `:j` for its journal, `:c` for its channel) share the
 ///   hash tag `<tag>`, the SHA-256 of its scope and key, so every script
@@ -396,7 +396,7 @@ impl RedisStore {
     ///   store error, and is stored again. A release, a forget or a
     ///   resolution fails with a store error, though the primary has it.
     /// - **Not waited for:** lease renewals and the journal's keeping
-    ///   ([`Store::keep_steps`]). Waiting would not make them more
+    ///   ([`Journal::keep_steps`](crate::store::Journal::keep_steps)). Waiting would not make them more
     ///   durable, the engine cannot stop a body whose renewal is not
     ///   acknowledged, and `WAIT` holds the store's one connection for
     ///   up to `timeout`, renewals coming every third of a lease for
@@ -937,6 +937,26 @@ impl Store for RedisStore {
         Ok(int(&value) == Some(1))
     }
 
+    /// Nothing to do: Redis deletes expired records and journals itself.
+    async fn purge_expired(&self, batch: usize) -> Result<u64, Error> {
+        let _ = batch;
+        Ok(0)
+    }
+
+    fn journal(&self) -> Option<&dyn Journal> {
+        Some(self)
+    }
+
+    fn capabilities(&self) -> Capabilities<'_> {
+        Capabilities::default()
+            .with_wake(self)
+            .with_detach(self)
+            .deleting_expired_itself()
+    }
+}
+
+#[async_trait]
+impl Journal for RedisStore {
     async fn keep_steps(&self, scope: &Scope, key: &Key, ttl: Duration) -> Result<(), Error> {
         let keys = self.keys(scope, key);
         // Not waited for, as renewals are not (`wait_for_replicas`).
@@ -949,45 +969,6 @@ impl Store for RedisStore {
         )
         .await?;
         Ok(())
-    }
-
-    /// Nothing to do: Redis deletes expired records and journals itself.
-    async fn purge_expired(&self, batch: usize) -> Result<u64, Error> {
-        let _ = batch;
-        Ok(0)
-    }
-
-    fn deletes_expired_itself(&self) -> bool {
-        true
-    }
-
-    async fn wait_for_change(
-        &self,
-        scope: &Scope,
-        key: &Key,
-        timeout: Duration,
-    ) -> Result<(), Error> {
-        self.wait_on(scope, key, None, timeout).await.map(drop)
-    }
-
-    async fn wait_for_outcome(
-        &self,
-        request: &BeginRequest<'_>,
-        timeout: Duration,
-    ) -> Result<Option<Begin>, Error> {
-        Ok(self
-            .wait_on(
-                request.scope,
-                request.key,
-                Some(request.fingerprint),
-                timeout,
-            )
-            .await?
-            .map(Begin::Replay))
-    }
-
-    fn wakes_across_processes(&self) -> bool {
-        self.shared.listening.load(Ordering::Relaxed)
     }
 
     async fn undo_step(&self, claim: &Claim, step: &StepRequest<'_>) -> Result<bool, Error> {
@@ -1140,7 +1121,41 @@ impl Store for RedisStore {
         }
         Ok(int(&value) == Some(1))
     }
+}
 
+#[async_trait]
+impl Wake for RedisStore {
+    async fn wait_for_change(
+        &self,
+        scope: &Scope,
+        key: &Key,
+        timeout: Duration,
+    ) -> Result<(), Error> {
+        self.wait_on(scope, key, None, timeout).await.map(drop)
+    }
+
+    async fn wait_for_outcome(
+        &self,
+        request: &BeginRequest<'_>,
+        timeout: Duration,
+    ) -> Result<Option<Begin>, Error> {
+        Ok(self
+            .wait_on(
+                request.scope,
+                request.key,
+                Some(request.fingerprint),
+                timeout,
+            )
+            .await?
+            .map(Begin::Replay))
+    }
+
+    fn wakes_across_processes(&self) -> bool {
+        self.shared.listening.load(Ordering::Relaxed)
+    }
+}
+
+impl Detach for RedisStore {
     fn detach(&self) -> Option<Arc<dyn Store>> {
         Some(Arc::new(self.clone()))
     }

@@ -10,10 +10,9 @@ use tokio::time::Instant;
 use async_trait::async_trait;
 use lru::LruCache;
 
-use super::{BeginRequest, Store};
+use super::{BeginRequest, Capabilities, Detach, Immediate, Journal, Store};
 use crate::error::Error;
 use crate::fingerprint::Fingerprint;
-use crate::journal::{StepBegin, StepRecord, StepRequest, StepResolution};
 use crate::key::{Key, Scope};
 use crate::record::{Begin, Claim, ClaimToken, Outcome, Record};
 
@@ -265,14 +264,6 @@ impl<S: Store> CachedStore<S> {
 
 #[async_trait]
 impl<S: Store> Store for CachedStore<S> {
-    fn begin_now(&self, request: &BeginRequest<'_>) -> Option<Result<Begin, Error>> {
-        if let Some(answer) = self.cache.answer(request) {
-            return Some(Ok(answer));
-        }
-        let answer = self.inner.begin_now(request)?;
-        Some(self.noted(request, answer))
-    }
-
     async fn begin(&self, request: &BeginRequest<'_>) -> Result<Begin, Error> {
         if let Some(answer) = self.cache.answer(request) {
             return Ok(answer);
@@ -290,44 +281,6 @@ impl<S: Store> Store for CachedStore<S> {
 
     async fn renew(&self, claim: &Claim) -> Result<(), Error> {
         self.inner.renew(claim).await
-    }
-    async fn begin_step(&self, claim: &Claim, step: &StepRequest<'_>) -> Result<StepBegin, Error> {
-        self.inner.begin_step(claim, step).await
-    }
-    async fn complete_step(
-        &self,
-        claim: &Claim,
-        step: &StepRequest<'_>,
-        output: &[u8],
-    ) -> Result<(), Error> {
-        self.inner.complete_step(claim, step, output).await
-    }
-    async fn undo_step(&self, claim: &Claim, step: &StepRequest<'_>) -> Result<bool, Error> {
-        self.inner.undo_step(claim, step).await
-    }
-    async fn steps(&self, scope: &Scope, key: &Key) -> Result<Vec<StepRecord>, Error> {
-        self.inner.steps(scope, key).await
-    }
-    async fn keep_steps(&self, scope: &Scope, key: &Key, ttl: Duration) -> Result<(), Error> {
-        self.inner.keep_steps(scope, key, ttl).await
-    }
-    async fn resolve_step(
-        &self,
-        scope: &Scope,
-        key: &Key,
-        seq: u32,
-        name: &str,
-        resolution: &StepResolution,
-    ) -> Result<bool, Error> {
-        self.inner
-            .resolve_step(scope, key, seq, name, resolution)
-            .await
-    }
-
-    fn complete_now(&self, claim: &Claim, outcome: &Outcome) -> Option<Result<(), Error>> {
-        let (sent, forgets) = self.cache.sending(&claim.token);
-        let done = self.inner.complete_now(claim, outcome)?;
-        Some(self.completed(claim, outcome, (sent, forgets), done))
     }
 
     async fn complete(&self, claim: &Claim, outcome: &Outcome) -> Result<(), Error> {
@@ -362,38 +315,46 @@ impl<S: Store> Store for CachedStore<S> {
         self.inner.purge_expired(batch).await
     }
 
-    async fn wait_for_change(
-        &self,
-        scope: &Scope,
-        key: &Key,
-        timeout: Duration,
-    ) -> Result<(), Error> {
-        self.inner.wait_for_change(scope, key, timeout).await
+    fn journal(&self) -> Option<&dyn Journal> {
+        self.inner.journal()
     }
 
-    async fn wait_for_outcome(
-        &self,
-        request: &BeginRequest<'_>,
-        timeout: Duration,
-    ) -> Result<Option<Begin>, Error> {
-        self.inner.wait_for_outcome(request, timeout).await
+    fn capabilities(&self) -> Capabilities<'_> {
+        // The cache answers what it holds at once, whatever the store
+        // behind it; waiting is the store's.
+        let inner = self.inner.capabilities();
+        let mut offered = Capabilities::default().with_immediate(self);
+        offered.wake = inner.wake;
+        offered.deletes_expired_itself = inner.deletes_expired_itself;
+        if inner.detach.is_some() {
+            offered = offered.with_detach(self);
+        }
+        offered
+    }
+}
+
+impl<S: Store> Immediate for CachedStore<S> {
+    fn begin_now(&self, request: &BeginRequest<'_>) -> Option<Result<Begin, Error>> {
+        if let Some(answer) = self.cache.answer(request) {
+            return Some(Ok(answer));
+        }
+        let answer = self.inner.capabilities().immediate?.begin_now(request)?;
+        Some(self.noted(request, answer))
     }
 
-    fn wakes_across_processes(&self) -> bool {
-        self.inner.wakes_across_processes()
+    fn complete_now(&self, claim: &Claim, outcome: &Outcome) -> Option<Result<(), Error>> {
+        let immediate = self.inner.capabilities().immediate?;
+        let (sent, forgets) = self.cache.sending(&claim.token);
+        let done = immediate.complete_now(claim, outcome)?;
+        Some(self.completed(claim, outcome, (sent, forgets), done))
     }
+}
 
-    fn deletes_expired_itself(&self) -> bool {
-        self.inner.deletes_expired_itself()
-    }
-
-    fn journal_beside(&self) -> bool {
-        self.inner.journal_beside()
-    }
+impl<S: Store> Detach for CachedStore<S> {
     fn detach(&self) -> Option<Arc<dyn Store>> {
         // A dropped caller's claim is handed back, or its outcome stored,
         // through the same cache.
-        let inner = self.inner.detach()?;
+        let inner = self.inner.capabilities().detached()?;
         Some(Arc::new(CachedStore {
             inner,
             cache: self.cache.clone(),

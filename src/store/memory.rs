@@ -7,7 +7,7 @@ use tokio::time::Instant;
 use async_trait::async_trait;
 
 use super::memory_records::Records;
-use super::{BeginRequest, Look, Store, Waiters};
+use super::{BeginRequest, Capabilities, Detach, Immediate, Journal, Look, Store, Waiters, Wake};
 use crate::error::Error;
 use crate::fingerprint::Fingerprint;
 use crate::journal::{
@@ -30,18 +30,18 @@ pub struct MemoryStore {
 
 /// The records, which a [`MemoryStore`] and its clones share. It is the
 /// store itself: a store handle is an `Arc` of it, so that detaching one
-/// ([`Store::detach`], once per execution) allocates nothing.
+/// ([`Detach`], once per execution) allocates nothing.
 #[derive(Debug, Default)]
 struct Shared {
     clock: Clock,
     records: Mutex<Records>,
     /// The step journal, by operation, then by `seq`. Taken only under
     /// the records' lock, which fences it.
-    journal: Mutex<Journal>,
+    journal: Mutex<StepsMap>,
     waiters: Waiters,
 }
 
-type Journal = std::collections::HashMap<Slot, std::collections::BTreeMap<u32, StepRecord>>;
+type StepsMap = std::collections::HashMap<Slot, std::collections::BTreeMap<u32, StepRecord>>;
 
 /// The journal entry of `step`, written by `claim` at `now`: started, or
 /// completed with `output`.
@@ -136,8 +136,14 @@ impl MemoryStore {
 
 super::forward_store!(
     [] MemoryStore => |store| &*store.inner,
-    detach: Some(store.inner.clone() as Arc<dyn Store>);
+    capabilities: store.inner.capabilities().with_detach(store);
 );
+
+impl Detach for MemoryStore {
+    fn detach(&self) -> Option<Arc<dyn Store>> {
+        Some(self.inner.clone() as Arc<dyn Store>)
+    }
+}
 
 impl Shared {
     fn records(&self) -> MutexGuard<'_, Records> {
@@ -146,7 +152,7 @@ impl Shared {
         self.records.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn journal(&self) -> MutexGuard<'_, Journal> {
+    fn steps_map(&self) -> MutexGuard<'_, StepsMap> {
         self.journal.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -162,7 +168,7 @@ impl Shared {
             Some(r) if r.token == Some(claim.token) && r.state == State::InProgress => {}
             _ => return Err(Error::LeaseLost),
         }
-        let mut journal = self.journal();
+        let mut journal = self.steps_map();
         let steps = journal
             .entry(Slot::of(&claim.scope, &claim.key))
             .or_default();
@@ -218,7 +224,7 @@ impl Shared {
     /// Keeps every live entry of the journal of `(scope, key)` until at
     /// least `until` (an expired one stays expired).
     fn keep_journal(&self, scope: &Scope, key: &Key, now: Millis, until: Millis) {
-        if let Some(steps) = self.journal().get_mut(&Slot::of(scope, key)) {
+        if let Some(steps) = self.steps_map().get_mut(&Slot::of(scope, key)) {
             for step in steps.values_mut().filter(|step| step.expires_at > now) {
                 step.expires_at = step.expires_at.max(until);
             }
@@ -290,10 +296,6 @@ impl Shared {
 
 #[async_trait]
 impl Store for Shared {
-    fn begin_now(&self, req: &BeginRequest<'_>) -> Option<Result<Begin, Error>> {
-        Some(self.claim(req))
-    }
-
     async fn begin(&self, req: &BeginRequest<'_>) -> Result<Begin, Error> {
         self.claim(req)
     }
@@ -319,10 +321,6 @@ impl Store for Shared {
         )
     }
 
-    fn complete_now(&self, claim: &Claim, outcome: &Outcome) -> Option<Result<(), Error>> {
-        Some(self.completed(claim, outcome))
-    }
-
     async fn complete(&self, claim: &Claim, outcome: &Outcome) -> Result<(), Error> {
         self.completed(claim, outcome)
     }
@@ -346,7 +344,7 @@ impl Store for Shared {
     async fn forget(&self, scope: &Scope, key: &Key) -> Result<bool, Error> {
         let mut records = self.records();
         let removed = records.remove(scope, key).is_some();
-        self.journal().remove(&Slot::of(scope, key));
+        self.steps_map().remove(&Slot::of(scope, key));
         drop(records);
         self.waiters.wake(scope, key);
         Ok(removed)
@@ -374,7 +372,7 @@ impl Store for Shared {
             }
         }
         let now = self.clock.now();
-        let mut journal = self.journal();
+        let mut journal = self.steps_map();
         for steps in journal.values_mut() {
             let before = steps.len();
             steps.retain(|_, step| step.expires_at > now);
@@ -384,6 +382,27 @@ impl Store for Shared {
         Ok(total)
     }
 
+    fn journal(&self) -> Option<&dyn Journal> {
+        Some(self)
+    }
+
+    fn capabilities(&self) -> Capabilities<'_> {
+        Capabilities::default().with_wake(self).with_immediate(self)
+    }
+}
+
+impl Immediate for Shared {
+    fn begin_now(&self, req: &BeginRequest<'_>) -> Option<Result<Begin, Error>> {
+        Some(self.claim(req))
+    }
+
+    fn complete_now(&self, claim: &Claim, outcome: &Outcome) -> Option<Result<(), Error>> {
+        Some(self.completed(claim, outcome))
+    }
+}
+
+#[async_trait]
+impl Journal for Shared {
     async fn begin_step(&self, claim: &Claim, step: &StepRequest<'_>) -> Result<StepBegin, Error> {
         self.journaled(claim, |steps, now| {
             let entry = steps.get(&step.seq);
@@ -424,7 +443,7 @@ impl Store for Shared {
     }
 
     async fn undo_step(&self, claim: &Claim, step: &StepRequest<'_>) -> Result<bool, Error> {
-        let mut journal = self.journal();
+        let mut journal = self.steps_map();
         let slot = Slot::of(&claim.scope, &claim.key);
         let Some(steps) = journal.get_mut(&slot) else {
             return Ok(false);
@@ -453,7 +472,7 @@ impl Store for Shared {
     async fn steps(&self, scope: &Scope, key: &Key) -> Result<Vec<StepRecord>, Error> {
         let _records = self.records();
         Ok(self
-            .journal()
+            .steps_map()
             .get(&Slot::of(scope, key))
             .map(|steps| steps.values().cloned().collect())
             .unwrap_or_default())
@@ -469,7 +488,7 @@ impl Store for Shared {
     ) -> Result<bool, Error> {
         let records = self.records();
         let now = self.clock.now();
-        let mut journal = self.journal();
+        let mut journal = self.steps_map();
         // The attempt that started the step, if it still holds the
         // operation: its step is running, not in doubt.
         let running = records
@@ -498,7 +517,10 @@ impl Store for Shared {
         entry.updated_at = now;
         Ok(true)
     }
+}
 
+#[async_trait]
+impl Wake for Shared {
     async fn wait_for_change(
         &self,
         scope: &Scope,
@@ -518,6 +540,6 @@ impl Store for Shared {
             .await?;
         Ok(handed.map(Begin::Replay))
     }
-
-    // `detach` is `MemoryStore`'s, which holds the `Arc` of this.
 }
+
+// `detach` is `MemoryStore`'s, which holds the `Arc` of this.

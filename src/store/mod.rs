@@ -12,285 +12,28 @@
 //! feature `testing`) holds each of them, and stores of your own, to it.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use async_trait::async_trait;
 
 use crate::error::Error;
-use crate::journal::{StepBegin, StepRecord, StepRequest, StepResolution};
+use crate::journal::{StepBegin, StepRequest};
 use crate::key::{Key, Scope};
 pub use crate::record::BeginRequest;
 use crate::record::{Begin, Claim, Outcome, Record};
 
 mod cached;
+mod contract;
 mod memory;
 mod memory_records;
 mod pass_through;
 mod waiters;
 
 pub use cached::CachedStore;
+pub(crate) use contract::{journal_of, no_journal, step_not_journaled};
+pub use contract::{Capabilities, Detach, Immediate, Journal, Polling, Store, Wake};
 pub use memory::MemoryStore;
 pub use pass_through::PassThroughStore;
 pub(crate) use waiters::{Look, Waiters};
-
-/// A place to keep idempotency records.
-///
-/// Implementations must make [`begin`](Store::begin) atomic: of any number of
-/// concurrent callers with one `(scope, key)`, exactly one is answered
-/// [`Begin::Claimed`] while the record is live.
-#[async_trait]
-pub trait Store: Send + Sync {
-    /// Claims the key, or tells why not. One atomic step:
-    ///
-    /// - no live record (none, or expired): insert `in_progress`, fence 1
-    ///   (or the old fence + 1): [`Begin::Claimed`];
-    /// - `in_progress` with the same fingerprint and a lapsed lease: take it
-    ///   over with fence + 1: [`Begin::Claimed`];
-    /// - otherwise the answer of [`record::decide`](crate::record::decide).
-    ///
-    /// Sending the same request (same token) again after its answer was lost
-    /// answers [`Begin::Claimed`] again while the claim stands.
-    ///
-    /// A store with a step journal keeps the operation's live entries until
-    /// at least the new record expires when it grants a claim (as
-    /// [`keep_steps`](Store::keep_steps) would with the record's ttl): an
-    /// attempt that takes the key over, or claims it while its journal
-    /// lives, belongs to that operation, and if it dies before its first
-    /// renewal, the record it leaves must not outlive the steps the next
-    /// attempt would otherwise run again.
-    async fn begin(&self, request: &BeginRequest<'_>) -> Result<Begin, Error>;
-
-    /// [`begin`](Store::begin), answered without waiting by a store that
-    /// can (its records in this process's memory, or the outcome in a
-    /// cache), under the same contract: `None`, the default, when it
-    /// cannot, and the call then sends `begin`. A store in memory answers
-    /// every call here: `begin`'s future is boxed (an `async` trait
-    /// method), an allocation on every replay's path.
-    ///
-    /// The engine takes a claim answered here to hold its whole lease: it
-    /// renews a claim answered late by [`begin`](Store::begin) before the
-    /// body runs, but not one answered here. So the lease must count from
-    /// when the claim is written: read the time after any lock the claim
-    /// waits for, not before.
-    fn begin_now(&self, request: &BeginRequest<'_>) -> Option<Result<Begin, Error>> {
-        let _ = request;
-        None
-    }
-
-    /// Looks at the record with a plain read, taking no lock: the answer a
-    /// duplicate gets without claiming ([`Begin::Replay`],
-    /// [`Begin::KeyReused`], [`Begin::InProgress`]), or `None` when the key
-    /// may be claimed (no record, an expired one, a lapsed lease). Waiting
-    /// duplicates poll with this. The default answers `None` (always try
-    /// the claim), which is correct but costs a write per look.
-    async fn peek(&self, request: &BeginRequest<'_>) -> Result<Option<Begin>, Error> {
-        let _ = request;
-        Ok(None)
-    }
-
-    /// Extends the claim's lease to the claim's lease duration from now (and
-    /// the record's expiry with it), while the operation still runs. Fails
-    /// with [`Error::LeaseLost`] unless the record is in progress under this
-    /// claim's token. "Now" is when the lease is written, after any lock
-    /// the renewal waited for.
-    async fn renew(&self, claim: &Claim) -> Result<(), Error>;
-
-    /// Stores the outcome and marks the record completed, kept for the
-    /// claim's ttl from now. Fails with [`Error::LeaseLost`] unless the
-    /// record is in progress under this claim's token, or already completed
-    /// by it with this very outcome (a completion sent again after its
-    /// answer was lost).
-    async fn complete(&self, claim: &Claim, outcome: &Outcome) -> Result<(), Error>;
-
-    /// [`complete`](Store::complete), done without waiting by a store
-    /// that can, under the same contract; `None`, the default, when it
-    /// cannot (having done nothing), and the call then sends `complete`.
-    fn complete_now(&self, claim: &Claim, outcome: &Outcome) -> Option<Result<(), Error>> {
-        let _ = (claim, outcome);
-        None
-    }
-
-    /// Deletes the claim so that a retry runs the operation again. Fails with
-    /// [`Error::LeaseLost`] unless the record is still in progress under this
-    /// claim's token (in which case nothing is deleted).
-    async fn release(&self, claim: &Claim) -> Result<(), Error>;
-
-    /// Reads the record of `(scope, key)`, live or not.
-    async fn get(&self, scope: &Scope, key: &Key) -> Result<Option<Record>, Error>;
-
-    /// Deletes the record of `(scope, key)` whatever its state, and its
-    /// step journal, so that the next call with that key runs again from
-    /// its first step: the operator's way out of a stored mistake or a
-    /// stuck record. Returns whether there was a record.
-    ///
-    /// Forgetting a key in progress does not stop its body: the owner's
-    /// completion then fails with [`Error::LeaseLost`] (the record is not
-    /// its claim's any more), and a retry meanwhile may run the body a
-    /// second time. Forget a key in progress only when its owner is known
-    /// to be gone.
-    async fn forget(&self, scope: &Scope, key: &Key) -> Result<bool, Error>;
-
-    /// Deletes expired records and expired step journal entries, at most
-    /// `batch` per statement so that no statement holds locks for long,
-    /// until none is left. Returns how many records and entries were
-    /// deleted.
-    async fn purge_expired(&self, batch: usize) -> Result<u64, Error>;
-
-    /// Whether the database deletes expired records and journal entries by
-    /// itself (Redis's key expiry), so that
-    /// [`purge_expired`](Store::purge_expired) has nothing to do and
-    /// answers 0. `false` by default.
-    fn deletes_expired_itself(&self) -> bool {
-        false
-    }
-
-    /// Waits until the record of `(scope, key)` may have changed (completed
-    /// or released), or at most `timeout`. The engine calls this between
-    /// attempts while a duplicate waits; stores that can be told about
-    /// changes wake it at once, others let the timeout (a short, growing
-    /// backoff) poll. The default just sleeps.
-    async fn wait_for_change(
-        &self,
-        scope: &Scope,
-        key: &Key,
-        timeout: Duration,
-    ) -> Result<(), Error> {
-        let _ = (scope, key);
-        tokio::time::sleep(timeout).await;
-        Ok(())
-    }
-
-    /// [`wait_for_change`](Store::wait_for_change) for a duplicate whose
-    /// claim found the key in progress, answering it at once when the
-    /// change is the completion, in this process, of the very claim that
-    /// held the key: the outcome is handed over without a read. `None`:
-    /// look at the record. The default waits for a change and answers
-    /// `None`.
-    async fn wait_for_outcome(
-        &self,
-        request: &BeginRequest<'_>,
-        timeout: Duration,
-    ) -> Result<Option<Begin>, Error> {
-        self.wait_for_change(request.scope, request.key, timeout)
-            .await?;
-        Ok(None)
-    }
-
-    /// Whether [`wait_for_change`](Store::wait_for_change) is woken by
-    /// changes made in other processes right now (PostgreSQL's `LISTEN` is
-    /// connected), so that waiters may poll slowly.
-    fn wakes_across_processes(&self) -> bool {
-        false
-    }
-
-    /// Begins step `step` of the operation that `claim` holds, as one
-    /// atomic step fenced by the claim: the journal entry at `step.seq` is
-    /// read and answered with [`decide_step`](crate::journal::decide_step),
-    /// and marked started by this attempt when the decision says so. Fails
-    /// with [`Error::LeaseLost`] unless the operation's record is in
-    /// progress under the claim's token. The default keeps no journal and
-    /// refuses.
-    async fn begin_step(&self, claim: &Claim, step: &StepRequest<'_>) -> Result<StepBegin, Error> {
-        let _ = (claim, step);
-        Err(no_journal())
-    }
-
-    /// Journals the output of step `step` (begun by this claim, in doubt
-    /// and reconciled, or never started because that write failed),
-    /// fenced by the claim as [`begin_step`](Store::begin_step) is. Sent
-    /// again after its answer was lost, it succeeds when the entry holds
-    /// this very output.
-    async fn complete_step(
-        &self,
-        claim: &Claim,
-        step: &StepRequest<'_>,
-        output: &[u8],
-    ) -> Result<(), Error> {
-        let _ = (claim, step, output);
-        Err(no_journal())
-    }
-
-    /// Takes back the start of step `step` that `claim` wrote, because the
-    /// step's call failed cleanly (it had no effect downstream): the entry
-    /// is deleted if it is still started under the claim's token and named
-    /// `step.name`, and left as it is otherwise (completed, resolved, or
-    /// taken over by a later attempt). The next attempt then runs the
-    /// step as one never started. Returns whether the entry was deleted.
-    /// The default deletes nothing (`false`): the step is then in doubt
-    /// at the next attempt, which is safe, only slower.
-    async fn undo_step(&self, claim: &Claim, step: &StepRequest<'_>) -> Result<bool, Error> {
-        let _ = (claim, step);
-        Ok(false)
-    }
-
-    /// The journal of the operation `(scope, key)`, live entries and
-    /// expired ones not yet purged, by `seq`: what an operator reads
-    /// before [`resolve_step`](Store::resolve_step).
-    async fn steps(&self, scope: &Scope, key: &Key) -> Result<Vec<StepRecord>, Error> {
-        let _ = (scope, key);
-        Err(no_journal())
-    }
-
-    /// Keeps every live entry of the journal of `(scope, key)` until at
-    /// least `ttl` from now (an expired one stays expired). An operation
-    /// in progress does so each time its lease is renewed, so that a body
-    /// that runs longer than its entries were kept for does not outlive
-    /// its journal: after a crash, the attempt that takes over still finds
-    /// the steps that completed. A store without a journal has nothing to
-    /// keep (the default).
-    async fn keep_steps(&self, scope: &Scope, key: &Key, ttl: Duration) -> Result<(), Error> {
-        let _ = (scope, key, ttl);
-        Ok(())
-    }
-
-    /// An operator settles step `seq` (named `name`) of the operation
-    /// `(scope, key)`, which is started and has no outcome (in doubt, or
-    /// still running): with its output, replayed by the next attempt, or by
-    /// allowing the next attempt to run it again. Returns whether there was
-    /// such a step. A step still running when it is resolved may then fail
-    /// to journal its own output.
-    async fn resolve_step(
-        &self,
-        scope: &Scope,
-        key: &Key,
-        seq: u32,
-        name: &str,
-        resolution: &StepResolution,
-    ) -> Result<bool, Error> {
-        let _ = (scope, key, seq, name, resolution);
-        Err(no_journal())
-    }
-
-    /// Whether the journal writes of a step may run beside the step's own
-    /// call and behind the body, off their path ([`crate::steps`]): `true`
-    /// by default; `false` where writes queue for one lock anyway
-    /// (SQLite's), so that more of them at once only wait longer.
-    fn journal_beside(&self) -> bool {
-        true
-    }
-
-    /// An owned handle on the same records, for the work that must outlive
-    /// a dropped caller: handing a claim back, or storing an outcome already
-    /// in hand. `None` (the default) leaves such a claim to its lease.
-    fn detach(&self) -> Option<Arc<dyn Store>> {
-        None
-    }
-}
-
-/// A completion of a step that the journal does not hold as started: an
-/// operator resolved it (or a forget removed it) while it ran.
-pub(crate) fn step_not_journaled(step: &StepRequest<'_>) -> Error {
-    Error::store(format!(
-        "step {} ({:?}) is not started in the journal any more: it was resolved or forgotten \
-         while it ran",
-        step.seq, step.name
-    ))
-}
-
-/// What a store without a step journal answers.
-fn no_journal() -> Error {
-    Error::Config("this store keeps no step journal (durable steps need one)".into())
-}
 
 /// A store whose statements can also run on a caller's connection: the
 /// transactional mode of [`run_in_transaction`](crate::engine::run_in_transaction).
@@ -330,7 +73,7 @@ pub trait TransactionalStore<C: Send + ?Sized>: Store {
     ) -> Result<(), Error>;
     /// [`Store::release`] on `conn`.
     async fn release_on(&self, conn: &mut C, claim: &Claim) -> Result<(), Error>;
-    /// [`Store::complete_step`] on `conn`: a step whose rows commit with
+    /// [`Journal::complete_step`] on `conn`: a step whose rows commit with
     /// its journal entry ([`Step::in_transaction`](crate::steps::Step::in_transaction)).
     /// The default keeps no journal there and refuses.
     async fn complete_step_on(
@@ -353,7 +96,7 @@ pub trait TransactionalStore<C: Send + ?Sized>: Store {
         let _ = conn;
         Ok(false)
     }
-    /// [`Store::begin_step`] on `conn`, where
+    /// [`Journal::begin_step`] on `conn`, where
     /// [`journals_on`](TransactionalStore::journals_on) says so: the entry
     /// commits or rolls back with the caller's transaction. The default
     /// keeps no journal there and refuses.
@@ -449,12 +192,15 @@ macro_rules! forward_transactional_store {
 }
 forward_transactional_store!(Arc<S>, Box<S>, &S);
 macro_rules! forward_store {
-    ($([$($generics:tt)*] $ty:ty => |$this:ident| $to:expr, detach: $detach:expr;)*) => {$(
+    ($([$($generics:tt)*] $ty:ty => |$this:ident| $to:expr;)*) => {$(
+        $crate::store::forward_store!(
+            [$($generics)*] $ty => |$this| $to,
+            capabilities: ($to).capabilities();
+        );
+    )*};
+    ($([$($generics:tt)*] $ty:ty => |$this:ident| $to:expr, capabilities: $caps:expr;)*) => {$(
         #[async_trait]
         impl<$($generics)*> Store for $ty {
-            fn begin_now(&self, request: &BeginRequest<'_>) -> Option<Result<Begin, Error>> {
-                ({ let $this = self; $to }).begin_now(request)
-            }
             async fn begin(&self, request: &BeginRequest<'_>) -> Result<Begin, Error> {
                 ({ let $this = self; $to }).begin(request).await
             }
@@ -463,9 +209,6 @@ macro_rules! forward_store {
             }
             async fn renew(&self, claim: &Claim) -> Result<(), Error> {
                 ({ let $this = self; $to }).renew(claim).await
-            }
-            fn complete_now(&self, claim: &Claim, outcome: &Outcome) -> Option<Result<(), Error>> {
-                ({ let $this = self; $to }).complete_now(claim, outcome)
             }
             async fn complete(&self, claim: &Claim, outcome: &Outcome) -> Result<(), Error> {
                 ({ let $this = self; $to }).complete(claim, outcome).await
@@ -482,77 +225,22 @@ macro_rules! forward_store {
             async fn purge_expired(&self, batch: usize) -> Result<u64, Error> {
                 ({ let $this = self; $to }).purge_expired(batch).await
             }
-            async fn wait_for_change(
-                &self,
-                scope: &Scope,
-                key: &Key,
-                timeout: Duration,
-            ) -> Result<(), Error> {
-                ({ let $this = self; $to }).wait_for_change(scope, key, timeout).await
+            fn journal(&self) -> Option<&dyn Journal> {
+                ({ let $this = self; $to }).journal()
             }
-            async fn wait_for_outcome(
-                &self,
-                request: &BeginRequest<'_>,
-                timeout: Duration,
-            ) -> Result<Option<Begin>, Error> {
-                ({ let $this = self; $to }).wait_for_outcome(request, timeout).await
-            }
-            async fn begin_step(
-                &self,
-                claim: &Claim,
-                step: &StepRequest<'_>,
-            ) -> Result<StepBegin, Error> {
-                ({ let $this = self; $to }).begin_step(claim, step).await
-            }
-            async fn complete_step(
-                &self,
-                claim: &Claim,
-                step: &StepRequest<'_>,
-                output: &[u8],
-            ) -> Result<(), Error> {
-                ({ let $this = self; $to }).complete_step(claim, step, output).await
-            }
-            async fn undo_step(&self, claim: &Claim, step: &StepRequest<'_>) -> Result<bool, Error> {
-                ({ let $this = self; $to }).undo_step(claim, step).await
-            }
-            async fn keep_steps(&self, scope: &Scope, key: &Key, ttl: Duration) -> Result<(), Error> {
-                ({ let $this = self; $to }).keep_steps(scope, key, ttl).await
-            }
-            async fn steps(&self, scope: &Scope, key: &Key) -> Result<Vec<StepRecord>, Error> {
-                ({ let $this = self; $to }).steps(scope, key).await
-            }
-            async fn resolve_step(
-                &self,
-                scope: &Scope,
-                key: &Key,
-                seq: u32,
-                name: &str,
-                resolution: &StepResolution,
-            ) -> Result<bool, Error> {
-                ({ let $this = self; $to }).resolve_step(scope, key, seq, name, resolution).await
-            }
-            fn wakes_across_processes(&self) -> bool {
-                ({ let $this = self; $to }).wakes_across_processes()
-            }
-            fn journal_beside(&self) -> bool {
-                ({ let $this = self; $to }).journal_beside()
-            }
-            fn deletes_expired_itself(&self) -> bool {
-                ({ let $this = self; $to }).deletes_expired_itself()
-            }
-            fn detach(&self) -> Option<Arc<dyn Store>> {
+            fn capabilities(&self) -> Capabilities<'_> {
                 let $this = self;
-                $detach
+                $caps
             }
         }
     )*};
 }
 /// Implements [`Store`] for `$ty` by forwarding every method to the store
-/// `$to` borrows (from `self`, named `$this`), but `detach`, which is
-/// `$detach`.
+/// `$to` borrows (from `self`, named `$this`), but `capabilities` where
+/// `$caps` is given.
 pub(crate) use forward_store;
 forward_store!(
-    [S: Store + ?Sized] Arc<S> => |s| &**s, detach: (**s).detach();
-    [S: Store + ?Sized] Box<S> => |s| &**s, detach: (**s).detach();
-    [S: Store + ?Sized] &S => |s| &**s, detach: (**s).detach();
+    [S: Store + ?Sized] Arc<S> => |s| &**s;
+    [S: Store + ?Sized] Box<S> => |s| &**s;
+    [S: Store + ?Sized] &S => |s| &**s;
 );

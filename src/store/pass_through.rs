@@ -2,7 +2,7 @@
 
 use async_trait::async_trait;
 
-use super::{BeginRequest, Store};
+use super::{BeginRequest, Capabilities, Detach, Immediate, Journal, Store};
 use crate::error::Error;
 use crate::journal::{StepBegin, StepRecord, StepRequest, StepResolution, StepRun};
 use crate::key::{Key, Scope};
@@ -39,20 +39,12 @@ pub struct PassThroughStore;
 
 #[async_trait]
 impl Store for PassThroughStore {
-    fn begin_now(&self, request: &BeginRequest<'_>) -> Option<Result<Begin, Error>> {
-        Some(Ok(Begin::Claimed(Claim::granted(request, 1))))
-    }
-
     async fn begin(&self, request: &BeginRequest<'_>) -> Result<Begin, Error> {
         Ok(Begin::Claimed(Claim::granted(request, 1)))
     }
 
     async fn renew(&self, _claim: &Claim) -> Result<(), Error> {
         Ok(())
-    }
-
-    fn complete_now(&self, _claim: &Claim, _outcome: &Outcome) -> Option<Result<(), Error>> {
-        Some(Ok(()))
     }
 
     async fn complete(&self, _claim: &Claim, _outcome: &Outcome) -> Result<(), Error> {
@@ -75,7 +67,36 @@ impl Store for PassThroughStore {
         Ok(0)
     }
 
-    /// Every step runs: nothing is journaled.
+    fn journal(&self) -> Option<&dyn Journal> {
+        Some(self)
+    }
+
+    fn capabilities(&self) -> Capabilities<'_> {
+        Capabilities::default()
+            .with_immediate(self)
+            .with_detach(self)
+    }
+}
+
+impl Immediate for PassThroughStore {
+    fn begin_now(&self, request: &BeginRequest<'_>) -> Option<Result<Begin, Error>> {
+        Some(Ok(Begin::Claimed(Claim::granted(request, 1))))
+    }
+
+    fn complete_now(&self, _claim: &Claim, _outcome: &Outcome) -> Option<Result<(), Error>> {
+        Some(Ok(()))
+    }
+}
+
+impl Detach for PassThroughStore {
+    fn detach(&self) -> Option<std::sync::Arc<dyn Store>> {
+        Some(std::sync::Arc::new(PassThroughStore))
+    }
+}
+
+/// Every step runs: nothing is journaled.
+#[async_trait]
+impl Journal for PassThroughStore {
     async fn begin_step(
         &self,
         _claim: &Claim,
@@ -97,6 +118,15 @@ impl Store for PassThroughStore {
         Ok(Vec::new())
     }
 
+    async fn keep_steps(
+        &self,
+        _scope: &Scope,
+        _key: &Key,
+        _ttl: std::time::Duration,
+    ) -> Result<(), Error> {
+        Ok(())
+    }
+
     async fn resolve_step(
         &self,
         _scope: &Scope,
@@ -106,9 +136,5 @@ impl Store for PassThroughStore {
         _resolution: &StepResolution,
     ) -> Result<bool, Error> {
         Ok(false)
-    }
-
-    fn detach(&self) -> Option<std::sync::Arc<dyn Store>> {
-        Some(std::sync::Arc::new(PassThroughStore))
     }
 }

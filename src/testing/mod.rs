@@ -426,7 +426,7 @@ pub async fn ttl_expiry_frees_the_key<S: Store>(store: S) {
 /// [`Store::purge_expired`] deletes the expired records, in batches, and
 /// keeps the live ones; a second purge finds nothing. A store whose
 /// database deletes expired records itself
-/// ([`Store::deletes_expired_itself`]) purges nothing, and its expired
+/// ([`Capabilities::deletes_expired_itself`](crate::store::Capabilities::deletes_expired_itself)) purges nothing, and its expired
 /// records are gone all the same.
 pub async fn purge_removes_only_expired<S: Store>(store: S) {
     let runs = Runs::default();
@@ -670,7 +670,7 @@ pub async fn forgotten_owner_is_fenced_out<S: Store>(store: S) {
 /// That `purged` records (and entries) are at least the `expired` ones a
 /// case left, or none on a store that leaves expiry to its database.
 pub(crate) fn assert_purged<S: Store + ?Sized>(store: &S, purged: u64, expired: usize) {
-    if store.deletes_expired_itself() {
+    if store.capabilities().deletes_expired_itself {
         assert_eq!(
             purged, 0,
             "a store that deletes expired records itself purged some"

@@ -15,7 +15,7 @@ use crate::journal::{StepBegin, StepRequest, StepRun, StepState};
 use crate::key::{Key, Scope};
 use crate::policy::Policy;
 use crate::steps::{self, step, Step, StepKey};
-use crate::store::Store;
+use crate::store::{Journal, Store};
 
 const SCOPE: &str = "payments.checkout";
 
@@ -53,6 +53,14 @@ impl Downstream {
             .map(|(_, k)| k.clone())
             .collect()
     }
+}
+
+/// The journal of a store under test: these cases run on stores that
+/// keep one.
+fn journal<S: Store + ?Sized>(store: &S) -> &dyn Journal {
+    store
+        .journal()
+        .expect("the step cases run on a store with a step journal")
 }
 
 /// A checkout of two steps (charge, then email), failing after both when
@@ -105,7 +113,7 @@ pub async fn steps_replay_after_a_failed_attempt<S: Store>(store: S) {
         .await
         .unwrap();
     assert_eq!(third, second);
-    let journal = store
+    let journal = journal(&store)
         .steps(&Scope::new(SCOPE), &Key::new(key.as_str()).unwrap())
         .await
         .unwrap();
@@ -197,7 +205,7 @@ pub async fn steps_in_doubt_follow_their_policy<S: Store>(store: S) {
     }
     assert_eq!(calls_now(), 3, "a refused step ran");
     let (scope, k) = (Scope::new(SCOPE), Key::new(key.as_str()).unwrap());
-    let entries = store.steps(&scope, &k).await.unwrap();
+    let entries = journal(&store).steps(&scope, &k).await.unwrap();
     assert_eq!(entries[0].state, StepState::Started);
     assert!(!steps::resolve(&store, &scope, &k, 0, "refund", Some(&1))
         .await
@@ -291,7 +299,7 @@ pub async fn a_step_journal_is_fenced<S: Store>(store: S) {
         settle: Duration::ZERO,
     };
     assert_eq!(
-        store
+        journal(&store)
             .begin_step(&zombie, &request(0, "charge"))
             .await
             .unwrap(),
@@ -299,7 +307,7 @@ pub async fn a_step_journal_is_fenced<S: Store>(store: S) {
     );
     // Sent again (its answer lost): still this attempt's.
     assert_eq!(
-        store
+        journal(&store)
             .begin_step(&zombie, &request(0, "charge"))
             .await
             .unwrap(),
@@ -312,12 +320,14 @@ pub async fn a_step_journal_is_fenced<S: Store>(store: S) {
         // The successor holds the key: the zombie's writes bounce.
         let lost = |r: Result<(), Error>| matches!(r, Err(Error::LeaseLost));
         assert!(lost(
-            store
+            journal(&store)
                 .complete_step(&zombie, &request(0, "charge"), b"1")
                 .await
         ));
         assert!(matches!(
-            store.begin_step(&zombie, &request(1, "email")).await,
+            journal(&store)
+                .begin_step(&zombie, &request(1, "email"))
+                .await,
             Err(Error::LeaseLost)
         ));
         let charged: u64 = step("charge", |key| {
@@ -333,7 +343,7 @@ pub async fn a_step_journal_is_fenced<S: Store>(store: S) {
         keys.lock().unwrap()[0],
         StepKey::derive(&scope, &k, "charge", 0)
     );
-    let entries = store.steps(&scope, &k).await.unwrap();
+    let entries = journal(&store).steps(&scope, &k).await.unwrap();
     assert_eq!(entries.len(), 1);
     assert_eq!(entries[0].output.as_deref(), Some(&b"50"[..]));
 }
@@ -355,7 +365,7 @@ async fn declining(
 }
 
 /// A step whose call failed cleanly (`Failed::Cleanly`) takes its start
-/// back ([`Store::undo_step`]): the next attempt runs it as never
+/// back ([`Journal::undo_step`](crate::store::Journal::undo_step)): the next attempt runs it as never
 /// started, even under `refuse`, and no entry is left in doubt. The undo
 /// touches only an entry started under the undoing claim: not one a
 /// successor took over and completed, nor one of another name.
@@ -377,7 +387,7 @@ pub async fn a_clean_failure_takes_the_start_back<S: Store>(store: S) {
     };
     assert!(matches!(attempt(true).await, Err(TestError::Declined(_))));
     assert_eq!(
-        store.steps(&scope, &k).await.unwrap(),
+        journal(&store).steps(&scope, &k).await.unwrap(),
         [],
         "a cleanly failed step left its entry"
     );
@@ -435,22 +445,34 @@ pub async fn a_clean_failure_takes_the_start_back<S: Store>(store: S) {
         settle: Duration::ZERO,
     };
     assert_eq!(
-        store.begin_step(&zombie, &request("charge")).await.unwrap(),
+        journal(&store)
+            .begin_step(&zombie, &request("charge"))
+            .await
+            .unwrap(),
         StepBegin::Run(StepRun::Fresh)
     );
-    assert!(!store.undo_step(&zombie, &request("refund")).await.unwrap());
+    assert!(!journal(&store)
+        .undo_step(&zombie, &request("refund"))
+        .await
+        .unwrap());
     tokio::time::sleep(Duration::from_millis(300)).await;
     let charged = run(&store, call(SCOPE, &key, &payload, policy), async {
         let charged: u64 = step("charge", |_| async { Ok::<_, TestError>(42) }).await?;
         // The stopped owner's call answers now, declined, and it takes
         // its start back: the successor adopted the entry.
-        assert!(!store.undo_step(&zombie, &request("charge")).await.unwrap());
+        assert!(!journal(&store)
+            .undo_step(&zombie, &request("charge"))
+            .await
+            .unwrap());
         Ok::<_, TestError>(charged)
     })
     .await;
     assert_eq!(charged.unwrap(), 42);
-    assert!(!store.undo_step(&zombie, &request("charge")).await.unwrap());
-    let entries = store.steps(&scope, &k).await.unwrap();
+    assert!(!journal(&store)
+        .undo_step(&zombie, &request("charge"))
+        .await
+        .unwrap());
+    let entries = journal(&store).steps(&scope, &k).await.unwrap();
     assert_eq!(entries.len(), 1);
     assert_eq!(entries[0].state, StepState::Completed);
     assert_eq!(entries[0].output.as_deref(), Some(&b"42"[..]));
@@ -480,21 +502,21 @@ pub async fn a_step_completion_sent_again_is_accepted<S: Store>(store: S) {
         adopt: false,
         settle: Duration::ZERO,
     };
-    store.begin_step(&claim, &request).await.unwrap();
-    store
+    journal(&store).begin_step(&claim, &request).await.unwrap();
+    journal(&store)
         .complete_step(&claim, &request, b"\"ch_1\"")
         .await
         .unwrap();
-    store
+    journal(&store)
         .complete_step(&claim, &request, b"\"ch_1\"")
         .await
         .unwrap();
-    assert!(store
+    assert!(journal(&store)
         .complete_step(&claim, &request, b"\"ch_2\"")
         .await
         .is_err());
     assert_eq!(
-        store.begin_step(&claim, &request).await.unwrap(),
+        journal(&store).begin_step(&claim, &request).await.unwrap(),
         StepBegin::Replay(b"\"ch_1\"".to_vec())
     );
     // A step whose entry was never started (that write failed while it
@@ -504,12 +526,15 @@ pub async fn a_step_completion_sent_again_is_accepted<S: Store>(store: S) {
         name: "email",
         ..request
     };
-    store
+    journal(&store)
         .complete_step(&claim, &never_started, b"\"sent\"")
         .await
         .unwrap();
     assert_eq!(
-        store.begin_step(&claim, &never_started).await.unwrap(),
+        journal(&store)
+            .begin_step(&claim, &never_started)
+            .await
+            .unwrap(),
         StepBegin::Replay(b"\"sent\"".to_vec())
     );
 }
@@ -569,9 +594,9 @@ pub async fn forget_and_purge_clear_the_journal<S: Store>(store: S) {
         .await
         .unwrap();
     let (scope, k) = (Scope::new(SCOPE), Key::new(key.as_str()).unwrap());
-    assert_eq!(store.steps(&scope, &k).await.unwrap().len(), 2);
+    assert_eq!(journal(&store).steps(&scope, &k).await.unwrap().len(), 2);
     assert!(store.forget(&scope, &k).await.unwrap());
-    assert!(store.steps(&scope, &k).await.unwrap().is_empty());
+    assert!(journal(&store).steps(&scope, &k).await.unwrap().is_empty());
     checkout(&store, &key, &payload, &downstream, false)
         .await
         .unwrap();
@@ -592,11 +617,11 @@ pub async fn forget_and_purge_clear_the_journal<S: Store>(store: S) {
     .await
     .unwrap();
     let k = Key::new(key.as_str()).unwrap();
-    assert_eq!(store.steps(&scope, &k).await.unwrap().len(), 1);
+    assert_eq!(journal(&store).steps(&scope, &k).await.unwrap().len(), 1);
     tokio::time::sleep(Duration::from_millis(250)).await;
     let purged = store.purge_expired(100).await.unwrap();
     super::assert_purged(&store, purged, 2);
-    assert!(store.steps(&scope, &k).await.unwrap().is_empty());
+    assert!(journal(&store).steps(&scope, &k).await.unwrap().is_empty());
 }
 
 /// Many calls over a few keys at once, each attempt's body failing once

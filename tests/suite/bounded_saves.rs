@@ -1,12 +1,13 @@
 //! A caller never waits for ever for its outcome to be stored.
 //!
 //! A store of the user's own that cannot work in the background
-//! (`Store::detach` answers `None`, the default) and whose completions
+//! (no `Detach`, the default) and whose completions
 //! keep failing: the caller gets its value (the body ran, its effect
 //! happened) within the documented wait, the key stays claimed (its
 //! outcome is not stored, and nothing runs the body again while the lease
 //! holds), and a duplicate meanwhile is told the call is in progress.
 
+use idem::store::{Capabilities, Wake};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -215,15 +216,6 @@ impl Store for SilentOnceWaiting {
         self.answers().await;
         self.records.peek(request).await
     }
-    async fn wait_for_change(
-        &self,
-        scope: &Scope,
-        key: &Key,
-        timeout: Duration,
-    ) -> Result<(), Error> {
-        self.answers().await;
-        self.records.wait_for_change(scope, key, timeout).await
-    }
     async fn renew(&self, claim: &Claim) -> Result<(), Error> {
         self.records.renew(claim).await
     }
@@ -241,6 +233,26 @@ impl Store for SilentOnceWaiting {
     }
     async fn purge_expired(&self, batch: usize) -> Result<u64, Error> {
         self.records.purge_expired(batch).await
+    }
+    fn capabilities(&self) -> Capabilities<'_> {
+        Capabilities::default().with_wake(self)
+    }
+}
+
+#[async_trait]
+impl Wake for SilentOnceWaiting {
+    async fn wait_for_change(
+        &self,
+        scope: &Scope,
+        key: &Key,
+        timeout: Duration,
+    ) -> Result<(), Error> {
+        self.answers().await;
+        self.records
+            .capabilities()
+            .waker()
+            .wait_for_change(scope, key, timeout)
+            .await
     }
 }
 

@@ -8,6 +8,9 @@
 //! operation's ttl" (the guide's steps chapter).
 
 use crate::common;
+use crate::common::journal_of;
+use async_trait::async_trait;
+use idem::store::{Capabilities, Detach, Journal};
 
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -223,7 +226,7 @@ struct Decorated<S> {
     begins: AtomicUsize,
 }
 
-#[async_trait::async_trait]
+#[async_trait]
 impl<S: Store + Clone + 'static> Store for Decorated<S> {
     async fn begin(&self, request: &idem::BeginRequest<'_>) -> Result<idem::Begin, Error> {
         self.begins.fetch_add(1, Ordering::Relaxed);
@@ -254,12 +257,22 @@ impl<S: Store + Clone + 'static> Store for Decorated<S> {
     async fn purge_expired(&self, batch: usize) -> Result<u64, Error> {
         self.inner.purge_expired(batch).await
     }
+    fn journal(&self) -> Option<&dyn Journal> {
+        Some(self)
+    }
+    fn capabilities(&self) -> Capabilities<'_> {
+        Capabilities::default().with_detach(self)
+    }
+}
+
+#[async_trait]
+impl<S: Store + Clone + 'static> Journal for Decorated<S> {
     async fn begin_step(
         &self,
         claim: &idem::Claim,
         step: &idem::journal::StepRequest<'_>,
     ) -> Result<idem::journal::StepBegin, Error> {
-        self.inner.begin_step(claim, step).await
+        journal_of(&self.inner).begin_step(claim, step).await
     }
     async fn complete_step(
         &self,
@@ -267,14 +280,16 @@ impl<S: Store + Clone + 'static> Store for Decorated<S> {
         step: &idem::journal::StepRequest<'_>,
         output: &[u8],
     ) -> Result<(), Error> {
-        self.inner.complete_step(claim, step, output).await
+        journal_of(&self.inner)
+            .complete_step(claim, step, output)
+            .await
     }
     async fn steps(
         &self,
         scope: &idem::Scope,
         key: &idem::Key,
     ) -> Result<Vec<idem::journal::StepRecord>, Error> {
-        self.inner.steps(scope, key).await
+        journal_of(&self.inner).steps(scope, key).await
     }
     async fn resolve_step(
         &self,
@@ -284,10 +299,21 @@ impl<S: Store + Clone + 'static> Store for Decorated<S> {
         name: &str,
         resolution: &idem::journal::StepResolution,
     ) -> Result<bool, Error> {
-        self.inner
+        journal_of(&self.inner)
             .resolve_step(scope, key, seq, name, resolution)
             .await
     }
+    async fn keep_steps(
+        &self,
+        scope: &idem::Scope,
+        key: &idem::Key,
+        ttl: std::time::Duration,
+    ) -> Result<(), Error> {
+        journal_of(&self.inner).keep_steps(scope, key, ttl).await
+    }
+}
+
+impl<S: Store + Clone + 'static> Detach for Decorated<S> {
     fn detach(&self) -> Option<Arc<dyn Store>> {
         Some(Arc::new(Decorated {
             inner: self.inner.clone(),

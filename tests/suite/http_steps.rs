@@ -7,6 +7,7 @@
 //! ones replay that response. On every store.
 
 use crate::common;
+use crate::common::journal_of;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -104,7 +105,7 @@ async fn refused_until_resolved<S: Store + Clone + 'static>(store: S) {
     // gateway made under the step's key.
     let scope = Scope::new("POST /payments");
     let k = Key::new(key.as_str()).unwrap();
-    let journal = store.steps(&scope, &k).await.unwrap();
+    let journal = journal_of(&store).steps(&scope, &k).await.unwrap();
     assert_eq!(journal.len(), 1);
     let step_key = StepKey::derive(&scope, &k, "charge", 0);
     let charge = format!("ch_{}", &step_key.as_str()[..12]);

@@ -16,6 +16,7 @@
 #![cfg(any(feature = "postgres", feature = "mysql"))]
 
 use crate::common;
+use crate::common::journal_of;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -135,7 +136,7 @@ common::backends!(postgres, mysql => {
         assert_eq!(first.load(Ordering::SeqCst), 1);
         assert_eq!(second.load(Ordering::SeqCst), 1);
         let (scope, key) = (Scope::new(SCOPE), Key::try_from("steps").unwrap());
-        assert_eq!(store.steps(&scope, &key).await.unwrap().len(), 2);
+        assert_eq!(journal_of(&store).steps(&scope, &key).await.unwrap().len(), 2);
         // The store itself, without the engine's retries: a step's begin
         // and completion on a dead kept connection are decided again on a
         // tested one.
@@ -157,10 +158,10 @@ common::backends!(postgres, mysql => {
             settle: Duration::ZERO,
         };
         kill_all(&ns).await;
-        let begun = store.begin_step(&claim, &step).await.unwrap();
+        let begun = journal_of(&store).begin_step(&claim, &step).await.unwrap();
         assert!(matches!(begun, StepBegin::Run(_)), "{begun:?}");
         kill_all(&ns).await;
-        store.complete_step(&claim, &step, b"2").await.unwrap();
-        assert_eq!(store.steps(&scope, &key).await.unwrap().len(), 1);
+        journal_of(&store).complete_step(&claim, &step, b"2").await.unwrap();
+        assert_eq!(journal_of(&store).steps(&scope, &key).await.unwrap().len(), 1);
     }
 });

@@ -6,6 +6,7 @@
 //! the next. Each case ran the body twice on every store before.
 
 use crate::common;
+use idem::store::{Capabilities, Detach, Wake};
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -94,17 +95,31 @@ impl<S: Store + Clone + 'static> Store for Slow<S> {
     async fn purge_expired(&self, batch: usize) -> Result<u64, Error> {
         self.inner.purge_expired(batch).await
     }
+    fn capabilities(&self) -> Capabilities<'_> {
+        Capabilities::default().with_wake(self).with_detach(self)
+    }
+}
+
+#[async_trait]
+impl<S: Store + Clone + 'static> Wake for Slow<S> {
     async fn wait_for_change(
         &self,
         scope: &Scope,
         key: &Key,
         timeout: Duration,
     ) -> Result<(), Error> {
-        self.inner.wait_for_change(scope, key, timeout).await
+        self.inner
+            .capabilities()
+            .waker()
+            .wait_for_change(scope, key, timeout)
+            .await
     }
     fn wakes_across_processes(&self) -> bool {
-        self.inner.wakes_across_processes()
+        self.inner.capabilities().waker().wakes_across_processes()
     }
+}
+
+impl<S: Store + Clone + 'static> Detach for Slow<S> {
     fn detach(&self) -> Option<Arc<dyn Store>> {
         Some(Arc::new(self.clone()))
     }

@@ -5,6 +5,8 @@
 //! a duplicate waits on it never hands one request another's outcome.
 
 use crate::common;
+use crate::common::journal_of;
+use idem::store::{Capabilities, Detach, Journal};
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -68,9 +70,19 @@ impl<S: Store> Store for Killable<S> {
         self.alive().await;
         self.inner.purge_expired(batch).await
     }
+    fn journal(&self) -> Option<&dyn Journal> {
+        Some(self)
+    }
+    fn capabilities(&self) -> Capabilities<'_> {
+        Capabilities::default().with_detach(self)
+    }
+}
+
+#[async_trait]
+impl<S: Store> Journal for Killable<S> {
     async fn begin_step(&self, claim: &Claim, step: &StepRequest<'_>) -> Result<StepBegin, Error> {
         self.alive().await;
-        self.inner.begin_step(claim, step).await
+        journal_of(&self.inner).begin_step(claim, step).await
     }
     async fn complete_step(
         &self,
@@ -79,19 +91,21 @@ impl<S: Store> Store for Killable<S> {
         output: &[u8],
     ) -> Result<(), Error> {
         self.alive().await;
-        self.inner.complete_step(claim, step, output).await
+        journal_of(&self.inner)
+            .complete_step(claim, step, output)
+            .await
     }
     async fn undo_step(&self, claim: &Claim, step: &StepRequest<'_>) -> Result<bool, Error> {
         self.alive().await;
-        self.inner.undo_step(claim, step).await
+        journal_of(&self.inner).undo_step(claim, step).await
     }
     async fn steps(&self, scope: &Scope, key: &Key) -> Result<Vec<StepRecord>, Error> {
         self.alive().await;
-        self.inner.steps(scope, key).await
+        journal_of(&self.inner).steps(scope, key).await
     }
     async fn keep_steps(&self, scope: &Scope, key: &Key, ttl: Duration) -> Result<(), Error> {
         self.alive().await;
-        self.inner.keep_steps(scope, key, ttl).await
+        journal_of(&self.inner).keep_steps(scope, key, ttl).await
     }
     async fn resolve_step(
         &self,
@@ -102,18 +116,21 @@ impl<S: Store> Store for Killable<S> {
         resolution: &StepResolution,
     ) -> Result<bool, Error> {
         self.alive().await;
-        self.inner
+        journal_of(&self.inner)
             .resolve_step(scope, key, seq, name, resolution)
             .await
     }
-    fn journal_beside(&self) -> bool {
-        self.inner.journal_beside()
+    fn writes_beside(&self) -> bool {
+        journal_of(&self.inner).writes_beside()
     }
+}
+
+impl<S: Store> Detach for Killable<S> {
     /// The same dying process: what it hands back or saves in the
     /// background goes nowhere once it is dead.
     fn detach(&self) -> Option<Arc<dyn Store>> {
         Some(Arc::new(Killable {
-            inner: self.inner.detach()?,
+            inner: self.inner.capabilities().detached()?,
             dead: self.dead.clone(),
         }))
     }
@@ -258,7 +275,7 @@ async fn takeover_keeps_journal<S: Store>(store: S) {
     let (scope, k) = (Scope::new(SCOPE), Key::new(key.as_str()).unwrap());
     let charged = async {
         loop {
-            let steps = store.steps(&scope, &k).await.unwrap();
+            let steps = journal_of(&store).steps(&scope, &k).await.unwrap();
             if steps.iter().any(|s| s.state == StepState::Completed) {
                 break;
             }
@@ -294,7 +311,7 @@ async fn takeover_keeps_journal<S: Store>(store: S) {
 /// A runs its step (journaled), then works on for 1.5 s. At 1 s (past
 /// `max(ttl, lease)` since the step's write, with A's lease renewed and
 /// its record live) the operator's timer runs `purge_expired`.
-/// Expected: the live operation's journal is kept (`Store::steps` still
+/// Expected: the live operation's journal is kept (`Journal::steps` still
 /// lists the completed step).
 async fn purge_keeps_live_journal<S: Store>(store: S) {
     let key = common::fresh("purge-live");
@@ -309,7 +326,7 @@ async fn purge_keeps_live_journal<S: Store>(store: S) {
     let record = store.get(&scope, &k).await.unwrap().expect("A's record");
     assert_eq!(record.state, idem::State::InProgress);
     let purged = store.purge_expired(100).await.unwrap();
-    let steps = store.steps(&scope, &k).await.unwrap();
+    let steps = journal_of(&store).steps(&scope, &k).await.unwrap();
     let record = store.get(&scope, &k).await.unwrap().expect("A's record");
     assert_eq!(
         record.state,

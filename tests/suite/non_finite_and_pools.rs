@@ -15,6 +15,7 @@
 //!   two bodies meet at a barrier, each querying the one-connection pool.
 
 use crate::common;
+use crate::common::journal_of;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -157,7 +158,7 @@ async fn a_non_finite_step_output_is_not_journaled() {
     use idem::engine::{run, Call};
     use idem::journal::StepState;
     use idem::steps::step;
-    use idem::store::Store;
+
     use idem::{Key, Scope};
 
     let store = MemoryStore::new();
@@ -176,7 +177,7 @@ async fn a_non_finite_step_output_is_not_journaled() {
         "{result:?}"
     );
     assert_eq!(calls.load(Ordering::SeqCst), 1);
-    let entries = store
+    let entries = journal_of(&store)
         .steps(&Scope::new("non_finite.step"), &Key::new("s-1").unwrap())
         .await
         .unwrap();

@@ -15,6 +15,7 @@
 //!   instead of staying in progress.
 #![cfg(feature = "redis")]
 
+use crate::common::journal_of;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
@@ -344,9 +345,9 @@ async fn a_write_sent_again_waits_for_its_replica() {
         adopt: false,
         settle: Duration::ZERO,
     };
-    let started = once.begin_step(&claim_first, &step).await;
+    let started = journal_of(&once).begin_step(&claim_first, &step).await;
     assert!(matches!(started, Ok(StepBegin::Run(_))), "{started:?}");
-    let started_again = again.begin_step(&claim_first, &step).await;
+    let started_again = journal_of(&again).begin_step(&claim_first, &step).await;
     // A completion sent again.
     let outcome = Outcome {
         kind: OutcomeKind::Ok,

@@ -14,6 +14,7 @@
 #![cfg(feature = "redis")]
 
 use crate::common;
+use crate::common::journal_of;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -235,6 +236,8 @@ async fn a_waiter_elsewhere_is_woken(redis: Redis) {
         tokio::spawn(async move {
             let started = Instant::now();
             waiter
+                .capabilities()
+                .waker()
                 .wait_for_change(&scope, &key, Duration::from_secs(60))
                 .await
                 .unwrap();
@@ -244,7 +247,7 @@ async fn a_waiter_elsewhere_is_woken(redis: Redis) {
     // The waiter subscribed and looked: the record says it waits.
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(
-        waiter.wakes_across_processes(),
+        waiter.capabilities().waker().wakes_across_processes(),
         "the waiter's store is not listening"
     );
     finish_tx.send(()).unwrap();
@@ -541,23 +544,31 @@ async fn unreplicated_writes_fail(redis: Redis) {
     let held = claim(&key).await;
     unreplicated(
         "a step's start",
-        durable
+        journal_of(&durable)
             .begin_step(&held, &step(0, "charge"))
             .await
             .map(drop),
     );
     // Put back: the entry is fresh again, not this attempt's start.
     assert_eq!(
-        plain.begin_step(&held, &step(0, "charge")).await.unwrap(),
+        journal_of(&plain)
+            .begin_step(&held, &step(0, "charge"))
+            .await
+            .unwrap(),
         StepBegin::Run(StepRun::Fresh),
         "a start no replica acknowledged was left in the journal"
     );
     unreplicated(
         "a step's completion",
-        durable.complete_step(&held, &step(0, "charge"), b"1").await,
+        journal_of(&durable)
+            .complete_step(&held, &step(0, "charge"), b"1")
+            .await,
     );
     assert_eq!(
-        plain.begin_step(&held, &step(1, "email")).await.unwrap(),
+        journal_of(&plain)
+            .begin_step(&held, &step(1, "email"))
+            .await
+            .unwrap(),
         StepBegin::Run(StepRun::Fresh)
     );
     // The attempt is gone (its lease ran out): the step is in doubt, for
@@ -565,7 +576,7 @@ async fn unreplicated_writes_fail(redis: Redis) {
     tokio::time::sleep(Duration::from_millis(400)).await;
     unreplicated(
         "an operator's resolution",
-        durable
+        journal_of(&durable)
             .resolve_step(&scope, &key, 1, "email", &StepResolution::Rerun)
             .await
             .map(drop),
@@ -629,7 +640,10 @@ async fn an_unreplicated_start_is_undone_only_while_it_is_its_own(redis: Redis) 
         let (plain, claim, step) = (&plain, &claim, &step);
         async move {
             let gone = claim(key).await;
-            plain.begin_step(&gone, &step(false)).await.unwrap();
+            journal_of(&plain)
+                .begin_step(&gone, &step(false))
+                .await
+                .unwrap();
             tokio::time::sleep(Duration::from_millis(150)).await;
             let next: Claim = claim(key).await;
             (gone, next)
@@ -639,14 +653,14 @@ async fn an_unreplicated_start_is_undone_only_while_it_is_its_own(redis: Redis) 
     // The journal is forgotten while the start waits for its replicas.
     let (_, next) = adopting("forgotten").await;
     let adopt = step(true);
-    let started = durable.begin_step(&next, &adopt);
+    let started = journal_of(&durable).begin_step(&next, &adopt);
     let forget = async {
         tokio::time::sleep(Duration::from_millis(100)).await;
         plain.forget(&scope, &next.key).await.unwrap();
     };
     let (started, ()) = tokio::join!(started, forget);
     assert!(matches!(started, Err(Error::Store(_))), "{started:?}");
-    let steps = plain.steps(&scope, &next.key).await;
+    let steps = journal_of(&plain).steps(&scope, &next.key).await;
     assert!(
         matches!(&steps, Ok(steps) if steps.is_empty()),
         "a forgotten journal came back: {steps:?}"
@@ -655,16 +669,19 @@ async fn an_unreplicated_start_is_undone_only_while_it_is_its_own(redis: Redis) 
     // Another attempt takes the step over while the start waits.
     let (_, next) = adopting("taken-over").await;
     let adopt = step(true);
-    let started = durable.begin_step(&next, &adopt);
+    let started = journal_of(&durable).begin_step(&next, &adopt);
     let take_over = async {
         tokio::time::sleep(Duration::from_millis(200)).await;
         let third = claim("taken-over").await;
-        plain.begin_step(&third, &step(true)).await.unwrap();
+        journal_of(&plain)
+            .begin_step(&third, &step(true))
+            .await
+            .unwrap();
         third
     };
     let (started, third) = tokio::join!(started, take_over);
     assert!(matches!(started, Err(Error::Store(_))), "{started:?}");
-    let steps = plain.steps(&scope, &third.key).await.unwrap();
+    let steps = journal_of(&plain).steps(&scope, &third.key).await.unwrap();
     assert_eq!(steps.len(), 1);
     assert_eq!(steps[0].state, StepState::Started);
     assert_eq!(

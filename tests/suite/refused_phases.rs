@@ -172,7 +172,7 @@ mod after_a_read {
                         .fetch_one(&pool)
                         .await
                         .unwrap();
-                let journal = idem::Store::steps(
+                let journal = idem::store::Journal::steps(
                     &store,
                     &idem::Scope::new("refused_phases.read_first"),
                     &idem::Key::new(key.as_str()).unwrap(),

@@ -692,6 +692,8 @@ async fn notify_wakes_waiters_of_other_processes() {
     };
     // The first wait starts the listener; give it time to LISTEN.
     other
+        .capabilities()
+        .waker()
         .wait_for_change(&scope, &key, Duration::from_millis(300))
         .await
         .unwrap();
@@ -714,6 +716,8 @@ async fn notify_wakes_waiters_of_other_processes() {
             tokio::spawn(async move {
                 let started = Instant::now();
                 other
+                    .capabilities()
+                    .waker()
                     .wait_for_change(&scope, &key, Duration::from_secs(20))
                     .await
                     .unwrap();
@@ -835,7 +839,10 @@ async fn a_look_does_not_wait_for_an_open_takeover() {
     assert!(matches!(taken, Begin::Claimed(_)), "{taken:?}");
     let looked = tokio::time::timeout(
         Duration::from_secs(5),
-        store.wait_for_change(&scope, &key, Duration::from_millis(300)),
+        store
+            .capabilities()
+            .waker()
+            .wait_for_change(&scope, &key, Duration::from_millis(300)),
     )
     .await;
     tx.rollback().await.unwrap();

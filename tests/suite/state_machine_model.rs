@@ -329,7 +329,7 @@ async fn check(store: &dyn Store, scope: &Scope, ops: &[Op]) -> Result<(), TestC
             .await
             .map_err(|e| TestCaseError::fail(format!("step {step} {op:?}: {e}")))?;
         let end = Instant::now();
-        let expires_itself = store.deletes_expired_itself();
+        let expires_itself = store.capabilities().deletes_expired_itself;
         let (on_time, on_time_model) =
             predict(&model, &claims, op, (start, end), false, expires_itself);
         let (late, late_model) = predict(&model, &claims, op, (start, end), true, expires_itself);

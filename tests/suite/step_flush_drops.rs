@@ -12,6 +12,8 @@
 //! the downstream effect of a step that is rerun when in doubt and asserts
 //! it happened once.
 
+use crate::common::journal_of;
+use idem::store::{Capabilities, Detach, Journal};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -57,8 +59,18 @@ impl Store for SlowJournal {
     async fn purge_expired(&self, batch: usize) -> Result<u64, Error> {
         self.0.purge_expired(batch).await
     }
+    fn journal(&self) -> Option<&dyn Journal> {
+        Some(self)
+    }
+    fn capabilities(&self) -> Capabilities<'_> {
+        Capabilities::default().with_detach(self)
+    }
+}
+
+#[async_trait]
+impl Journal for SlowJournal {
     async fn begin_step(&self, claim: &Claim, step: &StepRequest<'_>) -> Result<StepBegin, Error> {
-        self.0.begin_step(claim, step).await
+        journal_of(&self.0).begin_step(claim, step).await
     }
     async fn complete_step(
         &self,
@@ -67,13 +79,13 @@ impl Store for SlowJournal {
         output: &[u8],
     ) -> Result<(), Error> {
         tokio::time::sleep(WRITE).await;
-        self.0.complete_step(claim, step, output).await
+        journal_of(&self.0).complete_step(claim, step, output).await
     }
     async fn undo_step(&self, claim: &Claim, step: &StepRequest<'_>) -> Result<bool, Error> {
-        self.0.undo_step(claim, step).await
+        journal_of(&self.0).undo_step(claim, step).await
     }
     async fn steps(&self, scope: &Scope, key: &Key) -> Result<Vec<StepRecord>, Error> {
-        self.0.steps(scope, key).await
+        journal_of(&self.0).steps(scope, key).await
     }
     async fn resolve_step(
         &self,
@@ -83,11 +95,24 @@ impl Store for SlowJournal {
         name: &str,
         resolution: &StepResolution,
     ) -> Result<bool, Error> {
-        self.0.resolve_step(scope, key, seq, name, resolution).await
+        journal_of(&self.0)
+            .resolve_step(scope, key, seq, name, resolution)
+            .await
     }
-    fn journal_beside(&self) -> bool {
+    fn writes_beside(&self) -> bool {
         true
     }
+    async fn keep_steps(
+        &self,
+        scope: &Scope,
+        key: &Key,
+        ttl: std::time::Duration,
+    ) -> Result<(), Error> {
+        journal_of(&self.0).keep_steps(scope, key, ttl).await
+    }
+}
+
+impl Detach for SlowJournal {
     fn detach(&self) -> Option<Arc<dyn Store>> {
         Some(Arc::new(self.clone()))
     }

@@ -11,6 +11,7 @@
 //!   make such inserts deadlock, are retried).
 
 use crate::common;
+use crate::common::journal_of;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -52,13 +53,16 @@ async fn one_race<S: Store>(store: &S) -> (Result<(), Error>, StepBegin) {
         settle: Duration::ZERO,
     };
     assert_eq!(
-        store.begin_step(&stopped, &step(false)).await.unwrap(),
+        journal_of(&store)
+            .begin_step(&stopped, &step(false))
+            .await
+            .unwrap(),
         StepBegin::Run(StepRun::Fresh)
     );
     // Just before the lease lapses: the two meet.
     tokio::time::sleep(lease - Duration::from_millis(5)).await;
     let late = async {
-        store
+        journal_of(&store)
             .complete_step(&stopped, &step(false), b"\"ch_1\"")
             .await
     };
@@ -67,7 +71,10 @@ async fn one_race<S: Store>(store: &S) -> (Result<(), Error>, StepBegin) {
         loop {
             match store.begin(&request(token)).await.unwrap() {
                 Begin::Claimed(claim) => {
-                    return store.begin_step(&claim, &step(true)).await.unwrap()
+                    return journal_of(&store)
+                        .begin_step(&claim, &step(true))
+                        .await
+                        .unwrap()
                 }
                 Begin::InProgress { .. } => tokio::time::sleep(Duration::from_millis(1)).await,
                 other => panic!("{other:?}"),
@@ -122,9 +129,9 @@ async fn completion_races_a_forget<S: Store>(store: S) {
             adopt: false,
             settle: Duration::ZERO,
         };
-        store.begin_step(&claim, &step).await.unwrap();
+        journal_of(&store).begin_step(&claim, &step).await.unwrap();
         let (completed, forgot) = tokio::join!(
-            store.complete_step(&claim, &step, b"1"),
+            journal_of(&store).complete_step(&claim, &step, b"1"),
             store.forget(&scope, &key)
         );
         assert!(forgot.unwrap());
@@ -133,7 +140,11 @@ async fn completion_races_a_forget<S: Store>(store: S) {
             "{completed:?}"
         );
         assert!(
-            store.steps(&scope, &key).await.unwrap().is_empty(),
+            journal_of(&store)
+                .steps(&scope, &key)
+                .await
+                .unwrap()
+                .is_empty(),
             "an entry survived the forget"
         );
     }
@@ -174,7 +185,7 @@ async fn steps_begun_at_once_replay<S: Store>(store: S) {
     }
     assert_eq!(attempt(false).await.unwrap(), 6);
     assert_eq!(calls.load(Ordering::SeqCst), 3, "a step ran again");
-    let entries = store
+    let entries = journal_of(&store)
         .steps(
             &Scope::new("journal.join"),
             &Key::new(key.as_str()).unwrap(),
@@ -271,7 +282,7 @@ common::backends!(memory, sqlite_file, sqlite_memory, postgres, mysql => {
         // The retry replays the phase: no second row.
         assert_eq!(attempt(true, false).await.unwrap(), 1);
         assert_eq!(count().await, 1);
-        let entries = store
+        let entries = journal_of(&store)
             .steps(&Scope::new("journal.phase"), &Key::new(key.as_str()).unwrap())
             .await
             .unwrap();

@@ -3,6 +3,7 @@
 //! resolution sent again never lands on the step a later attempt runs.
 
 use crate::common;
+use crate::common::journal_of;
 
 use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -163,12 +164,12 @@ async fn resolve_while_another_attempt_holds_the_key<S: Store>(store: S) {
         settle: Duration::ZERO,
     };
     let gone = claim(Duration::from_millis(200)).await;
-    store.begin_step(&gone, &step).await.unwrap();
+    journal_of(&store).begin_step(&gone, &step).await.unwrap();
     tokio::time::sleep(Duration::from_millis(300)).await;
     // The next attempt holds the key, with a live lease.
     let _holder = claim(Duration::from_secs(30)).await;
     assert!(
-        store
+        journal_of(&store)
             .resolve_step(&scope, &key, 0, "charge", &StepResolution::Rerun)
             .await
             .unwrap(),

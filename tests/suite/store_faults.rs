@@ -17,6 +17,7 @@
 //! promise: an outage longer than the lease lets the claim lapse.
 
 use crate::common;
+use idem::store::{Capabilities, Detach, Wake};
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -164,14 +165,28 @@ impl<S: Store + Clone + 'static> Store for Faulty<S> {
     async fn purge_expired(&self, batch: usize) -> Result<u64, Error> {
         self.inner.purge_expired(batch).await
     }
+    fn capabilities(&self) -> Capabilities<'_> {
+        Capabilities::default().with_wake(self).with_detach(self)
+    }
+}
+
+#[async_trait]
+impl<S: Store + Clone + 'static> Wake for Faulty<S> {
     async fn wait_for_change(
         &self,
         scope: &Scope,
         key: &Key,
         timeout: Duration,
     ) -> Result<(), Error> {
-        self.inner.wait_for_change(scope, key, timeout).await
+        self.inner
+            .capabilities()
+            .waker()
+            .wait_for_change(scope, key, timeout)
+            .await
     }
+}
+
+impl<S: Store + Clone + 'static> Detach for Faulty<S> {
     fn detach(&self) -> Option<Arc<dyn Store>> {
         self.detachable
             .then(|| Arc::new(self.clone()) as Arc<dyn Store>)

@@ -2,7 +2,7 @@
 //! another payload.
 //!
 //! A duplicate's claim finds the key held by claim T1 (its own payload);
-//! it then waits (`Store::wait_for_outcome`), and its look says which
+//! it then waits (`Wake::wait_for_outcome`), and its look says which
 //! claim holds the key now. If T1 was released meanwhile and a request
 //! with another payload claimed the key (T2), T2's completion is not the
 //! waiter's answer: a read of the record says `KeyReused`, and so must
@@ -10,6 +10,7 @@
 //! (the waiter reads the record), on every store.
 
 use crate::common;
+use idem::store::{Capabilities, Wake};
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -82,7 +83,11 @@ async fn waiter_handed_other_payloads_outcome<S: Store + 'static>(store: S) {
                 token: w_token,
                 ..request(&scope, &key, &fp_a)
             };
-            store.wait_for_outcome(&w, Duration::from_secs(10)).await
+            store
+                .capabilities()
+                .waker()
+                .wait_for_outcome(&w, Duration::from_secs(10))
+                .await
         })
     };
     tokio::time::sleep(Duration::from_millis(100)).await;
@@ -140,13 +145,24 @@ impl<S: Store> Store for PausedWait<S> {
     async fn purge_expired(&self, batch: usize) -> Result<u64, Error> {
         self.inner.purge_expired(batch).await
     }
+    fn capabilities(&self) -> Capabilities<'_> {
+        Capabilities::default().with_wake(self)
+    }
+}
+
+#[async_trait]
+impl<S: Store> Wake for PausedWait<S> {
     async fn wait_for_change(
         &self,
         scope: &Scope,
         key: &Key,
         timeout: Duration,
     ) -> Result<(), Error> {
-        self.inner.wait_for_change(scope, key, timeout).await
+        self.inner
+            .capabilities()
+            .waker()
+            .wait_for_change(scope, key, timeout)
+            .await
     }
     async fn wait_for_outcome(
         &self,
@@ -163,10 +179,14 @@ impl<S: Store> Store for PausedWait<S> {
             let _ = entered.send(());
             let _ = go_on.await;
         }
-        self.inner.wait_for_outcome(request, timeout).await
+        self.inner
+            .capabilities()
+            .waker()
+            .wait_for_outcome(request, timeout)
+            .await
     }
     fn wakes_across_processes(&self) -> bool {
-        self.inner.wakes_across_processes()
+        self.inner.capabilities().waker().wakes_across_processes()
     }
 }
 

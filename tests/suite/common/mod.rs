@@ -165,3 +165,10 @@ pub fn fresh(tag: &str) -> String {
 /// processes and lost its time bounds on a loaded machine.
 #[allow(dead_code)]
 pub static FAILOVERS: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// The step journal of `store`, which the test's store keeps.
+pub fn journal_of<S: idem::Store + ?Sized>(store: &S) -> &dyn idem::store::Journal {
+    store
+        .journal()
+        .expect("the test's store keeps a step journal")
+}

@@ -77,7 +77,7 @@ pub fn repeat(h: &History, runs: &[&Run], struck: usize) -> Repeat {
         // steps "get their keys and rerun" after any rollback.
         StepPolicy::Rerun if in_doubt => Repeat::Documented,
         StepPolicy::Rerun if h.mode == Mode::Transactional && failed => Repeat::Documented,
-        // Without `Store::detach` a store journals nothing: steps run
+        // Without `Detach` a store journals nothing: steps run
         // with their keys and rerun, as in transactional mode.
         StepPolicy::Rerun if !h.detach && failed => Repeat::Documented,
         StepPolicy::Rerun => Repeat::Never,

@@ -6,6 +6,8 @@
 //! [`Failover`](super::history::Failover), and the store talks to the
 //! promoted replica from then on.
 
+use crate::common::journal_of;
+use idem::store::{Capabilities, Detach, Immediate, Journal, Wake};
 use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
@@ -244,7 +246,9 @@ impl<S: Store> Faulty<S> {
         let looked = async {
             self.current().purge_expired(100).await?;
             let record = self.current().get(request.scope, request.key).await?;
-            let steps = self.current().steps(request.scope, request.key).await?;
+            let steps = journal_of(&self.current())
+                .steps(request.scope, request.key)
+                .await?;
             Ok::<_, Error>(record.is_none() && steps.is_empty())
         };
         if let Some(Ok(true)) = looked.now_or_never() {
@@ -278,17 +282,6 @@ impl<S: Store> Faulty<S> {
 
 #[async_trait]
 impl<S: Store> Store for Faulty<S> {
-    fn begin_now(&self, request: &BeginRequest<'_>) -> Option<Result<Begin, Error>> {
-        // A claim that a fault would strike goes through `begin`, where
-        // the fault is; otherwise the store's own fast path, counted.
-        if self.plan.would_strike(Op::Begin) {
-            return None;
-        }
-        self.note_fresh(request);
-        let answer = self.current().begin_now(request)?;
-        let _ = self.plan.action(Op::Begin);
-        Some(answer)
-    }
     async fn begin(&self, request: &BeginRequest<'_>) -> Result<Begin, Error> {
         self.plan
             .through(Op::Begin, self.begin_noted(self.current(), request))
@@ -303,14 +296,6 @@ impl<S: Store> Store for Faulty<S> {
         self.plan
             .through(Op::Renew, self.current().renew(claim))
             .await
-    }
-    fn complete_now(&self, claim: &Claim, outcome: &Outcome) -> Option<Result<(), Error>> {
-        if self.plan.would_strike(Op::Complete) || self.too_large(outcome).is_some() {
-            return None;
-        }
-        let answer = self.current().complete_now(claim, outcome)?;
-        let _ = self.plan.action(Op::Complete);
-        Some(answer)
     }
     async fn complete(&self, claim: &Claim, outcome: &Outcome) -> Result<(), Error> {
         if let Some(err) = self.too_large(outcome) {
@@ -334,30 +319,27 @@ impl<S: Store> Store for Faulty<S> {
     async fn purge_expired(&self, batch: usize) -> Result<u64, Error> {
         self.current().purge_expired(batch).await
     }
-    fn deletes_expired_itself(&self) -> bool {
-        self.current().deletes_expired_itself()
+    fn journal(&self) -> Option<&dyn Journal> {
+        Some(self)
     }
-    async fn wait_for_change(
-        &self,
-        scope: &Scope,
-        key: &Key,
-        timeout: Duration,
-    ) -> Result<(), Error> {
-        self.current().wait_for_change(scope, key, timeout).await
+    fn capabilities(&self) -> Capabilities<'_> {
+        let mut offered = Capabilities::default()
+            .with_wake(self)
+            .with_immediate(self)
+            .with_detach(self);
+        offered.deletes_expired_itself = self.current().capabilities().deletes_expired_itself;
+        offered
     }
-    async fn wait_for_outcome(
-        &self,
-        request: &BeginRequest<'_>,
-        timeout: Duration,
-    ) -> Result<Option<Begin>, Error> {
-        self.current().wait_for_outcome(request, timeout).await
-    }
-    fn wakes_across_processes(&self) -> bool {
-        self.current().wakes_across_processes()
-    }
+}
+
+#[async_trait]
+impl<S: Store> Journal for Faulty<S> {
     async fn begin_step(&self, claim: &Claim, step: &StepRequest<'_>) -> Result<StepBegin, Error> {
         self.plan
-            .through(Op::BeginStep, self.current().begin_step(claim, step))
+            .through(
+                Op::BeginStep,
+                journal_of(&self.current()).begin_step(claim, step),
+            )
             .await
     }
     async fn complete_step(
@@ -369,21 +351,27 @@ impl<S: Store> Store for Faulty<S> {
         self.plan
             .through(
                 Op::CompleteStep,
-                self.current().complete_step(claim, step, output),
+                journal_of(&self.current()).complete_step(claim, step, output),
             )
             .await
     }
     async fn undo_step(&self, claim: &Claim, step: &StepRequest<'_>) -> Result<bool, Error> {
         self.plan
-            .through(Op::UndoStep, self.current().undo_step(claim, step))
+            .through(
+                Op::UndoStep,
+                journal_of(&self.current()).undo_step(claim, step),
+            )
             .await
     }
     async fn steps(&self, scope: &Scope, key: &Key) -> Result<Vec<StepRecord>, Error> {
-        self.current().steps(scope, key).await
+        journal_of(&self.current()).steps(scope, key).await
     }
     async fn keep_steps(&self, scope: &Scope, key: &Key, ttl: Duration) -> Result<(), Error> {
         self.plan
-            .through(Op::KeepSteps, self.current().keep_steps(scope, key, ttl))
+            .through(
+                Op::KeepSteps,
+                journal_of(&self.current()).keep_steps(scope, key, ttl),
+            )
             .await
     }
     async fn resolve_step(
@@ -394,13 +382,79 @@ impl<S: Store> Store for Faulty<S> {
         name: &str,
         resolution: &StepResolution,
     ) -> Result<bool, Error> {
-        self.current()
+        journal_of(&self.current())
             .resolve_step(scope, key, seq, name, resolution)
             .await
     }
-    fn journal_beside(&self) -> bool {
-        self.current().journal_beside()
+    fn writes_beside(&self) -> bool {
+        journal_of(&self.current()).writes_beside()
     }
+}
+
+#[async_trait]
+impl<S: Store> Wake for Faulty<S> {
+    async fn wait_for_change(
+        &self,
+        scope: &Scope,
+        key: &Key,
+        timeout: Duration,
+    ) -> Result<(), Error> {
+        self.current()
+            .capabilities()
+            .waker()
+            .wait_for_change(scope, key, timeout)
+            .await
+    }
+    async fn wait_for_outcome(
+        &self,
+        request: &BeginRequest<'_>,
+        timeout: Duration,
+    ) -> Result<Option<Begin>, Error> {
+        self.current()
+            .capabilities()
+            .waker()
+            .wait_for_outcome(request, timeout)
+            .await
+    }
+    fn wakes_across_processes(&self) -> bool {
+        self.current()
+            .capabilities()
+            .waker()
+            .wakes_across_processes()
+    }
+}
+
+impl<S: Store> Immediate for Faulty<S> {
+    fn begin_now(&self, request: &BeginRequest<'_>) -> Option<Result<Begin, Error>> {
+        // A claim that a fault would strike goes through `begin`, where
+        // the fault is; otherwise the store's own fast path, counted.
+        if self.plan.would_strike(Op::Begin) {
+            return None;
+        }
+        self.note_fresh(request);
+        let answer = self
+            .current()
+            .capabilities()
+            .immediate?
+            .begin_now(request)?;
+        let _ = self.plan.action(Op::Begin);
+        Some(answer)
+    }
+    fn complete_now(&self, claim: &Claim, outcome: &Outcome) -> Option<Result<(), Error>> {
+        if self.plan.would_strike(Op::Complete) || self.too_large(outcome).is_some() {
+            return None;
+        }
+        let answer = self
+            .current()
+            .capabilities()
+            .immediate?
+            .complete_now(claim, outcome)?;
+        let _ = self.plan.action(Op::Complete);
+        Some(answer)
+    }
+}
+
+impl<S: Store> Detach for Faulty<S> {
     /// The same store and plan in the background, when the history gives
     /// the store a background at all.
     fn detach(&self) -> Option<Arc<dyn Store>> {
@@ -408,7 +462,7 @@ impl<S: Store> Store for Faulty<S> {
             return None;
         }
         Some(Arc::new(Faulty {
-            inner: self.inner.detach()?,
+            inner: self.inner.capabilities().detached()?,
             plan: self.plan.clone(),
         }))
     }

@@ -264,7 +264,7 @@ pub struct History {
     /// The store refuses an outcome over `max_outcome` with an error
     /// that is not `Unrecorded` (as Redis's `proto-max-bulk-len` does).
     pub size_limit: bool,
-    /// The store can work in the background (`Store::detach`).
+    /// The store can work in the background (`Detach`).
     pub detach: bool,
     pub attempts: Vec<Attempt>,
     pub faults: Vec<Fault>,

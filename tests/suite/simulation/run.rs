@@ -3,6 +3,7 @@
 //! caller's fate, then a final clean call once the store has recovered,
 //! and reports what every caller got and what the downstream saw.
 
+use crate::common::journal_of;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::Ordering;
@@ -472,7 +473,10 @@ async fn record_history<S: Store + 'static>(
 async fn leftovers(store: &dyn Store) -> (bool, usize) {
     let (scope, key) = (Scope::new(SCOPE), Key::new(OP_KEY).unwrap());
     let record = store.get(&scope, &key).await.expect("read the record");
-    let journal = store.steps(&scope, &key).await.expect("the journal");
+    let journal = journal_of(&store)
+        .steps(&scope, &key)
+        .await
+        .expect("the journal");
     (
         record.is_some_and(|r| r.state == State::InProgress),
         journal.len(),
