@@ -33,8 +33,8 @@ use serde::{ser, Serialize, Serializer};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
+use crate::canonical;
 use crate::error::Error;
-use crate::finite;
 use crate::key::{AsKey, Key, KeyError};
 
 /// What precedes the canonical text of a payload holding a value marked
@@ -56,11 +56,11 @@ impl Fingerprint {
     /// The fingerprint of `payload`'s canonical JSON form (see the module
     /// documentation).
     pub fn of<T: Serialize + ?Sized>(payload: &T) -> Result<Self, Error> {
-        let (value, marked) = finite::to_value(payload)?;
+        let (value, marked) = canonical::to_value(payload)?;
         Self::of_value(&value, marked)
     }
 
-    /// The fingerprint of a value built by [`finite::to_value`].
+    /// The fingerprint of a value built by [`canonical::to_value`].
     pub(crate) fn of_value(value: &Value, marked: bool) -> Result<Self, Error> {
         // Hashed as it is written: no text is kept.
         let mut hasher = Sha256::new();
@@ -76,7 +76,7 @@ impl Fingerprint {
     /// bits, the marked form the module documentation describes, which is
     /// not JSON).
     pub fn canonical_json<T: Serialize + ?Sized>(payload: &T) -> Result<String, Error> {
-        let (value, marked) = finite::to_value(payload)?;
+        let (value, marked) = canonical::to_value(payload)?;
         let mut buf = Vec::with_capacity(128);
         if marked {
             buf.extend_from_slice(MARKED);
@@ -378,7 +378,7 @@ mod tests {
         assert_ne!(a, of(vec![(nan, "a"), (1.5, "b"), (inf, "c")]));
         // Serializing them elsewhere refuses them as before.
         let items = vec![nan];
-        assert!(crate::finite::to_vec(&Unordered { items }).is_err());
+        assert!(crate::canonical::to_vec(&Unordered { items }).is_err());
     }
 
     #[test]

@@ -30,9 +30,9 @@ use ::http::request::Parts;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
+use crate::canonical;
 use crate::error::Error;
 use crate::fingerprint::{write_canonical, Fingerprint};
-use crate::json_exact;
 
 const TAG: &[u8] = b"idem-http-request-v1";
 const TAG_JSON: &[u8] = b"idem-http-request-v1-json";
@@ -314,19 +314,19 @@ fn remove(value: &mut Value, pointer: &str) {
 /// module documentation.
 fn numbers_are_exact(json: &[u8]) -> bool {
     // Shared with `consumer::content_key_of_json`: the checks live in
-    // `crate::json_exact`.
-    json_exact::numbers_are_exact(json)
+    // `crate::canonical`.
+    canonical::numbers_are_exact(json)
 }
 
 /// Whether no object of the JSON text `json` names a member twice.
 fn members_are_unique(json: &[u8]) -> bool {
-    json_exact::members_are_unique(json)
+    canonical::members_are_unique(json)
 }
 
-/// [`json_exact::number_is_exact`], for the tests here.
+/// [`canonical::number_is_exact`], for the tests here.
 #[cfg(test)]
 fn number_is_exact(number: &[u8]) -> bool {
-    json_exact::number_is_exact(number)
+    canonical::number_is_exact(number)
 }
 
 #[cfg(test)]
