@@ -167,11 +167,11 @@ use serde::de::{DeserializeOwned, IgnoredAny};
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 
+use crate::canonical;
 use crate::engine::Call;
 use crate::engine::{run, run_in_transaction};
 use crate::error::Error;
 use crate::fingerprint::Fingerprint;
-use crate::json_exact;
 use crate::key::{AsKey, Key, Scope};
 use crate::policy::Policy;
 use crate::store::{Store, TransactionalStore};
@@ -215,7 +215,7 @@ use crate::store::{Store, TransactionalStore};
 /// # Ok::<_, idem::Error>(())
 /// ```
 pub fn content_key_of_json(message: &[u8]) -> Result<Key, Error> {
-    if let Some(value) = json_exact::exact_value(message) {
+    if let Some(value) = canonical::exact_value(message) {
         return content_key(&value);
     }
     // Not read exactly: whether it is JSON at all, reading numbers of any

@@ -508,7 +508,7 @@ impl<T: Serialize + DeserializeOwned> Codec<T> for Json {
     fn encode(&self, value: &T) -> Result<Vec<u8>, Error> {
         // A non-finite float is refused rather than written as `null`,
         // which would be replayed as something else, or not at all.
-        Ok(crate::finite::to_vec(value)?)
+        Ok(crate::canonical::to_vec(value)?)
     }
 
     fn decode(&self, bytes: &[u8]) -> Result<T, Error> {

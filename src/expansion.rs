@@ -28,8 +28,8 @@ pub use crate::entity::{run as run_entity, Entity, EntityBind, RequestHash, Toke
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 pub use sqlx;
 
+use crate::canonical::{plain_or_marked, Checked, Floats};
 use crate::engine::{Codec, Json, OkOnly, Replaying};
-use crate::finite::{plain_or_marked, Checked, Floats};
 use std::cell::Cell;
 
 /// The `scope = ...` expression's value.
@@ -77,7 +77,7 @@ impl<T: Serialize> Argument for T {
 /// its own, all of it (see [`Fingerprint`]).
 pub struct Arg<'a>(&'a dyn ArgumentValue);
 
-/// An argument's JSON value, plain or marked ([`finite::Floats`]).
+/// An argument's JSON value, plain or marked ([`Floats`]).
 trait ArgumentValue {
     fn value(&self, floats: Floats, seen: &Cell<bool>) -> Result<Value, serde_json::Error>;
 }

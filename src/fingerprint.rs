@@ -27,19 +27,14 @@
 //! canonical text above.
 
 use std::fmt;
-use std::io::Write;
 
 use serde::{ser, Serialize, Serializer};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
+use crate::canonical;
 use crate::error::Error;
-use crate::finite;
 use crate::key::{AsKey, Key, KeyError};
-
-/// What precedes the canonical text of a payload holding a value marked
-/// (see the module documentation): no JSON text starts with NUL.
-const MARKED: &[u8] = b"\0marked\0";
 
 /// The SHA-256 digest of a canonical payload.
 ///
@@ -56,18 +51,15 @@ impl Fingerprint {
     /// The fingerprint of `payload`'s canonical JSON form (see the module
     /// documentation).
     pub fn of<T: Serialize + ?Sized>(payload: &T) -> Result<Self, Error> {
-        let (value, marked) = finite::to_value(payload)?;
+        let (value, marked) = canonical::to_value(payload)?;
         Self::of_value(&value, marked)
     }
 
-    /// The fingerprint of a value built by [`finite::to_value`].
+    /// The fingerprint of a value built by [`canonical::to_value`].
     pub(crate) fn of_value(value: &Value, marked: bool) -> Result<Self, Error> {
         // Hashed as it is written: no text is kept.
         let mut hasher = Sha256::new();
-        if marked {
-            hasher.update(MARKED);
-        }
-        write_canonical(value, &mut hasher)?;
+        canonical::write_text(value, marked, &mut hasher)?;
         Ok(Fingerprint(hasher.finalize().into()))
     }
 
@@ -76,12 +68,9 @@ impl Fingerprint {
     /// bits, the marked form the module documentation describes, which is
     /// not JSON).
     pub fn canonical_json<T: Serialize + ?Sized>(payload: &T) -> Result<String, Error> {
-        let (value, marked) = finite::to_value(payload)?;
+        let (value, marked) = canonical::to_value(payload)?;
         let mut buf = Vec::with_capacity(128);
-        if marked {
-            buf.extend_from_slice(MARKED);
-        }
-        write_canonical(&value, &mut buf)?;
+        canonical::write_text(&value, marked, &mut buf)?;
         // Every byte came from serde_json's writer or from UTF-8 keys.
         String::from_utf8(buf).map_err(|e| Error::Config(e.to_string()))
     }
@@ -135,43 +124,6 @@ impl fmt::Debug for Fingerprint {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "Fingerprint({self})")
     }
-}
-
-/// Writes `value`'s canonical JSON text (see the module documentation) to
-/// `out`: a buffer, or a hasher.
-pub(crate) fn write_canonical<W: Write>(value: &Value, out: &mut W) -> Result<(), Error> {
-    match value {
-        Value::Object(map) => {
-            let mut entries: Vec<(&String, &Value)> = map.iter().collect();
-            entries.sort_unstable_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
-            put(out, b"{")?;
-            for (i, (k, v)) in entries.into_iter().enumerate() {
-                if i > 0 {
-                    put(out, b",")?;
-                }
-                serde_json::to_writer(&mut *out, k)?;
-                put(out, b":")?;
-                write_canonical(v, out)?;
-            }
-            put(out, b"}")?;
-        }
-        Value::Array(items) => {
-            put(out, b"[")?;
-            for (i, v) in items.iter().enumerate() {
-                if i > 0 {
-                    put(out, b",")?;
-                }
-                write_canonical(v, out)?;
-            }
-            put(out, b"]")?;
-        }
-        scalar => serde_json::to_writer(&mut *out, scalar)?,
-    }
-    Ok(())
-}
-
-fn put<W: Write>(out: &mut W, bytes: &[u8]) -> Result<(), Error> {
-    Ok(out.write_all(bytes).map_err(serde_json::Error::io)?)
 }
 
 /// A key derived from several fields, or from any serializable value:
@@ -378,7 +330,7 @@ mod tests {
         assert_ne!(a, of(vec![(nan, "a"), (1.5, "b"), (inf, "c")]));
         // Serializing them elsewhere refuses them as before.
         let items = vec![nan];
-        assert!(crate::finite::to_vec(&Unordered { items }).is_err());
+        assert!(crate::canonical::to_vec(&Unordered { items }).is_err());
     }
 
     #[test]

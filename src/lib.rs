@@ -50,6 +50,7 @@ pub mod _guide;
 pub mod admin;
 #[cfg(feature = "_sql")]
 mod backend;
+mod canonical;
 pub mod consumer;
 pub mod engine;
 #[cfg(feature = "_sql")]
@@ -61,12 +62,10 @@ pub mod entity;
 mod error;
 mod expansion;
 pub mod fingerprint;
-mod finite;
 #[cfg(feature = "http")]
 #[cfg_attr(docsrs, doc(cfg(feature = "http")))]
 pub mod http;
 pub mod journal;
-mod json_exact;
 mod key;
 pub mod metrics;
 #[cfg(feature = "_sql")]

@@ -11,7 +11,7 @@ use bytes::{Buf, Bytes};
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 
-use super::future::panic_message;
+use super::unwind::panic_message;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 

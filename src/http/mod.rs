@@ -451,6 +451,7 @@ mod route;
 mod service;
 pub(crate) mod stored;
 mod storing;
+mod unwind;
 
 #[cfg(feature = "axum")]
 pub use self::axum::MatchedPathRoute;

@@ -107,9 +107,9 @@ use rdkafka::{Offset, TopicPartitionList};
 use serde::Serialize;
 
 use super::content_key_of_json;
+use crate::canonical;
 use crate::error::Error;
 use crate::fingerprint::Fingerprint;
-use crate::json_exact;
 use crate::key::{Key, KeyError};
 
 /// Where a Kafka record's idempotency key comes from.
@@ -342,7 +342,7 @@ fn payload_digest(payload: Option<&[u8]>) -> Digest {
     let Some(payload) = payload else {
         return Digest(None);
     };
-    let digest = match json_exact::exact_value(payload) {
+    let digest = match canonical::exact_value(payload) {
         Some(value) => match Fingerprint::of(&value) {
             Ok(fingerprint) => format!("json:{}", fingerprint.to_hex()),
             Err(_) => format!("bytes:{}", Fingerprint::of_bytes(payload).to_hex()),

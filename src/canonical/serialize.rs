@@ -1,22 +1,7 @@
-//! JSON forms for values that `serde_json` cannot give one.
-//!
-//! `serde_json` writes every non-finite float (NaN, +inf, -inf) as `null`,
-//! silently. Stored as an outcome, that `null` is read back as something
-//! else, or not at all; in a fingerprint, payloads that differ only there
-//! compare equal. And its `Value` has no integer beyond 64 bits, so that a
-//! payload holding one (an amount in wei, a `u128` id) could not be
-//! fingerprinted at all. Every JSON form this crate stores or hashes goes
-//! through [`Checked`], a serializer wrapper that forwards everything to
-//! `serde_json`'s own serializers and only takes those values:
-//!
-//! - [`to_vec`] (outcomes, step outputs) refuses non-finite floats, with an
-//!   error that says so (its writer has 128-bit integers);
-//! - [`to_value`] (fingerprints) writes both as marks that no other value
-//!   shares, and says that it did so that the caller hashes that form in a
-//!   domain of its own.
-//!
-//! A value without either gets exactly the bytes `serde_json` gives it, so
-//! that no stored fingerprint or outcome changes.
+//! A `Serialize` value to JSON, through [`Checked`], a serializer wrapper
+//! that forwards everything to `serde_json`'s own serializers but the
+//! values it has no form for: see [values JSON has no form
+//! for](super#values-json-has-no-form-for).
 
 use std::cell::Cell;
 
@@ -545,7 +530,7 @@ mod tests {
         }
         // And so the canonical text, as before this wrapper.
         let mut before = Vec::new();
-        crate::fingerprint::write_canonical(&serde_json::to_value(&order).unwrap(), &mut before)
+        crate::canonical::write_text(&serde_json::to_value(&order).unwrap(), false, &mut before)
             .unwrap();
         assert_eq!(
             Fingerprint::canonical_json(&order).unwrap().as_bytes(),
