@@ -50,7 +50,7 @@ pub mod _guide;
 pub mod admin;
 #[cfg(feature = "_sql")]
 mod backend;
-mod canonical;
+use idem_core::canonical;
 pub mod consumer;
 pub mod engine;
 #[cfg(feature = "_sql")]
@@ -59,14 +59,14 @@ pub mod engine;
     doc(cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql")))
 )]
 pub mod entity;
-mod error;
+use idem_core::error;
 mod expansion;
-pub mod fingerprint;
+pub use idem_core::fingerprint;
 #[cfg(feature = "http")]
 #[cfg_attr(docsrs, doc(cfg(feature = "http")))]
 pub mod http;
-pub mod journal;
-mod key;
+pub use idem_core::journal;
+use idem_core::key;
 pub mod metrics;
 #[cfg(feature = "_sql")]
 #[cfg_attr(
@@ -75,7 +75,7 @@ pub mod metrics;
 )]
 pub mod outbox;
 mod policy;
-pub mod record;
+pub use idem_core::record;
 #[cfg(feature = "redis")]
 mod redis_store;
 pub mod steps;
@@ -107,9 +107,10 @@ pub use engine::{run, run_in_transaction, Call, Codec, MissingKey};
     doc(cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql")))
 )]
 pub use entity::{is_unique_violation, Entity, EntityBind, TokenEntity};
-pub use error::Error;
-pub use fingerprint::{key_of, Fingerprint, HashedKey};
-pub use key::{AsKey, Displayed, Key, KeyError, Scope, MAX_KEY_LEN, MAX_SCOPE_LEN};
+pub use idem_core::{
+    key_of, AsKey, Displayed, Error, Fingerprint, HashedKey, Key, KeyError, Scope, MAX_KEY_LEN,
+    MAX_SCOPE_LEN,
+};
 pub use policy::{InProgressPolicy, Policy};
 pub use record::{Begin, Claim, ClaimToken, Outcome, OutcomeKind, Record, State};
 #[cfg(feature = "redis")]

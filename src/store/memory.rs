@@ -134,10 +134,39 @@ impl MemoryStore {
     }
 }
 
-super::forward_store!(
-    [] MemoryStore => |store| &*store.inner,
-    capabilities: store.inner.capabilities().with_detach(store);
-);
+#[async_trait]
+impl Store for MemoryStore {
+    async fn begin(&self, req: &BeginRequest<'_>) -> Result<Begin, Error> {
+        self.inner.claim(req)
+    }
+    async fn peek(&self, req: &BeginRequest<'_>) -> Result<Option<Begin>, Error> {
+        Store::peek(&*self.inner, req).await
+    }
+    async fn renew(&self, claim: &Claim) -> Result<(), Error> {
+        Store::renew(&*self.inner, claim).await
+    }
+    async fn complete(&self, claim: &Claim, outcome: &Outcome) -> Result<(), Error> {
+        self.inner.completed(claim, outcome)
+    }
+    async fn release(&self, claim: &Claim) -> Result<(), Error> {
+        Store::release(&*self.inner, claim).await
+    }
+    async fn get(&self, scope: &Scope, key: &Key) -> Result<Option<Record>, Error> {
+        Store::get(&*self.inner, scope, key).await
+    }
+    async fn forget(&self, scope: &Scope, key: &Key) -> Result<bool, Error> {
+        Store::forget(&*self.inner, scope, key).await
+    }
+    async fn purge_expired(&self, batch: usize) -> Result<u64, Error> {
+        Store::purge_expired(&*self.inner, batch).await
+    }
+    fn journal(&self) -> Option<&dyn Journal> {
+        Some(&*self.inner)
+    }
+    fn capabilities(&self) -> Capabilities<'_> {
+        Store::capabilities(&*self.inner).with_detach(self)
+    }
+}
 
 impl Detach for MemoryStore {
     fn detach(&self) -> Option<Arc<dyn Store>> {

@@ -1,7 +1,8 @@
 //! The store conformance suite, for anyone who writes a [`Store`].
 //!
-//! Every store built into this crate passes the same cases: claim and
-//! replay, payload mismatch, a duplicate in progress, lease takeover with
+//! Every store built into this crate passes the same cases: the
+//! contract's own (`idem_core::testing`, each transition called straight
+//! on the store), and these, through the engine: claim and replay, payload mismatch, a duplicate in progress, lease takeover with
 //! fencing, release, ttl expiry, purge, a dropped caller, scoping, a
 //! storm of concurrent calls, and the step journal of durable steps (see
 //! the functions below). A store of your own
@@ -41,6 +42,8 @@
 mod steps;
 mod support;
 
+// The contract's own cases, which call the store's transitions straight,
+// and the runner of every case.
 pub use self::steps::{
     a_clean_failure_takes_the_start_back, a_journal_of_another_payload_is_refused,
     a_step_completion_sent_again_is_accepted, a_step_journal_is_fenced,
@@ -48,9 +51,15 @@ pub use self::steps::{
     steps_in_doubt_follow_their_policy, steps_replay_after_a_failed_attempt,
     storm_runs_each_step_once,
 };
+pub use idem_core::testing::{
+    a_claim_is_granted_once, a_claim_sent_again_is_granted_again, a_completed_key_replays,
+    a_completion_sent_again_is_accepted, a_lapsed_lease_is_taken_over_and_fenced,
+    a_release_frees_the_key, an_expired_record_frees_the_key, another_payload_is_refused,
+    forget_frees_the_key_and_fences_its_owner, purge_deletes_only_what_expired, run_case,
+    the_journal_replays_and_fences,
+};
 
 use std::collections::HashMap;
-use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -125,32 +134,29 @@ macro_rules! store_conformance {
                 a_journal_of_another_payload_is_refused,
                 forget_and_purge_clear_the_journal,
                 storm_runs_each_step_once,
+                a_claim_is_granted_once,
+                a_claim_sent_again_is_granted_again,
+                a_completed_key_replays,
+                another_payload_is_refused,
+                a_lapsed_lease_is_taken_over_and_fenced,
+                a_release_frees_the_key,
+                a_completion_sent_again_is_accepted,
+                an_expired_record_frees_the_key,
+                purge_deletes_only_what_expired,
+                forget_frees_the_key_and_fences_its_owner,
+                the_journal_replays_and_fences,
             );
         }
     };
     (@cases $make:expr; $($case:ident),* $(,)?) => {$(
         #[test]
         fn $case() {
-            $crate::testing::__block_on(async {
+            $crate::testing::run_case(async {
                 let (store, _guard) = $make.await;
                 $crate::testing::$case(store).await;
             });
         }
     )*};
-}
-
-/// Runs one case as `#[tokio::test(flavor = "multi_thread", worker_threads
-/// = 4)]` would. Not a public API: what [`store_conformance!`] expands to.
-///
-/// [`store_conformance!`]: crate::store_conformance
-#[doc(hidden)]
-pub fn __block_on<F: Future<Output = ()>>(case: F) {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(4)
-        .enable_all()
-        .build()
-        .expect("a tokio runtime for the conformance case")
-        .block_on(case)
 }
 
 /// The first call with a key runs the body and stores its result; every

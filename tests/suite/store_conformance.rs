@@ -35,3 +35,11 @@ idem::store_conformance!(redis, backend::redis::store(10));
 
 #[cfg(feature = "redis")]
 idem::store_conformance!(redis_cluster, backend::redis_cluster::store(10));
+
+// A store written on `idem-core` alone (idem-core/tests/user_store.rs), in
+// under 150 lines: it passes the engine's cases too.
+#[path = "../../idem-core/tests/user_store.rs"]
+mod user_store;
+idem::store_conformance!(user_map_store, async {
+    (user_store::MapStore::default(), ())
+});

@@ -52,7 +52,7 @@ impl Key {
     }
 
     /// Validates `value` as a key, copying it once.
-    pub(crate) fn checked(value: &str) -> Result<Self, KeyError> {
+    pub fn checked(value: &str) -> Result<Self, KeyError> {
         Self::check(value)?;
         Ok(Key(Arc::from(value)))
     }
@@ -202,7 +202,7 @@ impl AsKey for uuid::Uuid {
 /// The text must follow the key rules (1 to 255 bytes of visible ASCII).
 ///
 /// ```
-/// use idem::{AsKey, Displayed};
+/// use idem_core::{AsKey, Displayed};
 ///
 /// struct OrderId(u64);
 /// impl std::fmt::Display for OrderId {
@@ -213,7 +213,7 @@ impl AsKey for uuid::Uuid {
 ///
 /// let key = Displayed(&OrderId(42)).to_key().unwrap();
 /// assert_eq!(key.as_str(), "order-42");
-/// // In the attribute: #[idempotent(key = idem::Displayed(&cmd.order), ...)]
+/// // In the attribute: #[idempotent(key = idem_core::Displayed(&cmd.order), ...)]
 /// ```
 #[derive(Clone, Copy, Debug)]
 pub struct Displayed<T>(pub T);
@@ -255,7 +255,7 @@ const DIGEST_MARK: &str = "...sha256:";
 /// NULs are written as dots in the first bytes; the digest tells it apart):
 ///
 /// ```
-/// use idem::{Scope, MAX_SCOPE_LEN};
+/// use idem_core::{Scope, MAX_SCOPE_LEN};
 ///
 /// let path = format!("POST /files/{}", "a".repeat(4000));
 /// let scope = Scope::new(&path).with_principal("acct_1");
@@ -374,34 +374,17 @@ impl Scope {
     ///
     /// Two tenants sending the same key then never see each other's
     /// records. With the attribute, name the principal in `scope`:
+    /// `scope = Scope::new("ledger::transfer").with_principal(&cmd.tenant)`.
     ///
     /// ```
-    /// use idem::{idempotent, MemoryStore, Scope};
-    /// use serde::{Deserialize, Serialize};
+    /// use idem_core::Scope;
     ///
-    /// #[derive(Serialize, Deserialize)]
-    /// struct Transfer { tenant: String, key: String, cents: u64 }
-    ///
-    /// struct Ledger { store: MemoryStore }
-    ///
-    /// impl Ledger {
-    ///     #[idempotent(
-    ///         key = cmd.key,
-    ///         store = self.store,
-    ///         scope = Scope::new("ledger::transfer").with_principal(&cmd.tenant),
-    ///     )]
-    ///     async fn transfer(&self, cmd: Transfer) -> Result<String, idem::Error> {
-    ///         Ok(format!("{} moved {}", cmd.tenant, cmd.cents))
-    ///     }
-    /// }
-    ///
-    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
-    /// let ledger = Ledger { store: MemoryStore::new() };
-    /// let t = |tenant: &str| Transfer { tenant: tenant.into(), key: "k1".into(), cents: 5 };
-    /// assert_eq!(ledger.transfer(t("acme")).await.unwrap(), "acme moved 5");
+    /// let acme = Scope::new("ledger::transfer").with_principal("acme");
+    /// let globex = Scope::new("ledger::transfer").with_principal("globex");
     /// // Same key, other tenant: its own record, its own run.
-    /// assert_eq!(ledger.transfer(t("globex")).await.unwrap(), "globex moved 5");
-    /// # });
+    /// assert_ne!(acme, globex);
+    /// assert_eq!(acme.operation(), "ledger::transfer");
+    /// assert_eq!(acme.principal(), Some("acme"));
     /// ```
     pub fn with_principal(self, principal: impl AsRef<str>) -> Self {
         let principal = principal.as_ref();
@@ -427,8 +410,7 @@ impl Scope {
     /// label in place of the operation: the HTTP layer's scopes of a raw
     /// request path, which would make a label of every path. The stored
     /// form, and so which records the scope names, does not change.
-    #[cfg(feature = "http")]
-    pub(crate) fn with_metric_label(self, label: &str) -> Self {
+    pub fn with_metric_label(self, label: &str) -> Self {
         let mut joined = String::with_capacity(self.stored_len as usize + label.len());
         joined.push_str(self.as_str());
         joined.push_str(label);
@@ -448,7 +430,7 @@ impl Scope {
 
     /// The `operation` label of the scope's metrics: the operation, unless
     /// the scope was given another label.
-    pub(crate) fn metric_label(&self) -> &str {
+    pub fn metric_label(&self) -> &str {
         self.label().unwrap_or_else(|| self.operation())
     }
 
@@ -554,7 +536,6 @@ mod tests {
     /// to, and hashed as, the one a store reads back (`from_stored`), by
     /// which a notification wakes the duplicates waiting on it; its
     /// principal replaced, it keeps its label.
-    #[cfg(feature = "http")]
     #[test]
     fn a_metric_label_leaves_the_scope_as_it_is() {
         use std::hash::BuildHasher;

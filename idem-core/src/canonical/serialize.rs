@@ -13,7 +13,7 @@ use serde_json::Value;
 
 /// What the wrapper does with the values `serde_json` has no form for.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
-pub(crate) enum Floats {
+pub enum Floats {
     /// For a writer: fails on a non-finite float, and notes that it did.
     Refuse,
     /// For a `Value`: fails on a non-finite float or an integer beyond 64
@@ -33,7 +33,7 @@ pub(crate) const NON_FINITE: &str =
 
 /// `value`'s JSON bytes as `serde_json::to_vec` writes them, or an error
 /// when it holds a non-finite float.
-pub(crate) fn to_vec<T: Serialize + ?Sized>(value: &T) -> Result<Vec<u8>, serde_json::Error> {
+pub fn to_vec<T: Serialize + ?Sized>(value: &T) -> Result<Vec<u8>, serde_json::Error> {
     let seen = Cell::new(false);
     serde_json::to_vec(&Checked::new(value, Floats::Refuse, &seen))
 }
@@ -43,16 +43,14 @@ pub(crate) fn to_vec<T: Serialize + ?Sized>(value: &T) -> Result<Vec<u8>, serde_
 /// marked form (see [`Floats::Mark`]) and `true`. The marked form of one
 /// value can equal the plain form of another (`"\0NaN"`): a caller hashes
 /// the two kinds apart.
-pub(crate) fn to_value<T: Serialize + ?Sized>(
-    value: &T,
-) -> Result<(Value, bool), serde_json::Error> {
+pub fn to_value<T: Serialize + ?Sized>(value: &T) -> Result<(Value, bool), serde_json::Error> {
     plain_or_marked(|floats, seen| serde_json::to_value(Checked::new(value, floats, seen)))
 }
 
 /// What `build` makes with [`Floats::Plain`], and `false`; or, when that
 /// met a value to mark, what it makes with [`Floats::Mark`], and `true`:
 /// one form for the whole of what is fingerprinted.
-pub(crate) fn plain_or_marked<T>(
+pub fn plain_or_marked<T>(
     build: impl Fn(Floats, &Cell<bool>) -> Result<T, serde_json::Error>,
 ) -> Result<(T, bool), serde_json::Error> {
     let seen = Cell::new(false);
@@ -66,14 +64,16 @@ pub(crate) fn plain_or_marked<T>(
 }
 
 /// A value serialized through the wrapper.
-pub(crate) struct Checked<'a, T: ?Sized> {
+pub struct Checked<'a, T: ?Sized> {
     value: &'a T,
     floats: Floats,
     seen: &'a Cell<bool>,
 }
 
 impl<'a, T: ?Sized> Checked<'a, T> {
-    pub(crate) fn new(value: &'a T, floats: Floats, seen: &'a Cell<bool>) -> Self {
+    /// `value`, serialized with `floats`; `seen` is set when a value
+    /// without a plain form was met.
+    pub fn new(value: &'a T, floats: Floats, seen: &'a Cell<bool>) -> Self {
         Checked {
             value,
             floats,

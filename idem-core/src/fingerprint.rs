@@ -42,7 +42,7 @@ use crate::key::{AsKey, Key, KeyError};
 /// array order counts, and a `HashSet` serializes as an array in an order
 /// of its own that differs between two equal sets. Make such a field a
 /// `BTreeSet`, or mark it `#[serde(serialize_with =
-/// "idem::fingerprint::unordered")]` (see [`unordered`]); otherwise an
+/// "idem_core::fingerprint::unordered")]` (see [`unordered`]); otherwise an
 /// equal retry fails with [`Error::KeyReused`].
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Fingerprint([u8; 32]);
@@ -56,7 +56,7 @@ impl Fingerprint {
     }
 
     /// The fingerprint of a value built by [`canonical::to_value`].
-    pub(crate) fn of_value(value: &Value, marked: bool) -> Result<Self, Error> {
+    pub fn of_value(value: &Value, marked: bool) -> Result<Self, Error> {
         // Hashed as it is written: no text is kept.
         let mut hasher = Sha256::new();
         canonical::write_text(value, marked, &mut hasher)?;
@@ -139,12 +139,12 @@ impl fmt::Debug for Fingerprint {
 /// members are sorted.)
 ///
 /// ```
-/// use idem::{key_of, AsKey};
+/// use idem_core::{key_of, AsKey};
 ///
 /// let key = key_of(&("acct-7", "2026-11", 1200)).to_key().unwrap();
 /// assert!(key.as_str().starts_with("sha256:"));
 /// assert_eq!(key, key_of(&("acct-7", "2026-11", 1200)).to_key().unwrap());
-/// // In the attribute: #[idempotent(key = idem::key_of(&(cmd.account, cmd.month)), ...)]
+/// // In the attribute: #[idempotent(key = idem_core::key_of(&(cmd.account, cmd.month)), ...)]
 /// ```
 pub fn key_of<T: Serialize + ?Sized>(value: &T) -> HashedKey {
     HashedKey(
@@ -169,7 +169,7 @@ impl AsKey for HashedKey {
 /// as a sequence sorted by each item's canonical JSON
 /// ([`Fingerprint::canonical_json`]), so that equal collections always
 /// serialize alike. For a field:
-/// `#[serde(serialize_with = "idem::fingerprint::unordered")]`.
+/// `#[serde(serialize_with = "idem_core::fingerprint::unordered")]`.
 ///
 /// The fingerprint of a payload keeps the order of its arrays, as it
 /// should for a list. But a `HashSet` serializes as an array in its
@@ -192,13 +192,13 @@ impl AsKey for HashedKey {
 /// ```
 /// use std::collections::HashSet;
 ///
-/// use idem::{key_of, AsKey, Fingerprint};
+/// use idem_core::{key_of, AsKey, Fingerprint};
 /// use serde::Serialize;
 ///
 /// #[derive(Serialize)]
 /// struct Grant {
 ///     account: String,
-///     #[serde(serialize_with = "idem::fingerprint::unordered")]
+///     #[serde(serialize_with = "idem_core::fingerprint::unordered")]
 ///     permissions: HashSet<String>,
 /// }
 ///
@@ -214,7 +214,7 @@ impl AsKey for HashedKey {
 ///     Fingerprint::canonical_json(&grant(&["write", "read"]))?,
 ///     r#"{"account":"acct-7","permissions":["read","write"]}"#
 /// );
-/// # Ok::<_, idem::Error>(())
+/// # Ok::<_, idem_core::Error>(())
 /// ```
 ///
 /// The attribute applies to the field's own collection: a set inside an

@@ -16,7 +16,7 @@ const MARKED: &[u8] = b"\0marked\0";
 /// preceded by the marked form's prefix when `marked`, as
 /// [`to_value`](super::to_value) says of the value it built. A value read
 /// from a JSON text holds no mark.
-pub(crate) fn write_text<W: Write>(value: &Value, marked: bool, out: &mut W) -> Result<(), Error> {
+pub fn write_text<W: Write>(value: &Value, marked: bool, out: &mut W) -> Result<(), Error> {
     if marked {
         put(out, MARKED)?;
     }

@@ -2,18 +2,18 @@
 //! compares is reduced to, and the special cases met on the way. The
 //! fingerprint of a payload ([`crate::fingerprint`], and through it
 //! `#[idempotent]`'s default one), of an HTTP request's JSON body
-//! ([`crate::http`]) and the content key of a consumer's message
-//! ([`crate::consumer::content_key_of_json`]) hash this form; outcomes and
+//! (`idem::http`) and the content key of a consumer's message
+//! (`idem::consumer::content_key_of_json`) hash this form; outcomes and
 //! step outputs are written by [`to_vec`].
 //!
 //! One file per job:
 //!
-//! - [`serialize`]: a `Serialize` value to JSON bytes or to a
+//! - `serialize`: a `Serialize` value to JSON bytes or to a
 //!   `serde_json::Value`, through a wrapper that catches the values
 //!   `serde_json` has no form for;
-//! - [`exact`]: whether a JSON text reads into a `Value` without losing
+//! - `exact`: whether a JSON text reads into a `Value` without losing
 //!   what tells it apart from another text;
-//! - [`text`]: a `Value` to its canonical text, the bytes that are hashed.
+//! - `text`: a `Value` to its canonical text, the bytes that are hashed.
 //!
 //! Nothing here may change a byte it writes: stored fingerprints and
 //! outcomes are compared with these bytes, from one release to the next.
@@ -82,6 +82,6 @@ mod exact;
 mod serialize;
 mod text;
 
-pub(crate) use exact::exact_value;
-pub(crate) use serialize::{plain_or_marked, to_value, to_vec, Checked, Floats};
-pub(crate) use text::write_text;
+pub use exact::exact_value;
+pub use serialize::{plain_or_marked, to_value, to_vec, Checked, Floats};
+pub use text::write_text;

@@ -9,7 +9,7 @@ use crate::key::KeyError;
 
 /// Everything that can go wrong in an idempotent call.
 ///
-/// A user's error type joins the flow through `From<idem::Error>`: the
+/// A user's error type joins the flow through `From<idem_core::Error>`: the
 /// `#[idempotent]` attribute converts these errors into the function's own
 /// error type with `?`-like semantics.
 ///
@@ -19,13 +19,13 @@ use crate::key::KeyError;
 /// use std::time::Duration;
 ///
 /// /// The status and the retry hint to answer a client with.
-/// fn answer(err: &idem::Error) -> (u16, Option<Duration>) {
+/// fn answer(err: &idem_core::Error) -> (u16, Option<Duration>) {
 ///     match err {
 ///         // The client reused its key for another request: its mistake.
-///         idem::Error::KeyReused => (422, None),
+///         idem_core::Error::KeyReused => (422, None),
 ///         // The first call is still running: retry later.
-///         idem::Error::InProgress { retry_after } => (409, Some(*retry_after)),
-///         idem::Error::InvalidKey(_) | idem::Error::MissingKey => (400, None),
+///         idem_core::Error::InProgress { retry_after } => (409, Some(*retry_after)),
+///         idem_core::Error::InvalidKey(_) | idem_core::Error::MissingKey => (400, None),
 ///         // Nothing was decided; the request may be sent again as is.
 ///         err if err.is_retryable() => (503, Some(Duration::from_secs(1))),
 ///         // A bug or a misconfiguration: say so in the logs.
@@ -33,16 +33,16 @@ use crate::key::KeyError;
 ///     }
 /// }
 ///
-/// assert_eq!(answer(&idem::Error::KeyReused), (422, None));
-/// assert_eq!(answer(&idem::Error::LeaseLost).0, 503);
-/// assert_eq!(answer(&idem::Error::Config("bad table".into())).0, 500);
+/// assert_eq!(answer(&idem_core::Error::KeyReused), (422, None));
+/// assert_eq!(answer(&idem_core::Error::LeaseLost).0, 503);
+/// assert_eq!(answer(&idem_core::Error::Config("bad table".into())).0, 500);
 /// ```
 ///
 /// # Serialized form
 ///
 /// `Error` implements `Serialize` and `Deserialize`, so that an error enum
 /// holding one can derive them and be stored by the `replayable` option of
-/// `#[idempotent]` (or [`Call::replaying`](crate::Call::replaying)). Its
+/// `#[idempotent]` (or `idem::Call::replaying`). Its
 /// JSON form is an object with the error's `kind` and its `message` (its
 /// `Display`), and the fields that variant needs to be rebuilt:
 ///
@@ -84,7 +84,7 @@ use crate::key::KeyError;
 ///     #[error("card declined")]
 ///     Declined,
 ///     #[error(transparent)]
-///     Idempotency(#[from] idem::Error),
+///     Idempotency(#[from] idem_core::Error),
 /// }
 ///
 /// // The predicate of `replayable = ...`: the decline only.
@@ -92,14 +92,14 @@ use crate::key::KeyError;
 ///     matches!(err, PaymentError::Declined)
 /// }
 ///
-/// let err = PaymentError::from(idem::Error::KeyReused);
+/// let err = PaymentError::from(idem_core::Error::KeyReused);
 /// let json = serde_json::to_string(&err).unwrap();
 /// assert_eq!(
 ///     json,
 ///     r#"{"Idempotency":{"kind":"key_reused","message":"idempotency key reused with a different payload"}}"#
 /// );
 /// let back: PaymentError = serde_json::from_str(&json).unwrap();
-/// assert!(matches!(back, PaymentError::Idempotency(idem::Error::KeyReused)));
+/// assert!(matches!(back, PaymentError::Idempotency(idem_core::Error::KeyReused)));
 /// assert!(!is_final(&back));
 /// ```
 #[derive(Debug, thiserror::Error)]
@@ -138,7 +138,7 @@ pub enum Error {
     /// A durable step whose policy is to refuse is in doubt: an earlier
     /// attempt started it and journaled no outcome, so whether its effect
     /// happened is unknown (HTTP 502). Every attempt gets this error until
-    /// an operator resolves the step ([`steps::resolve`](crate::steps::resolve)).
+    /// an operator resolves the step (`idem::steps::resolve`).
     #[error(
         "the outcome of step {seq} ({step:?}) is unknown: an earlier attempt started it and \
          journaled no outcome; an operator must resolve it (its downstream key is {step_key})"
@@ -157,7 +157,7 @@ pub enum Error {
     /// `max_allowed_packet`) (HTTP 410). The caller that ran it got its
     /// result; every later call with the key gets this error, and the
     /// operation is not run again, since its effect happened. The text
-    /// says why. A [`Store`](crate::Store) returns it from `complete` for
+    /// says why. A [`Store`](crate::store::Store) returns it from `complete` for
     /// an outcome it can never hold; the engine then stores the answer.
     #[error(
         "this idempotency key's operation ran, but its result could not be recorded ({0}); \
@@ -209,14 +209,14 @@ impl From<KeyError> for Error {
     }
 }
 
-#[cfg(feature = "_sql")]
+#[cfg(feature = "sqlx")]
 impl From<sqlx::Error> for Error {
     fn from(err: sqlx::Error) -> Self {
         Error::Store(Box::new(err))
     }
 }
 
-#[cfg(feature = "_sql")]
+#[cfg(feature = "sqlx")]
 impl From<sqlx::migrate::MigrateError> for Error {
     fn from(err: sqlx::migrate::MigrateError) -> Self {
         Error::Store(Box::new(err))

@@ -98,7 +98,7 @@ pub trait Store: Send + Sync {
     async fn purge_expired(&self, batch: usize) -> Result<u64, Error>;
 
     /// The step journal kept beside these records, which durable steps
-    /// ([`crate::steps`]) need: `None` (the default) for a store that keeps
+    /// (`idem::steps`) need: `None` (the default) for a store that keeps
     /// none, where a call with steps fails with [`Error::Config`].
     fn journal(&self) -> Option<&dyn Journal> {
         None
@@ -116,7 +116,7 @@ pub trait Store: Send + Sync {
 /// awaited, and a dropped caller's claim is left to its lease.
 ///
 /// ```
-/// # use idem::store::{Capabilities, Wake};
+/// # use idem_core::store::{Capabilities, Wake};
 /// # fn offered<'a>(waker: &'a dyn Wake) -> Capabilities<'a> {
 /// Capabilities::default().with_wake(waker)
 /// # }
@@ -179,7 +179,7 @@ impl std::fmt::Debug for Capabilities<'_> {
 }
 
 /// The step journal: the transitions of durable steps
-/// ([`crate::steps`]), each fenced by the claim of the operation they
+/// (`idem::steps`), each fenced by the claim of the operation they
 /// belong to.
 #[async_trait]
 pub trait Journal: Send + Sync {
@@ -245,7 +245,7 @@ pub trait Journal: Send + Sync {
     ) -> Result<bool, Error>;
 
     /// Whether the journal writes of a step may run beside the step's own
-    /// call and behind the body, off their path ([`crate::steps`]): `true`
+    /// call and behind the body, off their path (`idem::steps`): `true`
     /// by default; `false` where writes queue for one lock anyway
     /// (SQLite's), so that more of them at once only wait longer.
     fn writes_beside(&self) -> bool {
@@ -340,13 +340,13 @@ pub trait Detach: Send + Sync {
 
 /// The journal of `store`, or the error a call with steps gets from a
 /// store that keeps none.
-pub(crate) fn journal_of(store: &(impl Store + ?Sized)) -> Result<&dyn Journal, Error> {
+pub fn journal_of(store: &(impl Store + ?Sized)) -> Result<&dyn Journal, Error> {
     store.journal().ok_or_else(no_journal)
 }
 
 /// A completion of a step that the journal does not hold as started: an
 /// operator resolved it (or a forget removed it) while it ran.
-pub(crate) fn step_not_journaled(step: &StepRequest<'_>) -> Error {
+pub fn step_not_journaled(step: &StepRequest<'_>) -> Error {
     Error::store(format!(
         "step {} ({:?}) is not started in the journal any more: it was resolved or forgotten \
          while it ran",
@@ -355,6 +355,207 @@ pub(crate) fn step_not_journaled(step: &StepRequest<'_>) -> Error {
 }
 
 /// What a store without a step journal answers.
-pub(crate) fn no_journal() -> Error {
+pub fn no_journal() -> Error {
     Error::Config("this store keeps no step journal (durable steps need one)".into())
 }
+
+/// A store whose statements can also run on a caller's connection: the
+/// transactional mode of `idem::run_in_transaction`.
+///
+/// The SQL stores implement it for their connection, their transaction and
+/// their pooled connection types (`&mut SqliteConnection`,
+/// `&mut Transaction<'_, Sqlite>`, ...), running exactly the statements of
+/// record mode, so that the claim and the completion commit or roll back
+/// with the caller's own writes.
+///
+/// A duplicate in transactional mode looks first with a plain read
+/// ([`peek_in`](TransactionalStore::peek_in)), which takes no lock, and
+/// tries the claim only when the key looks free. Should that claim find
+/// the key in progress after all, the duplicate does not wait: the attempt
+/// may have left a lock in the caller's transaction that the owner needs.
+/// A store whose claim locks nothing it does not claim says so
+/// ([`claim_locks_only_its_own`](TransactionalStore::claim_locks_only_its_own)),
+/// and its duplicates claim at once, one round trip fewer.
+#[async_trait]
+pub trait TransactionalStore<C: Send + ?Sized>: Store {
+    /// [`Store::peek`] for a caller in a transaction on `conn`: a plain
+    /// read that sees the latest committed record (on `conn` where its
+    /// isolation allows, else on a free connection of the store's own).
+    async fn peek_in(
+        &self,
+        conn: &mut C,
+        request: &BeginRequest<'_>,
+    ) -> Result<Option<Begin>, Error>;
+    /// [`Store::begin`] on `conn`.
+    async fn begin_on(&self, conn: &mut C, request: &BeginRequest<'_>) -> Result<Begin, Error>;
+    /// [`Store::complete`] on `conn`.
+    async fn complete_on(
+        &self,
+        conn: &mut C,
+        claim: &Claim,
+        outcome: &Outcome,
+    ) -> Result<(), Error>;
+    /// [`Store::release`] on `conn`.
+    async fn release_on(&self, conn: &mut C, claim: &Claim) -> Result<(), Error>;
+    /// [`Journal::complete_step`] on `conn`: a step whose rows commit with
+    /// its journal entry (`idem::steps::Step::in_transaction`).
+    /// The default keeps no journal there and refuses.
+    async fn complete_step_on(
+        &self,
+        conn: &mut C,
+        claim: &Claim,
+        step: &StepRequest<'_>,
+        output: &[u8],
+    ) -> Result<(), Error> {
+        let _ = (conn, claim, step, output);
+        Err(no_journal())
+    }
+    /// Whether the journal writes of a step whose rows commit with its
+    /// entry must go on `conn`: the caller's transaction holds a lock that
+    /// the store's own connections would wait for until the database gives
+    /// up, or a snapshot their commit would break (SQLite, once the
+    /// transaction read, wrote or began `IMMEDIATE`). `false` (the
+    /// default): they go through the store.
+    async fn journals_on(&self, conn: &mut C) -> Result<bool, Error> {
+        let _ = conn;
+        Ok(false)
+    }
+    /// [`Journal::begin_step`] on `conn`, where
+    /// [`journals_on`](TransactionalStore::journals_on) says so: the entry
+    /// commits or rolls back with the caller's transaction. The default
+    /// keeps no journal there and refuses.
+    async fn begin_step_on(
+        &self,
+        conn: &mut C,
+        claim: &Claim,
+        step: &StepRequest<'_>,
+    ) -> Result<StepBegin, Error> {
+        let _ = (conn, claim, step);
+        Err(no_journal())
+    }
+    /// Whether [`begin_on`](TransactionalStore::begin_on) locks no record
+    /// but the one it claims (PostgreSQL's `INSERT ... ON CONFLICT DO
+    /// NOTHING`): a duplicate then claims without looking first, and may
+    /// wait for an owner in progress. `false` (the default) looks first
+    /// with [`peek_in`](TransactionalStore::peek_in), and a claim attempt
+    /// that finds the key in progress does not wait.
+    fn claim_locks_only_its_own(&self) -> bool {
+        false
+    }
+    /// Whether `conn` is in a transaction, so that a claim written on it
+    /// is seen by no one else until the caller commits. On a connection
+    /// outside one, each statement commits as it runs, the claim too:
+    /// `idem::run_in_transaction` then keeps
+    /// it as `idem::run` does, its lease renewed through
+    /// the store while the body runs, and its outcome stored through the
+    /// store should the connection fail to. `true` (the default) for a
+    /// store that cannot tell.
+    fn in_transaction(&self, conn: &mut C) -> bool {
+        let _ = conn;
+        true
+    }
+}
+
+macro_rules! forward_transactional_store {
+    ($($ty:ty),*) => {$(
+        #[async_trait]
+        impl<C, S> TransactionalStore<C> for $ty
+        where
+            C: Send + ?Sized,
+            S: TransactionalStore<C> + ?Sized,
+        {
+            async fn peek_in(
+                &self,
+                conn: &mut C,
+                request: &BeginRequest<'_>,
+            ) -> Result<Option<Begin>, Error> {
+                (**self).peek_in(conn, request).await
+            }
+            async fn begin_on(&self, conn: &mut C, request: &BeginRequest<'_>) -> Result<Begin, Error> {
+                (**self).begin_on(conn, request).await
+            }
+            async fn complete_on(
+                &self,
+                conn: &mut C,
+                claim: &Claim,
+                outcome: &Outcome,
+            ) -> Result<(), Error> {
+                (**self).complete_on(conn, claim, outcome).await
+            }
+            async fn release_on(&self, conn: &mut C, claim: &Claim) -> Result<(), Error> {
+                (**self).release_on(conn, claim).await
+            }
+            async fn complete_step_on(
+                &self,
+                conn: &mut C,
+                claim: &Claim,
+                step: &StepRequest<'_>,
+                output: &[u8],
+            ) -> Result<(), Error> {
+                (**self).complete_step_on(conn, claim, step, output).await
+            }
+            async fn journals_on(&self, conn: &mut C) -> Result<bool, Error> {
+                (**self).journals_on(conn).await
+            }
+            async fn begin_step_on(
+                &self,
+                conn: &mut C,
+                claim: &Claim,
+                step: &StepRequest<'_>,
+            ) -> Result<StepBegin, Error> {
+                (**self).begin_step_on(conn, claim, step).await
+            }
+            fn claim_locks_only_its_own(&self) -> bool {
+                (**self).claim_locks_only_its_own()
+            }
+            fn in_transaction(&self, conn: &mut C) -> bool {
+                (**self).in_transaction(conn)
+            }
+        }
+    )*};
+}
+forward_transactional_store!(Arc<S>, Box<S>, &S);
+// Implements `Store` for `$ty` by forwarding every method to the store
+// `$to` borrows (from `self`, named `$this`).
+macro_rules! forward_store {
+    ($([$($generics:tt)*] $ty:ty => |$this:ident| $to:expr;)*) => {$(
+        #[async_trait]
+        impl<$($generics)*> Store for $ty {
+            async fn begin(&self, request: &BeginRequest<'_>) -> Result<Begin, Error> {
+                ({ let $this = self; $to }).begin(request).await
+            }
+            async fn peek(&self, request: &BeginRequest<'_>) -> Result<Option<Begin>, Error> {
+                ({ let $this = self; $to }).peek(request).await
+            }
+            async fn renew(&self, claim: &Claim) -> Result<(), Error> {
+                ({ let $this = self; $to }).renew(claim).await
+            }
+            async fn complete(&self, claim: &Claim, outcome: &Outcome) -> Result<(), Error> {
+                ({ let $this = self; $to }).complete(claim, outcome).await
+            }
+            async fn release(&self, claim: &Claim) -> Result<(), Error> {
+                ({ let $this = self; $to }).release(claim).await
+            }
+            async fn get(&self, scope: &Scope, key: &Key) -> Result<Option<Record>, Error> {
+                ({ let $this = self; $to }).get(scope, key).await
+            }
+            async fn forget(&self, scope: &Scope, key: &Key) -> Result<bool, Error> {
+                ({ let $this = self; $to }).forget(scope, key).await
+            }
+            async fn purge_expired(&self, batch: usize) -> Result<u64, Error> {
+                ({ let $this = self; $to }).purge_expired(batch).await
+            }
+            fn journal(&self) -> Option<&dyn Journal> {
+                ({ let $this = self; $to }).journal()
+            }
+            fn capabilities(&self) -> Capabilities<'_> {
+                ({ let $this = self; $to }).capabilities()
+            }
+        }
+    )*};
+}
+forward_store!(
+    [S: Store + ?Sized] Arc<S> => |s| &**s;
+    [S: Store + ?Sized] Box<S> => |s| &**s;
+    [S: Store + ?Sized] &S => |s| &**s;
+);

@@ -17,7 +17,7 @@
 //! answers a duplicate in exactly the same way.
 //!
 //! The types and functions here are public on purpose, for implementations
-//! of [`Store`](crate::Store) outside this crate: a store grants claims with
+//! of [`Store`](crate::store::Store) outside this crate: a store grants claims with
 //! [`Claim::granted`], answers duplicates with [`decide`] (and
 //! [`Record::holds_lease`] while it waits), and may keep [`State`],
 //! [`OutcomeKind`] and [`ClaimToken`] in the same stored forms as the
@@ -42,7 +42,7 @@ pub type Millis = i64;
 /// time starts (the process is its database; it counts on from there on
 /// the monotonic clock). The SQL stores never use it for a lease or an
 /// expiry.
-pub(crate) fn now_millis() -> Millis {
+pub fn now_millis() -> Millis {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_millis() as Millis)
@@ -50,7 +50,7 @@ pub(crate) fn now_millis() -> Millis {
 }
 
 /// A duration in [`Millis`], saturating.
-pub(crate) fn duration_millis(d: Duration) -> Millis {
+pub fn duration_millis(d: Duration) -> Millis {
     Millis::try_from(d.as_millis()).unwrap_or(Millis::MAX)
 }
 
@@ -192,7 +192,7 @@ impl Outcome {
     /// The outcome stored in place of a result that could not be encoded
     /// (`reason` says why): its replays answer
     /// [`Error::Unrecorded`](crate::Error::Unrecorded).
-    pub(crate) fn unrecorded(reason: &str) -> Outcome {
+    pub fn unrecorded(reason: &str) -> Outcome {
         Outcome {
             kind: OutcomeKind::Err,
             body: [UNRECORDED, reason.as_bytes()].concat(),
@@ -202,7 +202,7 @@ impl Outcome {
     /// Why the result this outcome stands in for could not be encoded, if
     /// it is [`Outcome::unrecorded`]'s.
     #[inline]
-    pub(crate) fn unrecorded_reason(&self) -> Option<String> {
+    pub fn unrecorded_reason(&self) -> Option<String> {
         match self.kind {
             OutcomeKind::Err => self
                 .body
@@ -252,7 +252,7 @@ impl Record {
     }
 }
 
-/// What a caller asks of [`Store::begin`](crate::Store::begin).
+/// What a caller asks of [`Store::begin`](crate::store::Store::begin).
 #[derive(Clone, Copy, Debug)]
 pub struct BeginRequest<'a> {
     /// The operation.
@@ -311,7 +311,7 @@ impl Claim {
     }
 }
 
-/// What a store answers to [`Store::begin`](crate::Store::begin).
+/// What a store answers to [`Store::begin`](crate::store::Store::begin).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Begin {
     /// The caller holds the key: run the operation, then complete or release.

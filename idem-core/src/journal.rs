@@ -1,5 +1,5 @@
 //! The step journal: what a store keeps of an operation's durable steps
-//! ([`crate::steps`]), and the one place where a journaled step is turned
+//! (`idem::steps`), and the one place where a journaled step is turned
 //! into a decision.
 //!
 //! An operation's steps are numbered in the order its body calls them
@@ -20,11 +20,11 @@
 //! error, a dropped caller): a retry replays the steps that completed. An
 //! entry is kept for the operation's ttl from its last write, and at least
 //! as long as the record of each later claim of its operation
-//! ([`Store::begin`](crate::Store::begin)); it is deleted with its record
+//! ([`Store::begin`](crate::store::Store::begin)); it is deleted with its record
 //! by a forget.
 //!
 //! The types here are public for implementations of
-//! [`Store`](crate::Store) outside this crate, as [`record`](crate::record)'s
+//! [`Store`](crate::store::Store) outside this crate, as [`record`](crate::record)'s
 //! are: a store answers [`Journal::begin_step`](crate::store::Journal::begin_step)
 //! with [`decide_step`], and writes what it says.
 
@@ -110,7 +110,7 @@ pub struct StepRequest<'a> {
     /// [`StepBegin::InDoubt`] and left as it is.
     pub adopt: bool,
     /// How long after an attempt started the step its downstream call may
-    /// still land ([`Step::settle`](crate::steps::Step::settle)): a step
+    /// still land (`idem::steps::Step::settle`): a step
     /// started by an attempt that is gone, less than this long ago, is
     /// answered [`StepBegin::InFlight`] and neither adopted nor in doubt.
     pub settle: Duration,
@@ -226,7 +226,7 @@ fn settled_at(entry: &StepRecord, request: &StepRequest<'_>) -> Millis {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum StepResolution {
     /// The step's effect happened, with this output (as the step's codec
-    /// writes it: JSON for [`crate::steps`]): the next attempt replays it.
+    /// writes it: JSON for `idem::steps`): the next attempt replays it.
     Completed(Vec<u8>),
     /// The step's effect did not happen, or may happen again: the next
     /// attempt runs it again, with the same derived key.

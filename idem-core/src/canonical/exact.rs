@@ -9,7 +9,7 @@ use serde_json::Value;
 /// apart from another text (see [JSON numbers and repeated
 /// members](super#json-numbers-and-repeated-members)); `None` when it is to
 /// be fingerprinted by its bytes.
-pub(crate) fn exact_value(json: &[u8]) -> Option<Value> {
+pub fn exact_value(json: &[u8]) -> Option<Value> {
     // serde_json refuses nesting over 128 levels: the walks below are
     // bounded.
     let value: Value = serde_json::from_slice(json).ok()?;
