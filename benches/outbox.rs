@@ -56,7 +56,8 @@ use std::time::{Duration, Instant};
 
 use idem::outbox::kafka::KafkaRelay;
 use idem::outbox::{Message, Outbox};
-use idem::{run, run_in_transaction, Backend, Call, Error, SqlStore, Store, TransactionalStore};
+use idem::store::{Backend, SqlStore, TransactionalStore};
+use idem::{run, run_in_transaction, Call, Error, Store};
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::util::Timeout;

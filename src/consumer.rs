@@ -32,7 +32,7 @@
 //!   Numbers are not brought to one form: `100`, `100.0` and `1e2` read
 //!   as an integer and as floats, which are written back as `100` and
 //!   `100.0`, so a relay that rewrites a number's form makes another
-//!   message. Key such messages by an id, or by [`key_of`](crate::key_of)
+//!   message. Key such messages by an id, or by [`key_of`](crate::fingerprint::key_of)
 //!   on the fields that identify them, parsed into their own types first.
 //!
 //! [`content_key`] keys any `Serialize` value by its canonical JSON: a

@@ -233,7 +233,8 @@ pub struct Call<O = OkOnly<Json>> {
 /// visible ASCII) is always refused with [`Error::InvalidKey`].
 ///
 /// ```
-/// use idem::{run, Call, MemoryStore, MissingKey};
+/// use idem::{run, Call, MemoryStore};
+/// use idem::engine::MissingKey;
 ///
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() {

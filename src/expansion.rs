@@ -1,4 +1,4 @@
-//! What `#[idempotent]` expands to, reached as `::idem::__private`. Not a
+//! What `#[idempotent]` expands to, reached as `::idem::expansion`. Not a
 //! public API: it may change in any release.
 //!
 //! The generated code checks what the attribute asks of the user's types
@@ -23,10 +23,6 @@ pub use ::core::time::Duration;
 
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 pub use crate::entity::{run as run_entity, Entity, EntityBind, RequestHash, TokenEntity};
-/// The sqlx version this crate is built with, for the derive's generated
-/// code.
-#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
-pub use sqlx;
 
 use crate::canonical::{plain_or_marked, Checked, Floats};
 use crate::engine::{Codec, Json, OkOnly, Replaying};

@@ -60,13 +60,16 @@ pub mod engine;
 )]
 pub mod entity;
 use idem_core::error;
-mod expansion;
+/// What `#[idempotent]` and `#[derive(Entity)]` expand to. Not a public
+/// API: it may change in any release.
+#[doc(hidden)]
+pub mod expansion;
 pub use idem_core::fingerprint;
 #[cfg(feature = "http")]
 #[cfg_attr(docsrs, doc(cfg(feature = "http")))]
 pub mod http;
 pub use idem_core::journal;
-use idem_core::key;
+pub use idem_core::key;
 pub mod metrics;
 #[cfg(feature = "_sql")]
 #[cfg_attr(
@@ -85,6 +88,8 @@ pub mod store;
 pub mod testing;
 mod tracked;
 
+// The root holds what an application names; what a store author needs
+// is under `store`, `record`, `journal`, `fingerprint` and `key`.
 #[cfg(feature = "mysql")]
 #[cfg_attr(docsrs, doc(cfg(feature = "mysql")))]
 pub use backend::mysql::MySqlStore;
@@ -94,31 +99,19 @@ pub use backend::postgres::PostgresStore;
 #[cfg(feature = "sqlite")]
 #[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
 pub use backend::sqlite::SqliteStore;
+pub use engine::{run, run_in_transaction, Call};
 #[cfg(feature = "_sql")]
 #[cfg_attr(
     docsrs,
     doc(cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql")))
 )]
-pub use backend::{Backend, SqlStore};
-pub use engine::{run, run_in_transaction, Call, Codec, MissingKey};
-#[cfg(feature = "_sql")]
-#[cfg_attr(
-    docsrs,
-    doc(cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql")))
-)]
-pub use entity::{is_unique_violation, Entity, EntityBind, TokenEntity};
-pub use idem_core::{
-    key_of, AsKey, Displayed, Error, Fingerprint, HashedKey, Key, KeyError, Scope, MAX_KEY_LEN,
-    MAX_SCOPE_LEN,
-};
+pub use entity::{Entity, TokenEntity};
+pub use idem_core::{AsKey, Error, Fingerprint, Key, KeyError, Scope};
 pub use policy::{InProgressPolicy, Policy};
-pub use record::{Begin, Claim, ClaimToken, Outcome, OutcomeKind, Record, State};
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub use redis_store::RedisStore;
-pub use store::{
-    BeginRequest, CachedStore, MemoryStore, PassThroughStore, Store, TransactionalStore,
-};
+pub use store::{CachedStore, MemoryStore, PassThroughStore, Store};
 pub use tracked::Tracked;
 
 // The attribute's documentation is the macro crate's: one introduction,
@@ -133,13 +126,6 @@ pub use idem_macros::idempotent;
 )]
 #[doc(inline)]
 pub use idem_macros::Entity;
-
-/// What `#[idempotent]` expands to. Not a public API: it may change in any
-/// release.
-#[doc(hidden)]
-pub mod __private {
-    pub use crate::expansion::*;
-}
 
 /// The README's examples, compiled and run as doctests.
 #[cfg(doctest)]

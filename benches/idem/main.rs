@@ -1,5 +1,5 @@
 //! The benchmarks:
-//! `cargo bench --bench idem --features sqlite,postgres,mysql,redis`.
+//! `cargo bench --bench idem --features sqlite,postgres,mysql,redis,testing`.
 //!
 //! Every figure is a ratio of two measurements taken side by side in the
 //! same run: baseline and subject alternate in rounds (A B, then B A), and
@@ -9,7 +9,7 @@
 //! the chart `benchmarks.svg` beside it.
 //!
 //! The reference of a server is a client that sends the statements the
-//! store sends (from `SqlStore::__reference_statements`, so never a copy)
+//! store sends (from `SqlStore::reference_statements`, so never a copy)
 //! without idem's engine: pgbench on PostgreSQL (when `pgbench` is on the
 //! PATH), a bare sqlx loop on MariaDB. It runs in the same rounds as the
 //! plain call and idem, and is reported as a ratio to the same plain call.
@@ -19,7 +19,7 @@
 //! ([`harness::calls::Calls`]), with a plain call that is the body's own write, one
 //! `INCRBY` (see [`harness::redis::RedisPayments`]). Their reference is a loop of the
 //! scripts the store sends, through the store's own connection (from
-//! `RedisStore::__reference_first_execution` and `__reference_replay`),
+//! `RedisStore::reference_first_execution` and `reference_replay`),
 //! around the same `INCRBY`.
 //!
 //! Servers: `IDEM_POSTGRES_URL`, `IDEM_MYSQL_URL`, `IDEM_REDIS_URL` and

@@ -17,7 +17,7 @@
 //! the outbox, for a relay started later to produce.
 
 use idem::outbox::{Message, MessageId, Outbox};
-use idem::{Backend, SqlStore};
+use idem::store::{Backend, SqlStore};
 use serde_json::json;
 
 use super::model::Payment;

@@ -6,8 +6,8 @@
 //! the request's fingerprint next to it so that a token reused with
 //! another request is refused.
 
+use idem::entity::EntityBind;
 use idem::entity::EntityDatabase;
-use idem::EntityBind;
 use serde::Serialize;
 use sqlx::FromRow;
 

@@ -58,7 +58,7 @@ use super::problem::{declined, internal, problem, unless_json};
 use super::random::new_id;
 
 /// The payment operations, on one database: SQLite, PostgreSQL or MySQL.
-pub struct Payments<DB: idem::Backend> {
+pub struct Payments<DB: idem::store::Backend> {
     pub pool: Pool<DB>,
     pub gateway: Arc<Gateway>,
     /// The outbox that `payment.created` goes through, in the same
@@ -66,7 +66,7 @@ pub struct Payments<DB: idem::Backend> {
     pub events: Events<DB>,
 }
 
-impl<DB: idem::Backend> Payments<DB> {
+impl<DB: idem::store::Backend> Payments<DB> {
     pub fn new(pool: Pool<DB>, gateway: Arc<Gateway>) -> Self {
         let events = Events::new(&pool);
         Payments {
@@ -119,7 +119,7 @@ where
     }
 }
 
-impl<DB: idem::Backend> Payments<DB> {
+impl<DB: idem::store::Backend> Payments<DB> {
     /// The card charge of an idempotent operation, as its durable step
     /// `charge`. The claim keeps duplicates out while the operation runs,
     /// and the row answers retries once it is stored; in between, the

@@ -12,7 +12,8 @@ use std::process::ExitCode;
 use clap::{Args, Parser, Subcommand};
 use idem::admin::Inventory;
 use idem::journal::{StepRecord, StepResolution, StepState};
-use idem::{Key, Record, Scope};
+use idem::record::Record;
+use idem::{Key, Scope};
 use serde_json::{json, Value};
 
 use crate::failure::Failure;
@@ -575,7 +576,7 @@ async fn forget_confirmed(
 ) -> Result<(), Failure> {
     if !yes {
         let warning = match record {
-            Some(r) if r.state == idem::State::InProgress => {
+            Some(r) if r.state == idem::record::State::InProgress => {
                 " It is IN PROGRESS: forget it only if its owner is gone, or its body may run \
                  twice."
             }

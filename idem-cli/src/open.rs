@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use idem::admin::{Inventory, ENTITY_CLAIMS_TABLE};
 use idem::outbox::Outbox;
-use idem::SqlStore;
+use idem::store::SqlStore;
 
 use crate::failure::Failure;
 use crate::outbox::OutboxAdmin;
@@ -217,7 +217,7 @@ async fn open_sqlite(url: &str, shown: &str, table: &str) -> Result<Target, Fail
 
 /// The records table `table` and the entity claims of the database
 /// behind `pool`, each only where it exists.
-async fn sql_target<DB: idem::Backend>(
+async fn sql_target<DB: idem::store::Backend>(
     name: String,
     pool: sqlx::Pool<DB>,
     table: &str,

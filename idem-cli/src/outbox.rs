@@ -8,7 +8,7 @@ use std::pin::Pin;
 
 use clap::Subcommand;
 use idem::outbox::{Outbox, Parked, MAX_LEASE_BATCH};
-use idem::{Backend, SqlStore};
+use idem::store::{Backend, SqlStore};
 use serde_json::{json, Value};
 
 use crate::failure::Failure;

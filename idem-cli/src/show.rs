@@ -3,7 +3,7 @@
 
 use idem::admin::{decode_http_response, unrecorded_reason, Stats};
 use idem::journal::{StepRecord, StepState};
-use idem::{ClaimToken, Outcome, OutcomeKind, Record, State};
+use idem::record::{ClaimToken, Outcome, OutcomeKind, Record, State};
 use serde_json::{json, Value};
 
 use crate::time::{relative, rfc3339};

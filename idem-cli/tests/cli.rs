@@ -404,7 +404,7 @@ struct Order {
 async fn entity_claims<DB>(pool: sqlx::Pool<DB>, args: &[String], create: &str)
 where
     DB: EntityDatabase,
-    Order: idem::EntityBind<DB> + for<'r> FromRow<'r, DB::Row>,
+    Order: idem::entity::EntityBind<DB> + for<'r> FromRow<'r, DB::Row>,
     for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
 {
     sqlx::raw_sql(create).execute(&pool).await.unwrap();
@@ -478,10 +478,10 @@ fn counted(out: &str, label: &str) -> u64 {
 /// leased by a relay of the test's own, two of them parked as a broker
 /// refusing them for good would have them; then counted, listed and
 /// unparked through the binary, the outbox read back by the library.
-async fn outbox_walkthrough<DB>(store: idem::SqlStore<DB>, args: &[String])
+async fn outbox_walkthrough<DB>(store: idem::store::SqlStore<DB>, args: &[String])
 where
-    DB: idem::Backend,
-    idem::SqlStore<DB>: Store,
+    DB: idem::store::Backend,
+    idem::store::SqlStore<DB>: Store,
 {
     let outbox = Outbox::new(&store);
     let key = fresh("ship");
@@ -757,15 +757,15 @@ async fn sqlite() {
 async fn sql_server<DB>(url: &str, tag: &str, create: &str)
 where
     DB: EntityDatabase,
-    idem::SqlStore<DB>: Store + Clone,
-    Order: idem::EntityBind<DB> + for<'r> FromRow<'r, DB::Row>,
+    idem::store::SqlStore<DB>: Store + Clone,
+    Order: idem::entity::EntityBind<DB> + for<'r> FromRow<'r, DB::Row>,
     for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
 {
     let pool = sqlx::Pool::<DB>::connect(url)
         .await
         .unwrap_or_else(|e| panic!("cannot reach {url} (set the server's IDEM_*_URL): {e}"));
     let table = table_name(tag);
-    let store = idem::SqlStore::<DB>::new(pool.clone())
+    let store = idem::store::SqlStore::<DB>::new(pool.clone())
         .with_table_name(&table)
         .unwrap();
     store.migrate().await.unwrap();

@@ -1,9 +1,9 @@
 //! Code generation: the annotated `async fn` keeps its signature and its body
-//! becomes a call to `::idem::__private::run` (or `run_in_transaction`),
+//! becomes a call to `::idem::expansion::run` (or `run_in_transaction`),
 //! with the outcome policy on the call.
 //!
 //! What the attribute asks of the user's types is checked by trait
-//! functions of `::idem::__private` (`AsKey::to_key`, `Argument::to_json`,
+//! functions of `::idem::expansion` (`AsKey::to_key`, `Argument::to_json`,
 //! `Output::codec`, ...), each spanned at the user's tokens it concerns (the
 //! key, an argument, the output type, the `replayable` option), so that a
 //! missing bound is reported there, once, in the attribute's words.
@@ -86,7 +86,7 @@ pub(crate) fn expand(args: &Args, function: ItemFn) -> TokenStream {
     let fingerprint_call = match &args.fingerprint {
         Some(expr) => call_spanning(
             expr,
-            quote!(::idem::__private::Payload::fingerprint),
+            quote!(::idem::expansion::Payload::fingerprint),
             ref_spanning(expr, expr),
         ),
         None => default_fingerprint(&sig, &not_payload),
@@ -123,14 +123,14 @@ pub(crate) fn expand(args: &Args, function: ItemFn) -> TokenStream {
     let scope_call = match &args.scope {
         Some(expr) => call_spanning(
             expr,
-            quote!(::idem::__private::IntoScope::into_scope),
+            quote!(::idem::expansion::IntoScope::into_scope),
             expr.to_token_stream(),
         ),
         None => {
             let name = sig.ident.to_string();
             let name = name.strip_prefix("r#").unwrap_or(&name);
             quote! {
-                ::idem::__private::IntoScope::into_scope(
+                ::idem::expansion::IntoScope::into_scope(
                     ::core::concat!(::core::module_path!(), "::", #name)
                 )
             }
@@ -175,15 +175,15 @@ pub(crate) fn expand(args: &Args, function: ItemFn) -> TokenStream {
     // store's at the store.
     let key_call = call_spanning(
         key,
-        quote!(::idem::__private::AsKey::to_key),
+        quote!(::idem::expansion::AsKey::to_key),
         ref_spanning(key, key),
     );
     let store_ref = quote_spanned!(store.span()=> &(#store));
     let run = match &args.tx {
         // Entity mode excludes `tx` and `replayable` (see `attr`).
-        _ if args.entity.is_some() => quote_spanned!(return_span=> ::idem::__private::run_entity),
-        None => quote_spanned!(return_span=> ::idem::__private::run),
-        Some(_) => quote_spanned!(return_span=> ::idem::__private::run_in_transaction),
+        _ if args.entity.is_some() => quote_spanned!(return_span=> ::idem::expansion::run_entity),
+        None => quote_spanned!(return_span=> ::idem::expansion::run),
+        Some(_) => quote_spanned!(return_span=> ::idem::expansion::run_in_transaction),
     };
     // The outcome policy is part of the call: the output is stored as JSON
     // once `Output` found it a serde type, spanned at the output type.
@@ -193,7 +193,7 @@ pub(crate) fn expand(args: &Args, function: ItemFn) -> TokenStream {
         (None, ReturnType::Type(_, ty)) => {
             let codec = call_spanning(
                 ok_type(ty),
-                quote!(::idem::__private::Output::codec),
+                quote!(::idem::expansion::Output::codec),
                 quote!(),
             );
             quote!(.with_codec(#codec))
@@ -202,7 +202,7 @@ pub(crate) fn expand(args: &Args, function: ItemFn) -> TokenStream {
     let missing_key = match &args.missing_key {
         Some(MissingKey::Run(run)) => {
             let run = Ident::new("Run", run.span);
-            quote!(.on_missing_key(::idem::__private::MissingKey::#run))
+            quote!(.on_missing_key(::idem::expansion::MissingKey::#run))
         }
         Some(MissingKey::Reject) | None => quote!(),
     };
@@ -234,9 +234,9 @@ pub(crate) fn expand(args: &Args, function: ItemFn) -> TokenStream {
     // type: whatever the checks above leave to the call (the error type's
     // `From<idem::Error>`) is reported there, not at the attribute.
     let from_parts = quote_spanned! {return_span=>
-        ::idem::__private::Call::from_parts(
+        ::idem::expansion::Call::from_parts(
             #scope_call,
-            #key_call.map_err(::idem::__private::Error::from),
+            #key_call.map_err(::idem::expansion::Error::from),
             #fingerprint_call,
             #policy,
         )
@@ -256,8 +256,8 @@ pub(crate) fn expand(args: &Args, function: ItemFn) -> TokenStream {
             };
             call_spanning(
                 &quote!(#name = #predicate),
-                quote!(::idem::__private::ReplayableError::replaying),
-                quote!(#from_parts, ::idem::__private::replayable::<#returns, _>(#predicate)),
+                quote!(::idem::expansion::ReplayableError::replaying),
+                quote!(#from_parts, ::idem::expansion::replayable::<#returns, _>(#predicate)),
             )
         }
         None => from_parts,
@@ -283,7 +283,7 @@ fn policy(args: &Args) -> TokenStream {
         let millis = arg.millis;
         quote_spanned!(arg.lit.span()=> ::core::time::Duration::from_millis(#millis))
     };
-    let mut policy = quote!(::idem::__private::Policy::new());
+    let mut policy = quote!(::idem::expansion::Policy::new());
     if let Some(ttl) = &args.ttl {
         let ttl = duration(ttl);
         policy.extend(quote!(.ttl(#ttl)));
@@ -317,7 +317,7 @@ fn default_fingerprint(sig: &syn::Signature, not_payload: &[&Ident]) -> TokenStr
             FnArg::Typed(arg) => match &*arg.pat {
                 Pat::Ident(pat) if !not_payload.contains(&&pat.ident) => Some(call_spanning(
                     arg,
-                    quote!(::idem::__private::Argument::to_json),
+                    quote!(::idem::expansion::Argument::to_json),
                     ref_spanning(arg, &pat.ident),
                 )),
                 // Pattern arguments are rejected by `valid` when no
@@ -328,9 +328,9 @@ fn default_fingerprint(sig: &syn::Signature, not_payload: &[&Ident]) -> TokenStr
         })
         .collect();
     if values.is_empty() {
-        quote!(::idem::__private::Payload::fingerprint(&()))
+        quote!(::idem::expansion::Payload::fingerprint(&()))
     } else {
-        quote!(::idem::__private::arguments([#(#values),*]))
+        quote!(::idem::expansion::arguments([#(#values),*]))
     }
 }
 
@@ -488,20 +488,20 @@ mod tests {
         let expected = squash(quote! {
             #[doc = r" Docs stay."]
             pub async fn charge(&self, cmd: Charge) -> Result<Receipt, PaymentError> {
-                ::idem::__private::run(
+                ::idem::expansion::run(
                     &(self.store),
-                    ::idem::__private::Call::from_parts(
-                        ::idem::__private::IntoScope::into_scope(
+                    ::idem::expansion::Call::from_parts(
+                        ::idem::expansion::IntoScope::into_scope(
                             ::core::concat!(::core::module_path!(), "::", "charge")
                         ),
-                        ::idem::__private::AsKey::to_key(&(cmd.token))
-                            .map_err(::idem::__private::Error::from),
-                        ::idem::__private::arguments([
-                            ::idem::__private::Argument::to_json(&(cmd))
+                        ::idem::expansion::AsKey::to_key(&(cmd.token))
+                            .map_err(::idem::expansion::Error::from),
+                        ::idem::expansion::arguments([
+                            ::idem::expansion::Argument::to_json(&(cmd))
                         ]),
-                        ::idem::__private::Policy::new(),
+                        ::idem::expansion::Policy::new(),
                     )
-                    .with_codec(::idem::__private::Output::codec()),
+                    .with_codec(::idem::expansion::Output::codec()),
                     async {
                         #[allow(unused_variables)]
                         let cmd = cmd;
@@ -541,16 +541,16 @@ mod tests {
         );
         assert!(
             out.contains(&squash(quote!(arguments([
-                ::idem::__private::Argument::to_json(&(key)),
-                ::idem::__private::Argument::to_json(&(amount))
+                ::idem::expansion::Argument::to_json(&(key)),
+                ::idem::expansion::Argument::to_json(&(amount))
             ])))),
             "{out}"
         );
         assert!(out.contains("run (& (store) , :: idem"), "{out}");
         assert!(
             out.contains(
-                ", :: idem :: __private :: Policy :: new () ,) \
-                 . with_codec (:: idem :: __private :: Output :: codec ()) , async"
+                ", :: idem :: expansion :: Policy :: new () ,) \
+                 . with_codec (:: idem :: expansion :: Output :: codec ()) , async"
             ),
             "{out}"
         );
@@ -565,7 +565,7 @@ mod tests {
         );
         assert!(
             out.contains(&squash(quote!(
-                ::idem::__private::Payload::fingerprint(&())
+                ::idem::expansion::Payload::fingerprint(&())
             ))),
             "{out}"
         );
@@ -592,24 +592,24 @@ mod tests {
             "{out}"
         );
         assert!(
-            out.contains(&squash(quote!(::idem::__private::Payload::fingerprint(
+            out.contains(&squash(quote!(::idem::expansion::Payload::fingerprint(
                 &((&cmd.amount, &cmd.currency))
             )))),
             "{out}"
         );
         assert!(
             out.contains(
-                ":: idem :: __private :: Policy :: new () ,) \
-                 . with_codec (:: idem :: __private :: Output :: codec ()) , \
-                 :: idem :: __private :: replayable :: < Result < () , E > , _ > \
+                ":: idem :: expansion :: Policy :: new () ,) \
+                 . with_codec (:: idem :: expansion :: Output :: codec ()) , \
+                 :: idem :: expansion :: replayable :: < Result < () , E > , _ > \
                  (| e | e . is_final ())) , async"
             ),
             "{out}"
         );
         assert!(
             out.contains(
-                ":: idem :: __private :: run (& (self . store) , \
-                 :: idem :: __private :: ReplayableError :: replaying (:: idem"
+                ":: idem :: expansion :: run (& (self . store) , \
+                 :: idem :: expansion :: ReplayableError :: replaying (:: idem"
             ),
             "{out}"
         );
@@ -628,14 +628,14 @@ mod tests {
         // `impl Trait` names no error type: `()` stands for it.
         assert!(
             out.contains(
-                ":: idem :: __private :: replayable :: < Result < () , E > , _ > (| _ | true)"
+                ":: idem :: expansion :: replayable :: < Result < () , E > , _ > (| _ | true)"
             ),
             "{out}"
         );
         assert!(
             out.contains(
-                ":: idem :: __private :: run_in_transaction (& (store) , conn , \
-                 :: idem :: __private :: ReplayableError :: replaying (:: idem"
+                ":: idem :: expansion :: run_in_transaction (& (store) , conn , \
+                 :: idem :: expansion :: ReplayableError :: replaying (:: idem"
             ),
             "{out}"
         );
@@ -653,10 +653,10 @@ mod tests {
             ),
         );
         assert!(
-            out.contains(":: idem :: __private :: run_entity (& (self . pool) , :: idem"),
+            out.contains(":: idem :: expansion :: run_entity (& (self . pool) , :: idem"),
             "{out}"
         );
-        assert!(!out.contains("__private :: run ("), "{out}");
+        assert!(!out.contains("expansion :: run ("), "{out}");
         // The row is the record: no codec.
         assert!(!out.contains("with_codec"), "{out}");
     }
@@ -671,8 +671,8 @@ mod tests {
         let out = expand_str(quote!(key = k, store = S, missing_key = run), item.clone());
         assert!(
             out.contains(&squash(quote!(
-                .with_codec(::idem::__private::Output::codec())
-                .on_missing_key(::idem::__private::MissingKey::Run),
+                .with_codec(::idem::expansion::Output::codec())
+                .on_missing_key(::idem::expansion::MissingKey::Run),
             ))),
             "{out}"
         );
@@ -716,7 +716,7 @@ mod tests {
             item.clone(),
         );
         let policy = squash(quote! {
-            ::idem::__private::Policy::new()
+            ::idem::expansion::Policy::new()
                 .ttl(::core::time::Duration::from_millis(5400000u64))
                 .lease(::core::time::Duration::from_millis(500u64))
                 .wait(::core::time::Duration::from_millis(2000u64)),
@@ -779,7 +779,7 @@ mod tests {
         );
         assert!(
             out.contains(
-                "-> Result < impl Sized , E > { # ! [allow (clippy :: all)] :: idem :: __private :: run"
+                "-> Result < impl Sized , E > { # ! [allow (clippy :: all)] :: idem :: expansion :: run"
             ),
             "{out}"
         );

@@ -2,7 +2,7 @@
 //!
 //! This crate is an implementation detail: use the attribute through
 //! `idem::idempotent`. The attribute only parses, checks and wires; every
-//! decision is made by the library behind `::idem::__private`.
+//! decision is made by the library behind `::idem::expansion`.
 
 #![warn(missing_docs, unreachable_pub)]
 

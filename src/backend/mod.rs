@@ -32,6 +32,7 @@ pub(crate) mod outbox;
 pub(crate) mod postgres;
 pub(crate) mod read_first;
 pub(crate) mod records;
+#[cfg(feature = "testing")]
 mod reference;
 #[cfg(feature = "sqlite")]
 pub(crate) mod sqlite;

@@ -15,8 +15,8 @@ impl<DB: Backend> SqlStore<DB> {
     /// common, which a run of first executions is not).
     /// The parameter names are those of the store's `Param`
     /// (`"Scope"`, `"Key"`, `"Fingerprint"`, ...).
-    #[doc(hidden)]
-    pub fn __reference_statements(&self) -> Vec<(&'static str, String, Vec<String>)> {
+    #[cfg_attr(docsrs, doc(cfg(feature = "testing")))]
+    pub fn reference_statements(&self) -> Vec<(&'static str, String, Vec<String>)> {
         let sql = &self.sql;
         let keep = Statement {
             sql: sql.steps.keep.clone(),
@@ -45,8 +45,8 @@ impl<DB: Backend> SqlStore<DB> {
     /// claims), `Some(true)` beside the caller's transaction (the
     /// `"select"` statement on a connection of the store's pool),
     /// `Some(false)` on the caller's connection.
-    #[doc(hidden)]
-    pub fn __transactional_read(&self) -> Option<bool> {
+    #[cfg_attr(docsrs, doc(cfg(feature = "testing")))]
+    pub fn transactional_read(&self) -> Option<bool> {
         if DB::CLAIM_LOCKS_ONLY_ITS_OWN {
             None
         } else {

@@ -131,6 +131,10 @@ use crate::metrics;
 use crate::policy::Policy;
 use crate::record::{Claim, Outcome, OutcomeKind};
 use crate::steps::{self, StepsAs};
+/// The sqlx this crate is built with: the version whose types an entity's
+/// code and the SQL stores' pools are of, which `#[derive(Entity)]`'s code
+/// names.
+pub use sqlx;
 
 /// Entity mode: returns the row whose token is the call's key, or runs
 /// `body` once per token and saves the entity it produces. See the

@@ -3,6 +3,7 @@
 //! pub/sub on each record's channel.
 
 mod inventory;
+#[cfg(feature = "testing")]
 mod reference;
 mod scripts;
 mod subscriptions;

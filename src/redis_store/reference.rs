@@ -19,8 +19,8 @@ impl RedisStore {
     ///
     /// Fails where the claim finds the key taken or the completion its
     /// claim gone.
-    #[doc(hidden)]
-    pub async fn __reference_first_execution<F: Future<Output = ()>>(
+    #[cfg_attr(docsrs, doc(cfg(feature = "testing")))]
+    pub async fn reference_first_execution<F: Future<Output = ()>>(
         &self,
         request: &BeginRequest<'_>,
         body: F,
@@ -45,8 +45,8 @@ impl RedisStore {
 
     /// A replay as the store sends it: the read of the record (the `peek`
     /// script), its reply parsed, nothing decided on it.
-    #[doc(hidden)]
-    pub async fn __reference_replay(&self, request: &BeginRequest<'_>) -> Result<(), Error> {
+    #[cfg_attr(docsrs, doc(cfg(feature = "testing")))]
+    pub async fn reference_replay(&self, request: &BeginRequest<'_>) -> Result<(), Error> {
         let keys = self.keys(request.scope, request.key);
         let value = self.invoke(SCRIPTS.peek.on(&keys.record)).await?;
         match super::now_and_record(value)? {

@@ -22,6 +22,12 @@ mod memory_records;
 mod pass_through;
 mod waiters;
 
+#[cfg(feature = "_sql")]
+#[cfg_attr(
+    docsrs,
+    doc(cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql")))
+)]
+pub use crate::backend::{Backend, SqlStore};
 pub use cached::CachedStore;
 pub use idem_core::record::BeginRequest;
 pub(crate) use idem_core::store::{journal_of, step_not_journaled};

@@ -13,10 +13,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use idem::{
-    run, Begin, BeginRequest, Call, Claim, Error, Key, MemoryStore, Outcome, Policy, Record, Scope,
-    Store,
-};
+use idem::record::{Begin, Claim, Outcome, Record};
+use idem::store::BeginRequest;
+use idem::{run, Call, Error, Key, MemoryStore, Policy, Scope, Store};
 
 /// A store of one's own, on records in memory, without `detach`: every
 /// completion fails as an unreachable server's would.
@@ -95,7 +94,7 @@ async fn a_caller_gets_its_value_when_completions_keep_failing() {
         .await
         .unwrap()
         .expect("the claim stays");
-    assert_eq!(record.state, idem::State::InProgress);
+    assert_eq!(record.state, idem::record::State::InProgress);
     let duplicate = run(&*store, call(), async {
         runs.fetch_add(1, Ordering::SeqCst);
         Ok::<_, Error>("ch_2".to_owned())

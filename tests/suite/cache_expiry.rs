@@ -13,10 +13,9 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use common::Runs;
-use idem::{
-    Begin, BeginRequest, CachedStore, Claim, ClaimToken, Error, Fingerprint, Key, Outcome,
-    OutcomeKind, Policy, Record, Scope, Store,
-};
+use idem::record::{Begin, Claim, ClaimToken, Outcome, OutcomeKind, Record};
+use idem::store::BeginRequest;
+use idem::{CachedStore, Error, Fingerprint, Key, Policy, Scope, Store};
 
 /// A real store whose next `lose` completions land in the store but whose
 /// answers are lost on the way back (the caller sees a store error): the

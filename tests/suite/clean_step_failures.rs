@@ -228,27 +228,37 @@ struct Decorated<S> {
 
 #[async_trait]
 impl<S: Store + Clone + 'static> Store for Decorated<S> {
-    async fn begin(&self, request: &idem::BeginRequest<'_>) -> Result<idem::Begin, Error> {
+    async fn begin(
+        &self,
+        request: &idem::store::BeginRequest<'_>,
+    ) -> Result<idem::record::Begin, Error> {
         self.begins.fetch_add(1, Ordering::Relaxed);
         self.inner.begin(request).await
     }
-    async fn peek(&self, request: &idem::BeginRequest<'_>) -> Result<Option<idem::Begin>, Error> {
+    async fn peek(
+        &self,
+        request: &idem::store::BeginRequest<'_>,
+    ) -> Result<Option<idem::record::Begin>, Error> {
         self.inner.peek(request).await
     }
-    async fn renew(&self, claim: &idem::Claim) -> Result<(), Error> {
+    async fn renew(&self, claim: &idem::record::Claim) -> Result<(), Error> {
         self.inner.renew(claim).await
     }
-    async fn complete(&self, claim: &idem::Claim, outcome: &idem::Outcome) -> Result<(), Error> {
+    async fn complete(
+        &self,
+        claim: &idem::record::Claim,
+        outcome: &idem::record::Outcome,
+    ) -> Result<(), Error> {
         self.inner.complete(claim, outcome).await
     }
-    async fn release(&self, claim: &idem::Claim) -> Result<(), Error> {
+    async fn release(&self, claim: &idem::record::Claim) -> Result<(), Error> {
         self.inner.release(claim).await
     }
     async fn get(
         &self,
         scope: &idem::Scope,
         key: &idem::Key,
-    ) -> Result<Option<idem::Record>, Error> {
+    ) -> Result<Option<idem::record::Record>, Error> {
         self.inner.get(scope, key).await
     }
     async fn forget(&self, scope: &idem::Scope, key: &idem::Key) -> Result<bool, Error> {
@@ -269,14 +279,14 @@ impl<S: Store + Clone + 'static> Store for Decorated<S> {
 impl<S: Store + Clone + 'static> Journal for Decorated<S> {
     async fn begin_step(
         &self,
-        claim: &idem::Claim,
+        claim: &idem::record::Claim,
         step: &idem::journal::StepRequest<'_>,
     ) -> Result<idem::journal::StepBegin, Error> {
         journal_of(&self.inner).begin_step(claim, step).await
     }
     async fn complete_step(
         &self,
-        claim: &idem::Claim,
+        claim: &idem::record::Claim,
         step: &idem::journal::StepRequest<'_>,
         output: &[u8],
     ) -> Result<(), Error> {

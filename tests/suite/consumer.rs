@@ -102,7 +102,7 @@ pub trait Shop: Send + Sync + 'static {
     /// How much stock was reserved.
     fn reserved(&self) -> impl Future<Output = i64> + Send;
     /// The processed marker of `key`, if any.
-    fn marker(&self, key: &Key) -> impl Future<Output = Option<idem::Record>> + Send;
+    fn marker(&self, key: &Key) -> impl Future<Output = Option<idem::record::Record>> + Send;
     /// Purges the expired markers.
     fn purge(&self) -> impl Future<Output = u64> + Send;
     /// Makes the next handler run fail after its writes.
@@ -149,7 +149,7 @@ mod cases {
 
         assert_eq!((shop.invoices().await, shop.reserved().await), (1, 3));
         let marker = shop.marker(&Key::new("o-1").unwrap()).await.unwrap();
-        assert_eq!(marker.state, idem::State::Completed);
+        assert_eq!(marker.state, idem::record::State::Completed);
     }
 
     pub async fn a_failed_handler_leaves_nothing_and_the_redelivery_succeeds(shop: impl Shop) {
@@ -611,7 +611,7 @@ common::backends!(sqlite_file, postgres => {
             STOCK - available
         }
 
-        async fn marker(&self, key: &Key) -> Option<idem::Record> {
+        async fn marker(&self, key: &Key) -> Option<idem::record::Record> {
             idem::Store::get(self.dedup.store(), self.dedup.scope(), key)
                 .await
                 .unwrap()

@@ -9,7 +9,8 @@ use std::collections::HashSet;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use idem::consumer::{content_key, content_key_of_json, Deduplicator, Handled};
-use idem::{idempotent, key_of, AsKey, Error, MemoryStore};
+use idem::fingerprint::key_of;
+use idem::{idempotent, AsKey, Error, MemoryStore};
 use serde::{Deserialize, Serialize};
 
 /// Pairs of distinct transfer messages that a `serde_json::Value` reads as

@@ -775,7 +775,7 @@ common::backends!(sqlite_file, postgres, mysql => {
             let claim = || async {
                 let look = backend::pool(&ns, 1).await;
                 use idem::Store as _;
-                let claims = idem::SqlStore::new(look.clone())
+                let claims = idem::store::SqlStore::new(look.clone())
                     .with_table_name("idem_entity_claims")
                     .unwrap();
                 let record = claims
@@ -792,7 +792,7 @@ common::backends!(sqlite_file, postgres, mysql => {
             };
             assert_eq!(
                 claim().await,
-                (idem::State::InProgress, 0),
+                (idem::record::State::InProgress, 0),
                 "the row was committed before its claim's completion"
             );
             assert!(!running.is_finished());
@@ -804,7 +804,7 @@ common::backends!(sqlite_file, postgres, mysql => {
                 .expect("the row never landed")
                 .unwrap()
                 .unwrap();
-            assert_eq!(claim().await, (idem::State::Completed, 1));
+            assert_eq!(claim().await, (idem::record::State::Completed, 1));
             assert_eq!(service.pay(&charge("t-c", 500)).await.unwrap(), paid);
             assert_eq!(service.gateway.runs("t-c"), 1);
         }
@@ -850,14 +850,14 @@ common::backends!(sqlite_file, postgres, mysql => {
             "INSERT INTO subscriptions (user_id, plan, seats) VALUES (7, 'basic', 1)";
         sqlx::query(insert).execute(&pool).await.unwrap();
         let err = sqlx::query(insert).execute(&pool).await.unwrap_err();
-        assert!(idem::is_unique_violation(&err), "{err:?}");
+        assert!(idem::entity::is_unique_violation(&err), "{err:?}");
         let err = sqlx::query(
             "INSERT INTO subscriptions (user_id, plan, seats) VALUES (8, NULL, 1)",
         )
         .execute(&pool)
         .await
         .unwrap_err();
-        assert!(!idem::is_unique_violation(&err), "{err:?}");
+        assert!(!idem::entity::is_unique_violation(&err), "{err:?}");
     }
 
     #[tokio::test]

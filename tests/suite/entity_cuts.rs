@@ -343,9 +343,9 @@ common::backends!(sqlite_file, postgres, mysql => {
         idem::entity::find(pool, &Key::new(token).unwrap()).await.unwrap()
     }
 
-    async fn claim_state(pool: &Pool, token: &str) -> Option<idem::State> {
+    async fn claim_state(pool: &Pool, token: &str) -> Option<idem::record::State> {
         use idem::Store as _;
-        let claims = idem::SqlStore::new(pool.clone())
+        let claims = idem::store::SqlStore::new(pool.clone())
             .with_table_name("idem_entity_claims")
             .unwrap();
         claims
@@ -418,7 +418,7 @@ common::backends!(sqlite_file, postgres, mysql => {
         assert_eq!(rows(&pool, token).await, 1);
         assert_eq!(stored(&pool, token).await, Some(a.clone()));
         assert_eq!(a.run, if a_first { 1 } else { 2 });
-        assert_eq!(claim_state(&pool, token).await, Some(idem::State::Completed));
+        assert_eq!(claim_state(&pool, token).await, Some(idem::record::State::Completed));
         // A replay answers the row without running.
         let again: Answer =
             idem::entity::run(&pool, call(token, policy), async { unreachable!() }).await;
@@ -563,7 +563,7 @@ common::backends!(sqlite_file, postgres, mysql => {
             assert_eq!(rows(&direct, token).await, 1);
             assert_eq!(stored(&direct, token).await, Some(row.clone()));
             assert_eq!(runs.of(token), 1);
-            assert_eq!(claim_state(&direct, token).await, Some(idem::State::Completed));
+            assert_eq!(claim_state(&direct, token).await, Some(idem::record::State::Completed));
             let again: Answer =
                 idem::entity::run(&pool, call(token, policy), async { unreachable!() }).await;
             assert_eq!(again.unwrap(), row);

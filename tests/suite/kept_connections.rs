@@ -23,8 +23,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use idem::journal::{StepBegin, StepRequest};
+use idem::record::{Begin, ClaimToken};
 use idem::steps::Step;
-use idem::{run, Begin, BeginRequest, Call, ClaimToken, Error, Fingerprint, Key, Scope, Store};
+use idem::store::BeginRequest;
+use idem::{run, Call, Error, Fingerprint, Key, Scope, Store};
 
 const SCOPE: &str = "kept_connections.charge";
 

@@ -5,7 +5,8 @@
 //! spaces and tabs around either) whose content is a valid key.
 
 use idem::http::IdempotencyKey;
-use idem::{AsKey, Key, KeyError, MAX_KEY_LEN};
+use idem::key::MAX_KEY_LEN;
+use idem::{AsKey, Key, KeyError};
 use proptest::collection::vec;
 use proptest::prelude::*;
 

@@ -1,10 +1,11 @@
 //! Keys a user's types become: UUIDs (feature `uuid`), any `Display` type
-//! through `idem::Displayed`, and keys derived from several fields with
-//! `idem::key_of`, each through the `key = ...` of `#[idempotent]`.
+//! through `idem::key::Displayed`, and keys derived from several fields with
+//! `idem::fingerprint::key_of`, each through the `key = ...` of `#[idempotent]`.
 
 use std::sync::atomic::{AtomicU32, Ordering};
 
-use idem::{idempotent, AsKey, Displayed, KeyError, MemoryStore};
+use idem::key::Displayed;
+use idem::{idempotent, AsKey, KeyError, MemoryStore};
 use serde::Serialize;
 
 struct InvoiceNumber(u32);
@@ -32,7 +33,7 @@ impl Billing {
         Ok(self.runs.fetch_add(1, Ordering::SeqCst) + 1)
     }
 
-    #[idempotent(key = idem::key_of(&(&cmd.account, &cmd.month)), store = self.store)]
+    #[idempotent(key = idem::fingerprint::key_of(&(&cmd.account, &cmd.month)), store = self.store)]
     async fn close_month(&self, cmd: Statement) -> Result<u32, idem::Error> {
         Ok(self.runs.fetch_add(1, Ordering::SeqCst) + 1)
     }
@@ -86,13 +87,15 @@ async fn keys_derived_from_fields_are_stable() {
         billing.close_month(cmd("acct-1", "2026-12")).await.unwrap(),
         2
     );
-    let key = idem::key_of(&("acct-1", "2026-11")).to_key().unwrap();
+    let key = idem::fingerprint::key_of(&("acct-1", "2026-11"))
+        .to_key()
+        .unwrap();
     assert_eq!(key.as_str().len(), "sha256:".len() + 64);
     // A value that cannot be serialized is a key error, not a panic.
     let mut bad = std::collections::HashMap::new();
     bad.insert((1, 2), 3);
     assert!(matches!(
-        idem::key_of(&bad).to_key(),
+        idem::fingerprint::key_of(&bad).to_key(),
         Err(KeyError::Unserializable(_))
     ));
 }

@@ -14,9 +14,9 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use common::Runs;
-use idem::{
-    run, Begin, BeginRequest, Call, Claim, Error, Key, Outcome, Policy, Record, Scope, Store,
-};
+use idem::record::{Begin, Claim, Outcome, Record};
+use idem::store::BeginRequest;
+use idem::{run, Call, Error, Key, Policy, Scope, Store};
 use tokio::sync::oneshot;
 
 const SCOPE: &str = "late_claims.charge";
@@ -139,7 +139,9 @@ mod waited {
     use super::*;
 
     common::backends!(sqlite_file, postgres, mysql => {
-        use idem::{run, Begin, BeginRequest, Call, ClaimToken, Error, Fingerprint, Key, Policy, Scope, Store};
+        use idem::{run, Call, Error, Fingerprint, Key, Policy, Scope, Store};
+        use idem::record::{Begin, ClaimToken};
+        use idem::store::BeginRequest;
 
         /// A (transactional mode) holds an uncommitted claim on the key for
         /// three leases, then rolls back; B (record mode, pool) blocked on the

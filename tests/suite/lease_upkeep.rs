@@ -14,9 +14,9 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use common::Runs;
-use idem::{
-    run, Begin, BeginRequest, Call, Claim, Error, Key, Outcome, Policy, Record, Scope, Store,
-};
+use idem::record::{Begin, Claim, Outcome, Record};
+use idem::store::BeginRequest;
+use idem::{run, Call, Error, Key, Policy, Scope, Store};
 use tokio::sync::oneshot;
 
 const SCOPE: &str = "lease_upkeep.charge";

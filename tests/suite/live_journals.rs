@@ -14,10 +14,10 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use idem::journal::{StepBegin, StepRecord, StepRequest, StepResolution, StepState};
+use idem::record::{Begin, Claim, Outcome, Record};
 use idem::steps::Step;
-use idem::{
-    run, Begin, BeginRequest, Call, Claim, Error, Key, Outcome, Policy, Record, Scope, Store,
-};
+use idem::store::BeginRequest;
+use idem::{run, Call, Error, Key, Policy, Scope, Store};
 
 /// A store handle of a process that can be killed: once `dead`, every
 /// call on it hangs for ever (a SIGKILLed or SIGSTOPped process sends
@@ -227,7 +227,7 @@ async fn journal_outlives_live_owner<S: Store>(store: S) {
             .await
             .unwrap()
             .expect("A's record is there");
-        assert_eq!(record.state, idem::State::InProgress);
+        assert_eq!(record.state, idem::record::State::InProgress);
         dead.store(true, Ordering::SeqCst);
     }
     assert_eq!(gateway.charges.load(Ordering::SeqCst), 1);
@@ -324,13 +324,13 @@ async fn purge_keeps_live_journal<S: Store>(store: S) {
         _ = tokio::time::sleep(Duration::from_millis(1000)) => {}
     }
     let record = store.get(&scope, &k).await.unwrap().expect("A's record");
-    assert_eq!(record.state, idem::State::InProgress);
+    assert_eq!(record.state, idem::record::State::InProgress);
     let purged = store.purge_expired(100).await.unwrap();
     let steps = journal_of(&store).steps(&scope, &k).await.unwrap();
     let record = store.get(&scope, &k).await.unwrap().expect("A's record");
     assert_eq!(
         record.state,
-        idem::State::InProgress,
+        idem::record::State::InProgress,
         "A still holds the key"
     );
     assert!(

@@ -12,10 +12,9 @@ use async_trait::async_trait;
 #[cfg(feature = "testing")]
 use common::backend;
 use common::Runs;
-use idem::{
-    run, Begin, BeginRequest, CachedStore, Call, Claim, Error, Key, MemoryStore, Outcome, Policy,
-    Record, Scope, Store,
-};
+use idem::record::{Begin, Claim, Outcome, Record};
+use idem::store::BeginRequest;
+use idem::{run, CachedStore, Call, Error, Key, MemoryStore, Policy, Scope, Store};
 use tokio::sync::{oneshot, Mutex};
 
 pub(crate) const SCOPE: &str = "local_cache.charge";

@@ -13,10 +13,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use idem::{
-    run, Begin, BeginRequest, Call, Claim, ClaimToken, Error, Fingerprint, Key, MemoryStore,
-    Outcome, OutcomeKind, Policy, Scope, State, Store,
-};
+use idem::record::{Begin, Claim, ClaimToken, Outcome, OutcomeKind, State};
+use idem::store::BeginRequest;
+use idem::{run, Call, Error, Fingerprint, Key, MemoryStore, Policy, Scope, Store};
 
 const LONG: Duration = Duration::from_secs(3_600);
 
@@ -411,7 +410,7 @@ fn check(
     k: u64,
     scope: &Scope,
     key: &Key,
-    r: Option<&idem::Record>,
+    r: Option<&idem::record::Record>,
     step: u64,
 ) {
     match (model.get(&(s, k)), r) {

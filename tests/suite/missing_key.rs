@@ -5,7 +5,8 @@
 
 use std::sync::atomic::{AtomicU32, Ordering};
 
-use idem::{idempotent, run, Call, Error, MemoryStore, MissingKey, SqliteStore};
+use idem::engine::MissingKey;
+use idem::{idempotent, run, Call, Error, MemoryStore, SqliteStore};
 use sqlx::{Sqlite, Transaction};
 
 static REJECTED_RUNS: AtomicU32 = AtomicU32::new(0);

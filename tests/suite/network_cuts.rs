@@ -24,7 +24,8 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use idem::{run, Call, Error, Policy, State, Store};
+use idem::record::State;
+use idem::{run, Call, Error, Policy, Store};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{watch, Barrier};

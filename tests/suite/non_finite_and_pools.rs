@@ -219,7 +219,7 @@ async fn a_u128_payload_is_fingerprinted_and_replayed() {
         Err(idem::Error::KeyReused)
     ));
     assert_eq!(SENDS.load(Ordering::SeqCst), 1);
-    let key = idem::key_of(&(u128::MAX,));
+    let key = idem::fingerprint::key_of(&(u128::MAX,));
     assert!(idem::AsKey::to_key(&key).is_ok());
     assert_ne!(
         idem::Fingerprint::of(&i128::MIN).unwrap(),

@@ -74,18 +74,18 @@ fn decisions_are_traced_and_counted() {
                                                      // A lapsed lease (a claim nobody renews) taken over.
                     let (scope, k3) = (idem::Scope::new("obs.op"), idem::Key::new("k3").unwrap());
                     let fingerprint = idem::Fingerprint::of(&()).unwrap();
-                    let stale = idem::BeginRequest {
+                    let stale = idem::store::BeginRequest {
                         scope: &scope,
                         key: &k3,
                         fingerprint: &fingerprint,
-                        token: idem::ClaimToken::new(),
+                        token: idem::record::ClaimToken::new(),
                         lease: std::time::Duration::from_millis(30),
                         ttl: std::time::Duration::from_secs(60),
                     };
                     use idem::Store;
                     assert!(matches!(
                         store.begin(&stale).await.unwrap(),
-                        idem::Begin::Claimed(_)
+                        idem::record::Begin::Claimed(_)
                     ));
                     tokio::time::sleep(std::time::Duration::from_millis(60)).await;
                     let taken = run(
@@ -100,7 +100,7 @@ fn decisions_are_traced_and_counted() {
                     let k5 = idem::Key::new("k5").unwrap();
                     let lost = run(&store, Call::new("obs.op", "k5", &()), async {
                         let record = store.get(&scope, &k5).await.unwrap().unwrap();
-                        let claim = idem::Claim {
+                        let claim = idem::record::Claim {
                             scope: scope.clone(),
                             key: k5.clone(),
                             fence: record.fence,

@@ -415,7 +415,7 @@ common::backends!(sqlite_file, postgres, mysql => {
         let ns = backend::namespace("outbox_entity").await;
         let pool = backend::pool(&ns, 4).await;
         sqlx::query(shipments_table(backend::NAME)).execute(&pool).await.unwrap();
-        let store = idem::SqlStore::<Db>::new(pool.clone());
+        let store = idem::store::SqlStore::<Db>::new(pool.clone());
         store.migrate().await.unwrap();
         let outbox = Outbox::new(&store);
         let ship = |token: &'static str, fail: bool| {

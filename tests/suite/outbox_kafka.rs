@@ -38,7 +38,8 @@ use idem::consumer::kafka::{identify, KeyFrom};
 use idem::consumer::{Deduplicator, Handled};
 use idem::outbox::kafka::KafkaRelay;
 use idem::outbox::{Message as OutboxMessage, Outbox, MESSAGE_ID_HEADER};
-use idem::{run, Call, Error, MemoryStore, SqlStore};
+use idem::store::SqlStore;
+use idem::{run, Call, Error, MemoryStore};
 use rdkafka::consumer::{Consumer, StreamConsumer};
 use rdkafka::ClientConfig;
 use tokio::io::{AsyncBufReadExt, BufReader};
@@ -58,7 +59,7 @@ fn config(bootstrap: &str) -> ClientConfig {
 
 /// Commits the orders `range`, each with its `order.created` message in
 /// the outbox, in the transaction of its row.
-async fn place_orders<DB: idem::Backend>(
+async fn place_orders<DB: idem::store::Backend>(
     store: &SqlStore<DB>,
     outbox: &Outbox<DB>,
     topic: &str,
@@ -228,7 +229,7 @@ async fn run_and_kill(test: &str, spec: &str) -> Vec<String> {
 }
 
 /// Relays until the outbox is empty.
-async fn relay_all<DB: idem::Backend>(relay: &KafkaRelay<DB>) {
+async fn relay_all<DB: idem::store::Backend>(relay: &KafkaRelay<DB>) {
     let deadline = Instant::now() + WAIT;
     while relay.outbox().waiting().await.unwrap() > 0 {
         assert!(
@@ -466,7 +467,7 @@ async fn broker_connection_broken_while_relaying() {
 
 /// Two relays on one outbox, without faults: every message is produced by
 /// exactly one of them (one record each), and all are.
-async fn two_relays_race<DB: idem::Backend>(store: SqlStore<DB>)
+async fn two_relays_race<DB: idem::store::Backend>(store: SqlStore<DB>)
 where
     SqlStore<DB>: idem::Store,
     for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
@@ -547,7 +548,7 @@ async fn two_relays_race_on_mysql() {
 /// A message the broker refuses for good (larger than the relay's
 /// producer takes) is parked, the messages around it are relayed, and once
 /// unparked it is relayed in its turn.
-async fn a_refused_message_is_parked<DB: idem::Backend>(store: SqlStore<DB>)
+async fn a_refused_message_is_parked<DB: idem::store::Backend>(store: SqlStore<DB>)
 where
     SqlStore<DB>: idem::Store,
     for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,

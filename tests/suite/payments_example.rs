@@ -126,7 +126,7 @@ async fn create_then_replay(db: Namespace) {
 }
 
 /// The messages waiting in `outbox`, leased and given back.
-async fn waiting_events<DB: idem::Backend>(
+async fn waiting_events<DB: idem::store::Backend>(
     outbox: &idem::outbox::Outbox<DB>,
 ) -> Vec<idem::outbox::Message> {
     let lease = outbox.lease(100, Duration::from_secs(30)).await.unwrap();

@@ -23,7 +23,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use idem::{run, Call, Claim, Error, Outcome, OutcomeKind, Policy, Scope, State, Store};
+use idem::record::{Claim, Outcome, OutcomeKind, State};
+use idem::{run, Call, Error, Policy, Scope, Store};
 use tokio::io::{AsyncBufReadExt, BufReader};
 
 /// Set in the child: `<mode> <location> <key>`, where the location is the

@@ -273,7 +273,7 @@ async fn too_large_is_unrecorded(store: &RedisStore) {
     .expect("read the record");
     assert_eq!(
         record.map(|r| r.state),
-        Some(idem::State::Completed),
+        Some(idem::record::State::Completed),
         "the key is not completed"
     );
     assert_eq!(runs.load(Ordering::SeqCst), 1, "the body ran again");
@@ -304,7 +304,8 @@ async fn a_write_sent_again_waits_for_its_replica() {
     let _failovers = crate::common::FAILOVERS.lock().await;
     use idem::journal::{StepBegin, StepRequest};
     use idem::record::BeginRequest;
-    use idem::{Begin, ClaimToken, Fingerprint, Key, Outcome, OutcomeKind, Scope, Store};
+    use idem::record::{Begin, ClaimToken, Outcome, OutcomeKind};
+    use idem::{Fingerprint, Key, Scope, Store};
 
     let (primary, replica) = primary_and_replica(7316).await;
     let once = RedisStore::connect(&primary.url())

@@ -494,7 +494,9 @@ async fn an_unreplicated_claim_runs_nothing(redis: Redis) {
 /// not acknowledged is put back as the entry was: a fresh one is gone.
 async fn unreplicated_writes_fail(redis: Redis) {
     use idem::journal::{StepBegin, StepRequest, StepResolution, StepRun};
-    use idem::{Begin, BeginRequest, ClaimToken, Fingerprint};
+    use idem::record::{Begin, ClaimToken};
+    use idem::store::BeginRequest;
+    use idem::Fingerprint;
 
     let prefix = unique_prefix("unreplicated-writes");
     let _keys = DeleteKeys {
@@ -592,7 +594,9 @@ async fn unreplicated_writes_fail(redis: Redis) {
 /// over (its start stays).
 async fn an_unreplicated_start_is_undone_only_while_it_is_its_own(redis: Redis) {
     use idem::journal::{StepRequest, StepState};
-    use idem::{Begin, BeginRequest, Claim, ClaimToken, Fingerprint};
+    use idem::record::{Begin, Claim, ClaimToken};
+    use idem::store::BeginRequest;
+    use idem::Fingerprint;
 
     let prefix = unique_prefix("unreplicated-undo");
     let _keys = DeleteKeys {
@@ -703,28 +707,28 @@ async fn the_reference_writes_what_the_store_reads(redis: Redis) {
     let store = redis.store(&prefix).await;
     let (scope, key) = (Scope::new(SCOPE), Key::new("ref-1").unwrap());
     let fingerprint = idem::Fingerprint::of(&1).unwrap();
-    let request = || idem::BeginRequest {
+    let request = || idem::store::BeginRequest {
         scope: &scope,
         key: &key,
         fingerprint: &fingerprint,
-        token: idem::ClaimToken::new(),
+        token: idem::record::ClaimToken::new(),
         lease: Policy::DEFAULT_LEASE,
         ttl: Policy::DEFAULT_TTL,
     };
-    assert!(store.__reference_replay(&request()).await.is_err());
-    let outcome = idem::Outcome {
-        kind: idem::OutcomeKind::Ok,
+    assert!(store.reference_replay(&request()).await.is_err());
+    let outcome = idem::record::Outcome {
+        kind: idem::record::OutcomeKind::Ok,
         body: b"41".to_vec(),
     };
     let mut ran = false;
     store
-        .__reference_first_execution(&request(), async { ran = true }, &outcome)
+        .reference_first_execution(&request(), async { ran = true }, &outcome)
         .await
         .unwrap();
     assert!(ran);
-    store.__reference_replay(&request()).await.unwrap();
+    store.reference_replay(&request()).await.unwrap();
     assert!(store
-        .__reference_first_execution(&request(), async {}, &outcome)
+        .reference_first_execution(&request(), async {}, &outcome)
         .await
         .is_err());
     let replayed = run::<_, i64, Error, _, _>(&store, Call::new(SCOPE, "ref-1", &1), async {

@@ -268,24 +268,24 @@ async fn purge_while_claiming(store: Arc<dyn Store>, db: Db, table: &str) {
         let (store, scope) = (store.clone(), scope.clone());
         async move {
             let begun = store
-                .begin(&idem::BeginRequest {
+                .begin(&idem::store::BeginRequest {
                     scope: &scope,
                     key: &key,
                     fingerprint: &fingerprint,
-                    token: idem::ClaimToken::new(),
+                    token: idem::record::ClaimToken::new(),
                     lease: Duration::from_secs(30),
                     ttl,
                 })
                 .await
                 .unwrap();
-            let idem::Begin::Claimed(claim) = begun else {
+            let idem::record::Begin::Claimed(claim) = begun else {
                 panic!("a fresh key was not claimed: {begun:?}")
             };
             store
                 .complete(
                     &claim,
-                    &idem::Outcome {
-                        kind: idem::OutcomeKind::Ok,
+                    &idem::record::Outcome {
+                        kind: idem::record::OutcomeKind::Ok,
                         body: b"0".to_vec(),
                     },
                 )

@@ -11,7 +11,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use common::backend::Guard;
 use common::servers::Db;
 use common::Runs;
-use idem::{run, Call, Error, Key, Policy, Scope, State, Store};
+use idem::record::State;
+use idem::{run, Call, Error, Key, Policy, Scope, Store};
 use tokio::sync::oneshot;
 
 const SCOPE: &str = "sql_stores.charge";
@@ -414,7 +415,9 @@ async fn corrupt_record_is_an_error_not_a_loop(store: Arc<dyn Store>, db: Db, ta
 /// lease (same payload) and after expiry (another payload), the record is
 /// the new claim's, column by column.
 async fn takeover_rewrites_the_whole_record(store: Arc<dyn Store>) {
-    use idem::{Begin, BeginRequest, Fingerprint, Outcome, OutcomeKind};
+    use idem::record::{Begin, Outcome, OutcomeKind};
+    use idem::store::BeginRequest;
+    use idem::Fingerprint;
     let (scope, key) = (Scope::new(SCOPE), Key::new("rewritten").unwrap());
     let (a, b) = (
         Fingerprint::of(&"a").unwrap(),
@@ -424,7 +427,7 @@ async fn takeover_rewrites_the_whole_record(store: Arc<dyn Store>) {
         scope: &scope,
         key: &key,
         fingerprint,
-        token: idem::ClaimToken::new(),
+        token: idem::record::ClaimToken::new(),
         lease: Duration::from_millis(lease),
         ttl: Duration::from_millis(ttl),
     };
@@ -432,25 +435,29 @@ async fn takeover_rewrites_the_whole_record(store: Arc<dyn Store>) {
         Begin::Claimed(claim) => claim,
         other => panic!("not claimed: {other:?}"),
     };
-    let check =
-        |record: idem::Record, fingerprint: &Fingerprint, fence, lease: i64, ttl: i64, since| {
-            assert_eq!(record.state, State::InProgress);
-            assert_eq!(&record.fingerprint, fingerprint);
-            assert_eq!(record.fence, fence);
-            assert!(record.outcome.is_none());
-            assert!(record.created_at >= since, "{record:?}");
-            assert_eq!(
-                record.lease_until,
-                Some(record.created_at + lease),
-                "{record:?}"
-            );
-            // In progress, a record lives at least as long as its lease.
-            assert_eq!(
-                record.expires_at,
-                record.created_at + ttl.max(lease),
-                "{record:?}"
-            );
-        };
+    let check = |record: idem::record::Record,
+                 fingerprint: &Fingerprint,
+                 fence,
+                 lease: i64,
+                 ttl: i64,
+                 since| {
+        assert_eq!(record.state, State::InProgress);
+        assert_eq!(&record.fingerprint, fingerprint);
+        assert_eq!(record.fence, fence);
+        assert!(record.outcome.is_none());
+        assert!(record.created_at >= since, "{record:?}");
+        assert_eq!(
+            record.lease_until,
+            Some(record.created_at + lease),
+            "{record:?}"
+        );
+        // In progress, a record lives at least as long as its lease.
+        assert_eq!(
+            record.expires_at,
+            record.created_at + ttl.max(lease),
+            "{record:?}"
+        );
+    };
 
     // Held for 200 ms, kept for 60 s.
     claimed(store.begin(&request(&a, 200, 60_000)).await.unwrap());
@@ -546,7 +553,9 @@ common::backends!(postgres, mysql => {
     /// read again), the key when it rolled back.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_claim_behind_an_uncommitted_claim() {
-        use idem::{Begin, BeginRequest, ClaimToken, Fingerprint};
+        use idem::Fingerprint;
+        use idem::record::{Begin, ClaimToken};
+        use idem::store::BeginRequest;
         let (store, _guard) = backend::store(4).await;
         let scope = Scope::new(SCOPE);
         let fingerprint = Fingerprint::of_bytes(b"one payload");
@@ -679,15 +688,15 @@ async fn notify_wakes_waiters_of_other_processes() {
     let other = postgres::store_at(first.table_name(), 2).await;
     let (scope, key) = (Scope::new(SCOPE), Key::new("notified").unwrap());
     let fingerprint = idem::Fingerprint::of(&1).unwrap();
-    let request = idem::BeginRequest {
+    let request = idem::store::BeginRequest {
         scope: &scope,
         key: &key,
         fingerprint: &fingerprint,
-        token: idem::ClaimToken::new(),
+        token: idem::record::ClaimToken::new(),
         lease: Duration::from_secs(30),
         ttl: Duration::from_secs(60),
     };
-    let idem::Begin::Claimed(claim) = first.begin(&request).await.unwrap() else {
+    let idem::record::Begin::Claimed(claim) = first.begin(&request).await.unwrap() else {
         panic!("not claimed")
     };
     // The first wait starts the listener; give it time to LISTEN.
@@ -699,12 +708,12 @@ async fn notify_wakes_waiters_of_other_processes() {
         .unwrap();
     for release in [false, true] {
         let claim = if release {
-            let request = idem::BeginRequest {
+            let request = idem::store::BeginRequest {
                 key: &Key::new("notified-release").unwrap(),
-                token: idem::ClaimToken::new(),
+                token: idem::record::ClaimToken::new(),
                 ..request
             };
-            let idem::Begin::Claimed(claim) = first.begin(&request).await.unwrap() else {
+            let idem::record::Begin::Claimed(claim) = first.begin(&request).await.unwrap() else {
                 panic!("not claimed")
             };
             claim
@@ -728,8 +737,8 @@ async fn notify_wakes_waiters_of_other_processes() {
         if release {
             first.release(&claim).await.unwrap();
         } else {
-            let outcome = idem::Outcome {
-                kind: idem::OutcomeKind::Ok,
+            let outcome = idem::record::Outcome {
+                kind: idem::record::OutcomeKind::Ok,
                 body: b"1".to_vec(),
             };
             first.complete(&claim, &outcome).await.unwrap();
@@ -811,7 +820,9 @@ async fn only_a_completion_waited_for_notifies() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_look_does_not_wait_for_an_open_takeover() {
     use common::backend::postgres;
-    use idem::{Begin, BeginRequest, ClaimToken, Fingerprint};
+    use idem::record::{Begin, ClaimToken};
+    use idem::store::BeginRequest;
+    use idem::Fingerprint;
     let (store, _guard) = postgres::store(4).await;
     let (scope, key) = (Scope::new(SCOPE), Key::new("lapsed").unwrap());
     let fingerprint = Fingerprint::of_bytes(b"one payload");

@@ -16,10 +16,9 @@ use crate::common;
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use idem::{
-    Begin, BeginRequest, Claim, ClaimToken, Error, Fingerprint, Key, Outcome, OutcomeKind, Scope,
-    State, Store,
-};
+use idem::record::{Begin, Claim, ClaimToken, Outcome, OutcomeKind, State};
+use idem::store::BeginRequest;
+use idem::{Error, Fingerprint, Key, Scope, Store};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
 

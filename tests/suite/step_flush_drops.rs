@@ -20,11 +20,10 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use idem::journal::{StepBegin, StepRecord, StepRequest, StepResolution};
+use idem::record::{Begin, Claim, Outcome, Record};
 use idem::steps::step;
-use idem::{
-    run, Begin, BeginRequest, Call, Claim, Error, Key, MemoryStore, Outcome, Policy, Record, Scope,
-    Store,
-};
+use idem::store::BeginRequest;
+use idem::{run, Call, Error, Key, MemoryStore, Policy, Scope, Store};
 
 /// How long a step completion takes to land.
 const WRITE: Duration = Duration::from_millis(300);

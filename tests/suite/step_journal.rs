@@ -18,10 +18,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use idem::journal::{StepBegin, StepRequest, StepRun};
+use idem::record::{Begin, ClaimToken};
 use idem::steps::step;
-use idem::{
-    run, Begin, BeginRequest, Call, ClaimToken, Error, Fingerprint, Key, Policy, Scope, Store,
-};
+use idem::store::BeginRequest;
+use idem::{run, Call, Error, Fingerprint, Key, Policy, Scope, Store};
 
 /// One race of a stopped owner's step completion against a successor's
 /// takeover and step begin. Returns what each got.

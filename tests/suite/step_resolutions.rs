@@ -133,7 +133,9 @@ async fn resolve_lands_on_a_live_rerun<S: Store>(store: S) {
 /// not the one in doubt), so holding the key does not make the step run.
 async fn resolve_while_another_attempt_holds_the_key<S: Store>(store: S) {
     use idem::journal::{StepRequest, StepResolution};
-    use idem::{Begin, BeginRequest, ClaimToken, Fingerprint};
+    use idem::record::{Begin, ClaimToken};
+    use idem::store::BeginRequest;
+    use idem::Fingerprint;
 
     let key = common::fresh("resolve-held");
     let (scope, key) = (Scope::new("step_resolutions.held"), Key::new(key).unwrap());

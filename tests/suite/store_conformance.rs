@@ -27,7 +27,7 @@ idem::store_conformance!(mysql, backend::mysql::store(10));
 #[cfg(feature = "mysql")]
 idem::store_conformance!(mysql_without_returning, async {
     let (store, guard) = backend::mysql::store(10).await;
-    (store.__claim_without_returning(), guard)
+    (store.without_returning(), guard)
 });
 
 #[cfg(feature = "redis")]

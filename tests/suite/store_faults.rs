@@ -24,9 +24,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
-use idem::{
-    run, Begin, BeginRequest, Call, Claim, Error, Key, Outcome, Policy, Record, Scope, Store,
-};
+use idem::record::{Begin, Claim, Outcome, Record};
+use idem::store::BeginRequest;
+use idem::{run, Call, Error, Key, Policy, Scope, Store};
 use serde::{Deserialize, Serialize};
 
 /// Which store operation a fault strikes.
@@ -197,10 +197,10 @@ impl<S: Store + Clone + 'static> Detach for Faulty<S> {
 /// (there is no renewal there: the claim is uncommitted, and a competing
 /// claim waits for the transaction).
 #[async_trait]
-impl<C, S> idem::TransactionalStore<C> for Faulty<S>
+impl<C, S> idem::store::TransactionalStore<C> for Faulty<S>
 where
     C: Send + ?Sized,
-    S: idem::TransactionalStore<C> + Clone + 'static,
+    S: idem::store::TransactionalStore<C> + Clone + 'static,
 {
     async fn peek_in(
         &self,

@@ -80,7 +80,7 @@ common::backends!(sqlite_file, postgres, mysql => {
                 .unwrap()
         }
 
-        async fn record(&self, key: &str) -> Option<idem::Record> {
+        async fn record(&self, key: &str) -> Option<idem::record::Record> {
             self.store
                 .get(&Scope::new("orders.create"), &Key::new(key).unwrap())
                 .await
@@ -140,7 +140,7 @@ common::backends!(sqlite_file, postgres, mysql => {
         tx.commit().await.unwrap();
         assert_eq!(orders.rows("k2").await, 1);
         let record = orders.record("k2").await.expect("the record committed with the row");
-        assert_eq!(record.state, idem::State::Completed);
+        assert_eq!(record.state, idem::record::State::Completed);
 
         let mut tx = orders.pool.begin().await.unwrap();
         let again = orders.create(&mut tx, "k2", "widget", None).await.unwrap();

@@ -16,10 +16,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use idem::{
-    run, Begin, BeginRequest, Call, Claim, ClaimToken, Error, Fingerprint, Key, Outcome,
-    OutcomeKind, Policy, Record, Scope, Store,
-};
+use idem::record::{Begin, Claim, ClaimToken, Outcome, OutcomeKind, Record};
+use idem::store::BeginRequest;
+use idem::{run, Call, Error, Fingerprint, Key, Policy, Scope, Store};
 use tokio::sync::{oneshot, Mutex};
 
 const SCOPE: &str = "waiter_payloads.charge";

@@ -36,7 +36,7 @@ pub struct RedisPayments {
     conn: Conn,
     /// What the reference's calls send beside their key, made once: the
     /// reference fingerprints nothing, as idem's engine does per call.
-    reference: (idem::Scope, Fingerprint, idem::Outcome),
+    reference: (idem::Scope, Fingerprint, idem::record::Outcome),
     _keys: DeleteKeys,
 }
 
@@ -51,8 +51,8 @@ impl RedisPayments {
             reference: (
                 idem::Scope::from("bench.ref"),
                 Fingerprint::of(&500i64).unwrap(),
-                idem::Outcome {
-                    kind: idem::OutcomeKind::Ok,
+                idem::record::Outcome {
+                    kind: idem::record::OutcomeKind::Ok,
                     body: b"500".to_vec(),
                 },
             ),
@@ -108,11 +108,11 @@ impl Calls for RedisPayments {
     /// record that one of them wrote.
     async fn reference_call(&self, script: Script) {
         let (scope, fingerprint, outcome) = &self.reference;
-        let request = |key| idem::BeginRequest {
+        let request = |key| idem::store::BeginRequest {
             scope,
             key,
             fingerprint,
-            token: idem::ClaimToken::new(),
+            token: idem::record::ClaimToken::new(),
             lease: Duration::from_secs(60),
             ttl: idem::Policy::DEFAULT_TTL,
         };
@@ -123,7 +123,7 @@ impl Calls for RedisPayments {
                     self.incr(key.as_str(), 500, body).await.unwrap();
                 };
                 self.store
-                    .__reference_first_execution(&request(&key), write, outcome)
+                    .reference_first_execution(&request(&key), write, outcome)
                     .await
                     .unwrap();
             }
@@ -131,12 +131,12 @@ impl Calls for RedisPayments {
                 let key = idem::Key::try_from(REPLAY_KEY).unwrap();
                 let request = request(&key);
                 // Written once, by the first replay of a run.
-                if self.store.__reference_replay(&request).await.is_err() {
+                if self.store.reference_replay(&request).await.is_err() {
                     self.store
-                        .__reference_first_execution(&request, async {}, outcome)
+                        .reference_first_execution(&request, async {}, outcome)
                         .await
                         .unwrap();
-                    self.store.__reference_replay(&request).await.unwrap();
+                    self.store.reference_replay(&request).await.unwrap();
                 }
             }
             Script::Tx(_) | Script::TxWithoutRead(_) => {

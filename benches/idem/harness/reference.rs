@@ -80,7 +80,7 @@ impl Sql {
 }
 
 /// The reference's statements: the store's own, from
-/// `__reference_statements`, and the bench's business INSERT.
+/// `reference_statements`, and the bench's business INSERT.
 #[derive(Debug)]
 pub struct RefSql {
     /// A first execution: the claim, the read where the claim returns no

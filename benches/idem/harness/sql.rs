@@ -146,7 +146,7 @@ macro_rules! backend {
                 async fn reference_sql(&self) -> &RefSql {
                     self.reference
                         .get_or_init(|| async {
-                            let named = self.store.__reference_statements();
+                            let named = self.store.reference_statements();
                             let sql = |name| RefSql::named(&named, name);
                             let insert = Sql {
                                 sql: self.insert.clone(),
@@ -168,7 +168,7 @@ macro_rules! backend {
                             RefSql {
                                 first,
                                 replay: sql("select"),
-                                tx_read: self.store.__transactional_read(),
+                                tx_read: self.store.transactional_read(),
                             }
                         })
                         .await
@@ -388,7 +388,7 @@ macro_rules! backend {
                     match (DIALECT.reference, script) {
                         (Client::Pgbench, _) => Some(("by a sqlx loop", script)),
                         (Client::Loop, Script::Tx(body))
-                            if self.store.__transactional_read() == Some(true) =>
+                            if self.store.transactional_read() == Some(true) =>
                         {
                             Some(("without the read beside", Script::TxWithoutRead(body)))
                         }

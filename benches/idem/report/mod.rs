@@ -154,7 +154,7 @@ impl Run {
         let _ = writeln!(md, "# Benchmarks\n");
         let _ = writeln!(
             md,
-            "Made by `cargo bench --bench idem --features sqlite,postgres,mysql,redis{}` on {date}, in {:.0} s.\n",
+            "Made by `cargo bench --bench idem --features sqlite,postgres,mysql,redis,testing{}` on {date}, in {:.0} s.\n",
             if quick() { " (IDEM_BENCH_QUICK=1)" } else { "" },
             started.elapsed().as_secs_f64()
         );

@@ -20,7 +20,7 @@ pub(super) fn derive(entity: &Description<'_>) -> TokenStream {
 
     let table_impl = quote! {
         #[automatically_derived]
-        impl #impl_generics ::idem::__private::Entity for #name #ty_generics #where_clause {
+        impl #impl_generics ::idem::expansion::Entity for #name #ty_generics #where_clause {
             const TABLE: &'static ::core::primitive::str = #table;
             const COLUMNS: &'static [&'static ::core::primitive::str] = &[#(#column_names),*];
         }
@@ -42,7 +42,7 @@ fn token_entity(entity: &Description<'_>, index: usize) -> TokenStream {
     let field = column.ident;
     let token_name = &column.name;
     let to_key = quote_spanned! {column.field.ty.span()=>
-        ::idem::__private::AsKey::to_key(&self.#field)
+        ::idem::expansion::AsKey::to_key(&self.#field)
     };
     let (hash_name, read_hash, write_hash) = match entity.request_hash {
         Some(index) => {
@@ -52,9 +52,9 @@ fn token_entity(entity: &Description<'_>, index: usize) -> TokenStream {
             let span = column.field.ty.span();
             (
                 quote!(::core::option::Option::Some(#hash_name)),
-                quote_spanned!(span=> ::idem::__private::RequestHash::to_fingerprint(&self.#field)),
+                quote_spanned!(span=> ::idem::expansion::RequestHash::to_fingerprint(&self.#field)),
                 quote_spanned! {span=>
-                    self.#field = ::idem::__private::RequestHash::from_fingerprint(fingerprint);
+                    self.#field = ::idem::expansion::RequestHash::from_fingerprint(fingerprint);
                 },
             )
         }
@@ -66,27 +66,27 @@ fn token_entity(entity: &Description<'_>, index: usize) -> TokenStream {
     };
     quote! {
         #[automatically_derived]
-        impl #impl_generics ::idem::__private::TokenEntity for #name #ty_generics #where_clause {
+        impl #impl_generics ::idem::expansion::TokenEntity for #name #ty_generics #where_clause {
             const TOKEN_COLUMN: &'static ::core::primitive::str = #token_name;
             const REQUEST_HASH_COLUMN: ::core::option::Option<&'static ::core::primitive::str> =
                 #hash_name;
 
             fn token(
                 &self,
-            ) -> ::core::result::Result<::idem::__private::Key, ::idem::__private::KeyError> {
+            ) -> ::core::result::Result<::idem::expansion::Key, ::idem::expansion::KeyError> {
                 #to_key
             }
 
             fn request_hash(
                 &self,
             ) -> ::core::result::Result<
-                ::core::option::Option<::idem::__private::Fingerprint>,
-                ::idem::__private::Error,
+                ::core::option::Option<::idem::expansion::Fingerprint>,
+                ::idem::expansion::Error,
             > {
                 #read_hash
             }
 
-            fn set_request_hash(&mut self, fingerprint: &::idem::__private::Fingerprint) {
+            fn set_request_hash(&mut self, fingerprint: &::idem::expansion::Fingerprint) {
                 #write_hash
             }
         }
@@ -100,15 +100,15 @@ fn entity_bind(entity: &Description<'_>, written: &[&Column<'_>]) -> TokenStream
     let mut generics: Generics = entity.generics.clone();
     generics.params.insert(
         0,
-        GenericParam::Type(syn::parse_quote!(#db: ::idem::__private::sqlx::Database)),
+        GenericParam::Type(syn::parse_quote!(#db: ::idem::entity::sqlx::Database)),
     );
     let (_, ty_generics, _) = entity.generics.split_for_impl();
     let where_clause = generics.make_where_clause();
     for column in written {
         let ty: &Type = &column.field.ty;
         let predicate: WherePredicate = syn::parse_quote_spanned! {ty.span()=>
-            #ty: for<'__q> ::idem::__private::sqlx::Encode<'__q, #db>
-                + ::idem::__private::sqlx::Type<#db>
+            #ty: for<'__q> ::idem::entity::sqlx::Encode<'__q, #db>
+                + ::idem::entity::sqlx::Type<#db>
         };
         where_clause.predicates.push(predicate);
     }
@@ -117,17 +117,17 @@ fn entity_bind(entity: &Description<'_>, written: &[&Column<'_>]) -> TokenStream
         let field = column.ident;
         let column_name = &column.name;
         quote! {
-            #column_name => ::idem::__private::sqlx::Arguments::add(arguments, &self.#field),
+            #column_name => ::idem::entity::sqlx::Arguments::add(arguments, &self.#field),
         }
     });
     quote! {
         #[automatically_derived]
-        impl #impl_generics ::idem::__private::EntityBind<#db> for #name #ty_generics #where_clause {
+        impl #impl_generics ::idem::expansion::EntityBind<#db> for #name #ty_generics #where_clause {
             fn bind_column<'__q>(
                 &'__q self,
                 column: &::core::primitive::str,
-                arguments: &mut <#db as ::idem::__private::sqlx::Database>::Arguments<'__q>,
-            ) -> ::core::result::Result<(), ::idem::__private::sqlx::error::BoxDynError> {
+                arguments: &mut <#db as ::idem::entity::sqlx::Database>::Arguments<'__q>,
+            ) -> ::core::result::Result<(), ::idem::entity::sqlx::error::BoxDynError> {
                 match column {
                     #(#arms)*
                     other => ::core::result::Result::Err(::core::convert::From::from(
@@ -174,18 +174,18 @@ mod tests {
             "{out}"
         );
         assert!(
-            out.contains(":: idem :: __private :: AsKey :: to_key (& self . token)"),
+            out.contains(":: idem :: expansion :: AsKey :: to_key (& self . token)"),
             "{out}"
         );
         assert!(
-            out.contains(r#""amount" => :: idem :: __private :: sqlx :: Arguments :: add (arguments , & self . amount) ,"#),
+            out.contains(r#""amount" => :: idem :: expansion :: sqlx :: Arguments :: add (arguments , & self . amount) ,"#),
             "{out}"
         );
         // The generated column is read, never bound.
         assert!(!out.contains("self . id"), "{out}");
         assert!(
             out.contains(
-                "i64 : for < '__q > :: idem :: __private :: sqlx :: Encode < '__q , __IdemDb >"
+                "i64 : for < '__q > :: idem :: expansion :: sqlx :: Encode < '__q , __IdemDb >"
             ),
             "{out}"
         );
@@ -204,7 +204,7 @@ mod tests {
         assert!(out.contains(r#"& ["user_id" , "type"]"#), "{out}");
         assert!(
             out.contains(
-                "impl < __IdemDb : :: idem :: __private :: sqlx :: Database , P : Clone >"
+                "impl < __IdemDb : :: idem :: expansion :: sqlx :: Database , P : Clone >"
             ),
             "{out}"
         );

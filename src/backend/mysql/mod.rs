@@ -453,8 +453,9 @@ impl SqlStore<MySql> {
 impl SqlStore<MySql> {
     /// Claims in two statements from now on, as on a server without
     /// `INSERT ... RETURNING`: for tests of that path on MariaDB.
-    #[doc(hidden)]
-    pub fn __claim_without_returning(self) -> Self {
+    #[cfg(feature = "testing")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "testing")))]
+    pub fn without_returning(self) -> Self {
         self.sql.returning_refused.store(true, Ordering::Relaxed);
         self
     }

@@ -17,7 +17,9 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use idem::journal::{StepBegin, StepRecord, StepRequest, StepResolution};
-use idem::{Begin, BeginRequest, Claim, Error, Key, Outcome, Record, Scope, Store};
+use idem::record::{Begin, Claim, Outcome, Record};
+use idem::store::BeginRequest;
+use idem::{Error, Key, Scope, Store};
 use tokio::time::Instant;
 
 use super::history::{FaultKind, History, Op, MAX_OUTCOME};

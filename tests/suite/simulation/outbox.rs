@@ -238,7 +238,7 @@ mod side {
     const DRAIN_BATCH: usize = 100;
 
     /// The outbox of a history's store, with its log.
-    pub struct Side<D: idem::Backend> {
+    pub struct Side<D: idem::store::Backend> {
         pub outbox: Outbox<D>,
         plan: OutboxPlan,
         start: Instant,
@@ -270,8 +270,12 @@ mod side {
         }
     }
 
-    impl<D: idem::Backend> Side<D> {
-        pub fn new(store: &idem::SqlStore<D>, plan: OutboxPlan, start: Instant) -> Arc<Self> {
+    impl<D: idem::store::Backend> Side<D> {
+        pub fn new(
+            store: &idem::store::SqlStore<D>,
+            plan: OutboxPlan,
+            start: Instant,
+        ) -> Arc<Self> {
             Arc::new(Side {
                 outbox: Outbox::new(store),
                 plan,

@@ -11,8 +11,9 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use idem::record::State;
 use idem::steps::{Failed, Step, StepKey};
-use idem::{Call, Error, Key, Policy, Scope, State, Store};
+use idem::{Call, Error, Key, Policy, Scope, Store};
 use tokio::time::Instant;
 
 use super::downstream::{Effect, Gateway};
@@ -597,7 +598,7 @@ pub struct SimPayment {
 /// mode's rows; `sim_charges`, the rows an atomic phase or a
 /// transactional body commits), and what differs in its SQL.
 pub trait SimSql: idem::entity::EntityDatabase {
-    type Store: Store + idem::TransactionalStore<Self::Connection> + Clone + 'static;
+    type Store: Store + idem::store::TransactionalStore<Self::Connection> + Clone + 'static;
 
     /// A fresh store with the simulation's tables, and what removes them
     /// when dropped.
@@ -635,7 +636,7 @@ macro_rules! sim_sql {
     ($feature:literal, $db:ty, $tables:expr, $param:expr, outbox: $outbox:expr, fresh: $fresh:expr) => {
         #[cfg(feature = $feature)]
         impl SimSql for $db {
-            type Store = idem::SqlStore<$db>;
+            type Store = idem::store::SqlStore<$db>;
 
             async fn store() -> (Self::Store, Box<dyn std::any::Any>) {
                 let (store, keep): (Self::Store, Box<dyn std::any::Any>) = $fresh.await;
@@ -786,9 +787,9 @@ fresh: async {
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 async fn server_store<D>(
     ns: crate::common::namespace::Namespace,
-) -> (idem::SqlStore<D>, Box<dyn std::any::Any>)
+) -> (idem::store::SqlStore<D>, Box<dyn std::any::Any>)
 where
-    D: idem::Backend,
+    D: idem::store::Backend,
 {
     let pool = sqlx::pool::PoolOptions::<D>::new()
         .max_connections(8)
@@ -796,7 +797,7 @@ where
         .connect(ns.url())
         .await
         .unwrap_or_else(|err| panic!("connect to {}: {err}", ns.name()));
-    let store = idem::SqlStore::<D>::new(pool);
+    let store = idem::store::SqlStore::<D>::new(pool);
     store.migrate().await.expect("migrate the store");
     (store, Box::new(ns))
 }
