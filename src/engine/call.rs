@@ -443,3 +443,114 @@ impl Checked {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+    use tokio::time::Instant;
+
+    use super::{Call, MissingKey, MAX_SPAN, MIN_LEASE};
+    use crate::error::Error;
+    use crate::policy::Policy;
+
+    fn check(call: Call) -> Result<(), Error> {
+        call.check(Instant::now()).map(|_| ())
+    }
+
+    fn with(policy: Policy) -> Call {
+        Call::new("tests.op", "k-1", &1).with_policy(policy)
+    }
+
+    /// The message of the `Config` error the call is refused with.
+    fn refusal(call: Call) -> String {
+        match check(call) {
+            Err(Error::Config(message)) => message,
+            other => panic!("expected a refusal, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn sane_policies_are_accepted_up_to_their_bounds() {
+        check(with(Policy::new())).unwrap();
+        check(with(Policy::new().lease(MIN_LEASE))).unwrap();
+        check(with(Policy::new().lease(MAX_SPAN).ttl(MAX_SPAN))).unwrap();
+    }
+
+    #[test]
+    fn a_zero_ttl_is_refused() {
+        let message = refusal(with(Policy::new().ttl(Duration::ZERO)));
+        assert!(message.contains("ttl"), "{message}");
+    }
+
+    #[test]
+    fn a_lease_too_short_to_renew_is_refused() {
+        let short = MIN_LEASE - Duration::from_millis(1);
+        let message = refusal(with(Policy::new().lease(short)));
+        assert!(message.contains("at least 30ms"), "{message}");
+    }
+
+    #[test]
+    fn a_lease_or_ttl_past_a_hundred_years_is_refused_by_name() {
+        let past = MAX_SPAN + Duration::from_secs(1);
+        let lease = refusal(with(Policy::new().lease(past)));
+        assert!(
+            lease.starts_with("the lease must be at most 36500 days"),
+            "{lease}"
+        );
+        let ttl = refusal(with(Policy::new().ttl(past)));
+        assert!(ttl.starts_with("the ttl must be at most"), "{ttl}");
+    }
+
+    #[test]
+    fn a_bad_key_is_answered_before_the_policy_is_looked_at() {
+        let call = Call::new("tests.op", "", &1).with_policy(Policy::new().ttl(Duration::ZERO));
+        assert!(matches!(check(call), Err(Error::InvalidKey(_))));
+    }
+
+    #[test]
+    fn only_a_missing_key_with_run_goes_unprotected() {
+        let none: Option<String> = None;
+        let some = Some("k-1".to_string());
+        assert!(!Call::new("tests.op", &none, &1).unprotected());
+        let run = |key: &Option<String>| {
+            Call::new("tests.op", key, &1)
+                .on_missing_key(MissingKey::Run)
+                .unprotected()
+        };
+        assert!(run(&none));
+        assert!(!run(&some));
+        // An invalid key is refused whatever the call says.
+        let empty = Some(String::new());
+        assert!(!run(&empty));
+    }
+
+    #[test]
+    fn steps_journal_for_at_least_a_lease() {
+        let ttl = Duration::from_secs(1);
+        let lease = Duration::from_secs(5);
+        let policy = Policy::new().ttl(ttl).lease(lease);
+        let (checked, _) = with(policy).check(Instant::now()).unwrap();
+        let steps = checked.steps_as();
+        assert_eq!(steps.ttl, lease);
+        assert_eq!(steps.scope.as_str(), "tests.op");
+        let (checked, _) = with(Policy::new().ttl(lease).lease(ttl))
+            .check(Instant::now())
+            .unwrap();
+        assert_eq!(checked.steps_as().ttl, lease);
+    }
+
+    #[test]
+    fn every_request_of_a_call_carries_its_one_token() {
+        let policy = Policy::new()
+            .ttl(Duration::from_secs(60))
+            .lease(Duration::from_secs(3));
+        let (checked, _) = with(policy).check(Instant::now()).unwrap();
+        let (first, again) = (checked.request(), checked.request());
+        assert_eq!(first.token, again.token);
+        assert_eq!(first.lease, Duration::from_secs(3));
+        assert_eq!(first.ttl, Duration::from_secs(60));
+        assert_eq!(first.key.as_str(), "k-1");
+        let (other, _) = with(policy).check(Instant::now()).unwrap();
+        assert_ne!(other.request().token, first.token);
+    }
+}

@@ -227,3 +227,32 @@ fn in_progress(call: &Checked, waited: bool, held: Held) -> Error {
         retry_after: held.retry_after(),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::{bounded, Held, MIN_RETRY_AFTER, WAIT_SLACK};
+
+    #[tokio::test(start_paused = true)]
+    async fn retry_after_is_the_lease_left_counted_from_its_reading() {
+        let held = Held::now(Duration::from_secs(5));
+        assert_eq!(held.retry_after(), Duration::from_secs(5));
+        tokio::time::advance(Duration::from_secs(2)).await;
+        assert_eq!(held.retry_after(), Duration::from_secs(3));
+        tokio::time::advance(Duration::from_secs(10)).await;
+        assert_eq!(held.retry_after(), MIN_RETRY_AFTER);
+        assert_eq!(Held::now(Duration::ZERO).retry_after(), MIN_RETRY_AFTER);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_bounded_read_gets_the_slack_past_its_bound() {
+        let started = tokio::time::Instant::now();
+        let never = bounded(Some(Duration::ZERO), std::future::pending::<()>()).await;
+        assert_eq!(never, None);
+        assert_eq!(started.elapsed(), WAIT_SLACK);
+        // An answer at once is taken even with no time left.
+        assert_eq!(bounded(Some(Duration::ZERO), async { 3 }).await, Some(3));
+        assert_eq!(bounded(None, async { 4 }).await, Some(4));
+    }
+}

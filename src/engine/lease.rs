@@ -79,8 +79,7 @@ pub(super) async fn keep_renewed<S: Store + ?Sized>(
     claim: &Claim,
     what: Renewing,
 ) -> Infallible {
-    let period = (claim.lease / 3).max(Duration::from_millis(1));
-    let again = (period / 4).max(Duration::from_millis(1));
+    let (period, again) = renewal_periods(claim.lease);
     let mut next = Instant::now() + period;
     loop {
         tokio::time::sleep_until(next).await;
@@ -130,5 +129,44 @@ pub(super) async fn keep_renewed<S: Store + ?Sized>(
                 next = Instant::now();
             }
         }
+    }
+}
+
+/// How far apart a lease is renewed (a third of it), and how soon a
+/// renewal that failed or stalled is tried again (a quarter of that); at
+/// least a millisecond each, so that a tiny lease cannot spin.
+fn renewal_periods(lease: Duration) -> (Duration, Duration) {
+    let period = (lease / 3).max(Duration::from_millis(1));
+    let again = (period / 4).max(Duration::from_millis(1));
+    (period, again)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::renewal_periods;
+
+    const MS: Duration = Duration::from_millis(1);
+
+    #[test]
+    fn a_lease_is_renewed_every_third_of_it() {
+        let (period, again) = renewal_periods(Duration::from_secs(30));
+        assert_eq!(period, Duration::from_secs(10));
+        assert_eq!(again, Duration::from_millis(2_500));
+    }
+
+    #[test]
+    fn the_shortest_lease_a_call_accepts_is_renewed_every_10_ms() {
+        let (period, again) = renewal_periods(30 * MS);
+        assert_eq!(period, 10 * MS);
+        assert_eq!(again, 2_500 * Duration::from_micros(1));
+    }
+
+    #[test]
+    fn a_tiny_lease_is_renewed_no_faster_than_every_millisecond() {
+        assert_eq!(renewal_periods(2 * MS), (MS, MS));
+        assert_eq!(renewal_periods(Duration::ZERO), (MS, MS));
+        assert_eq!(renewal_periods(6 * MS), (2 * MS, MS));
     }
 }

@@ -207,3 +207,93 @@ pub(super) fn refused(reason: &str) -> Outcome {
     );
     Outcome::unrecorded(reason)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::sealed::Outcomes;
+    use super::{recorded, Codec, Json, JsonErrors, OkOnly, Replaying};
+    use crate::error::Error;
+    use crate::record::{Outcome, OutcomeKind};
+
+    type Charge = Result<u32, String>;
+
+    fn ok(body: &[u8]) -> Outcome {
+        Outcome {
+            kind: OutcomeKind::Ok,
+            body: body.to_vec(),
+        }
+    }
+
+    #[test]
+    fn ok_only_stores_the_value_and_releases_errors() {
+        let policy = OkOnly(Json);
+        let stored = Outcomes::<u32, String>::encode(&policy, &Ok(7)).unwrap();
+        assert_eq!(stored.unwrap(), ok(b"7"));
+        assert!(Outcomes::<u32, String>::encode(&policy, &Err("busy".into())).is_none());
+        let replayed: Charge = policy.decode(&ok(b"7")).unwrap();
+        assert_eq!(replayed, Ok(7));
+    }
+
+    #[test]
+    fn ok_only_refuses_to_replay_a_stored_error() {
+        let stored = Outcome {
+            kind: OutcomeKind::Err,
+            body: br#""declined""#.to_vec(),
+        };
+        let replayed = Outcomes::<u32, String>::decode(&OkOnly(Json), &stored);
+        assert!(matches!(replayed, Err(Error::Config(_))), "{replayed:?}");
+    }
+
+    #[test]
+    fn replaying_stores_the_errors_it_picks_and_releases_the_rest() {
+        let policy = Replaying {
+            codec: Json,
+            replayable: |err: &String| err == "declined",
+            errors: JsonErrors::new(),
+        };
+        let declined = policy.encode(&Err::<u32, _>("declined".to_string()));
+        let declined = declined.unwrap().unwrap();
+        assert_eq!(declined.kind, OutcomeKind::Err);
+        assert_eq!(declined.body, br#""declined""#);
+        assert!(policy.encode(&Err::<u32, _>("busy".to_string())).is_none());
+        let replayed: Charge = policy.decode(&declined).unwrap();
+        assert_eq!(replayed, Err("declined".to_string()));
+        assert_eq!(policy.encode(&Ok(7)).unwrap().unwrap(), ok(b"7"));
+    }
+
+    #[test]
+    fn an_unrecorded_outcome_replays_as_unrecorded_under_any_policy() {
+        let stored = Outcome::unrecorded("too large");
+        let under_ok_only = Outcomes::<u32, String>::decode(&OkOnly(Json), &stored);
+        assert!(matches!(under_ok_only, Err(Error::Unrecorded(ref r)) if r == "too large"));
+        let replaying = Replaying {
+            codec: Json,
+            replayable: |_: &String| true,
+            errors: JsonErrors::new(),
+        };
+        let under_replaying = Outcomes::<u32, String>::decode(&replaying, &stored);
+        assert!(matches!(under_replaying, Err(Error::Unrecorded(ref r)) if r == "too large"));
+    }
+
+    #[test]
+    fn recorded_keeps_an_outcome_up_to_the_limit_and_refuses_a_longer_one() {
+        assert_eq!(recorded(Ok(ok(b"1234")), 4), ok(b"1234"));
+        let over = recorded(Ok(ok(b"12345")), 4);
+        let reason = over.unrecorded_reason().expect("unrecorded");
+        assert_eq!(
+            reason,
+            "an outcome of 5 bytes is longer than the call's max_outcome of 4 bytes"
+        );
+    }
+
+    #[test]
+    fn recorded_stands_in_for_a_value_its_codec_refused() {
+        // JSON has no form for NaN: the value is refused, not written as
+        // `null`.
+        let encoded = Codec::<f64>::encode(&Json, &f64::NAN).map(|body| ok(&body));
+        assert!(encoded.is_err());
+        let stored = recorded(encoded, usize::MAX);
+        assert!(stored.unrecorded_reason().is_some());
+        assert_eq!(stored.kind, OutcomeKind::Err);
+    }
+}

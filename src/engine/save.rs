@@ -194,3 +194,38 @@ pub(super) fn lease_lost(claim: &Claim) -> Saved {
     metrics::lease_lost(&claim.scope);
     Saved::Lost
 }
+
+#[cfg(test)]
+mod tests {
+    use tokio::time::Instant;
+
+    use super::super::call::Call;
+    use super::{save, SaveFor, Saved};
+    use crate::record::{Begin, Claim, Outcome, OutcomeKind};
+    use crate::store::{MemoryStore, Store};
+
+    #[tokio::test]
+    async fn an_outcome_is_stored_for_its_claim_and_refused_for_another() {
+        let store = MemoryStore::new();
+        let call = || Call::new("tests.save", "k-1", &1).check(Instant::now());
+        let (first, _) = call().unwrap();
+        let Begin::Claimed(claim) = store.begin(&first.request()).await.unwrap() else {
+            panic!("the key is free");
+        };
+        // A claim that was never granted: the same key, another token.
+        let (other, _) = call().unwrap();
+        let stranger = Claim::granted(&other.request(), claim.fence);
+        let outcome = Outcome {
+            kind: OutcomeKind::Ok,
+            body: b"7".to_vec(),
+        };
+        let refused = save(&store, &stranger, &outcome, SaveFor::Caller).await;
+        assert!(matches!(refused, Saved::Lost));
+        let saved = save(&store, &claim, &outcome, SaveFor::Caller).await;
+        assert!(matches!(saved, Saved::Stored));
+        match store.begin(&other.request()).await.unwrap() {
+            Begin::Replay(replayed) => assert_eq!(replayed, outcome),
+            other => panic!("expected a replay, got {other:?}"),
+        }
+    }
+}

@@ -21,3 +21,34 @@ pub(super) async fn within<F: Future>(limit: Duration, op: F) -> Option<F::Outpu
         None => tokio::time::timeout(limit, op).await.ok(),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+    use tokio::time::Instant;
+
+    use super::within;
+
+    #[test]
+    fn an_answer_at_once_needs_no_timer() {
+        // A runtime without a time driver: arming a timer would panic.
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let answer = runtime.block_on(within(Duration::from_secs(1), async { 7 }));
+        assert_eq!(answer, Some(7));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_late_answer_is_given_up_at_the_limit() {
+        let started = Instant::now();
+        let limit = Duration::from_millis(50);
+        assert_eq!(within(limit, std::future::pending::<()>()).await, None);
+        assert!(started.elapsed() >= limit);
+        let late = async {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            8
+        };
+        assert_eq!(within(limit, late).await, Some(8));
+    }
+}
