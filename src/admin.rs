@@ -22,11 +22,11 @@
 
 use async_trait::async_trait;
 
-use crate::error::Error;
-use crate::journal::StepRecord;
-use crate::key::{Key, Scope};
-use crate::record::{Millis, Record};
 use crate::store::Store;
+use idem_core::error::Error;
+use idem_core::journal::StepRecord;
+use idem_core::key::{Key, Scope};
+use idem_core::record::{Millis, Record};
 
 /// The records table that holds entity mode's claims, in the database of
 /// the entity's table.
@@ -121,7 +121,7 @@ pub trait Inventory: Store {
 /// Why the result an outcome stands in for could not be encoded, when the
 /// engine stored that in its place (its replays answer
 /// [`Error::Unrecorded`]); `None` for any other outcome.
-pub fn unrecorded_reason(outcome: &crate::record::Outcome) -> Option<String> {
+pub fn unrecorded_reason(outcome: &idem_core::record::Outcome) -> Option<String> {
     outcome.unrecorded_reason()
 }
 

@@ -167,14 +167,14 @@ use serde::de::{DeserializeOwned, IgnoredAny};
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 
-use crate::canonical;
 use crate::engine::Call;
 use crate::engine::{run, run_in_transaction};
-use crate::error::Error;
-use crate::fingerprint::Fingerprint;
-use crate::key::{AsKey, Key, Scope};
 use crate::policy::Policy;
 use crate::store::{Store, TransactionalStore};
+use idem_core::canonical;
+use idem_core::error::Error;
+use idem_core::fingerprint::Fingerprint;
+use idem_core::key::{AsKey, Key, Scope};
 
 /// The key of a message without a natural id, from the JSON bytes it
 /// arrived as: the SHA-256 of its canonical JSON, as 64 lowercase hex
@@ -492,8 +492,8 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::record::State;
     use crate::store::MemoryStore;
+    use idem_core::record::State;
 
     #[derive(Debug, PartialEq)]
     enum Failure {

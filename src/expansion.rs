@@ -15,17 +15,17 @@ use serde::Serialize;
 use serde_json::Value;
 
 pub use crate::engine::{run, run_in_transaction, Call, MissingKey};
-pub use crate::error::Error;
-pub use crate::fingerprint::Fingerprint;
-pub use crate::key::{AsKey, Key, KeyError, Scope};
 pub use crate::policy::Policy;
 pub use ::core::time::Duration;
+pub use idem_core::error::Error;
+pub use idem_core::fingerprint::Fingerprint;
+pub use idem_core::key::{AsKey, Key, KeyError, Scope};
 
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 pub use crate::entity::{run as run_entity, Entity, EntityBind, RequestHash, TokenEntity};
 
-use crate::canonical::{plain_or_marked, Checked, Floats};
 use crate::engine::{Codec, Json, OkOnly, Replaying};
+use idem_core::canonical::{plain_or_marked, Checked, Floats};
 use std::cell::Cell;
 
 /// The `scope = ...` expression's value.

@@ -48,9 +48,6 @@
 
 pub mod _guide;
 pub mod admin;
-#[cfg(feature = "_sql")]
-mod backend;
-use idem_core::canonical;
 pub mod consumer;
 pub mod engine;
 #[cfg(feature = "_sql")]
@@ -59,7 +56,6 @@ pub mod engine;
     doc(cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql")))
 )]
 pub mod entity;
-use idem_core::error;
 /// What `#[idempotent]` and `#[derive(Entity)]` expand to. Not a public
 /// API: it may change in any release.
 #[doc(hidden)]
@@ -79,8 +75,6 @@ pub mod metrics;
 pub mod outbox;
 mod policy;
 pub use idem_core::record;
-#[cfg(feature = "redis")]
-mod redis_store;
 pub mod steps;
 pub mod store;
 #[cfg(feature = "testing")]
@@ -90,15 +84,6 @@ mod tracked;
 
 // The root holds what an application names; what a store author needs
 // is under `store`, `record`, `journal`, `fingerprint` and `key`.
-#[cfg(feature = "mysql")]
-#[cfg_attr(docsrs, doc(cfg(feature = "mysql")))]
-pub use backend::mysql::MySqlStore;
-#[cfg(feature = "postgres")]
-#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
-pub use backend::postgres::PostgresStore;
-#[cfg(feature = "sqlite")]
-#[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
-pub use backend::sqlite::SqliteStore;
 pub use engine::{run, run_in_transaction, Call};
 #[cfg(feature = "_sql")]
 #[cfg_attr(
@@ -110,7 +95,16 @@ pub use idem_core::{AsKey, Error, Fingerprint, Key, KeyError, Scope};
 pub use policy::{InProgressPolicy, Policy};
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
-pub use redis_store::RedisStore;
+pub use store::redis::RedisStore;
+#[cfg(feature = "mysql")]
+#[cfg_attr(docsrs, doc(cfg(feature = "mysql")))]
+pub use store::sql::mysql::MySqlStore;
+#[cfg(feature = "postgres")]
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
+pub use store::sql::postgres::PostgresStore;
+#[cfg(feature = "sqlite")]
+#[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
+pub use store::sql::sqlite::SqliteStore;
 pub use store::{CachedStore, MemoryStore, PassThroughStore, Store};
 pub use tracked::Tracked;
 

@@ -34,7 +34,7 @@ use tokio::time::Instant;
 
 use indexmap::IndexMap;
 
-use crate::key::Scope;
+use idem_core::key::Scope;
 
 /// The name of the executions counter.
 pub const EXECUTIONS: &str = "idem_executions_total";

@@ -137,12 +137,12 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 
-use crate::error::Error;
-use crate::fingerprint::Fingerprint;
-use crate::journal::{StepBegin, StepRequest, StepResolution, StepRun};
-use crate::key::{AsKey, Key, KeyError, Scope};
-use crate::record::Claim;
 use crate::store::{journal_of, Store, TransactionalStore};
+use idem_core::error::Error;
+use idem_core::fingerprint::Fingerprint;
+use idem_core::journal::{StepBegin, StepRequest, StepResolution, StepRun};
+use idem_core::key::{AsKey, Key, KeyError, Scope};
+use idem_core::record::Claim;
 
 /// The name of the steps counter (`decision`: `ran`, `replayed`,
 /// `failed_cleanly` (its call failed with no effect, and its start was
@@ -736,7 +736,7 @@ impl<R> Step<R> {
                     Ok(other) => return Err(changed(name, &other).into()),
                 }
                 let output = output.map_err(Failed::into_inner)?;
-                let bytes = crate::canonical::to_vec(&output).map_err(Error::from)?;
+                let bytes = idem_core::canonical::to_vec(&output).map_err(Error::from)?;
                 counted(name, "ran", &current);
                 // Rerun when in doubt: its output is journaled while the
                 // body goes on, and before the operation ends.
@@ -755,7 +755,7 @@ impl<R> Step<R> {
             Err(Failed::InDoubt(err)) => return Err(err),
         };
         if let Some(journal) = journal {
-            let bytes = crate::canonical::to_vec(&output).map_err(Error::from)?;
+            let bytes = idem_core::canonical::to_vec(&output).map_err(Error::from)?;
             journal_output(&*journal, &current, &current.request(name), &bytes).await?;
             counted(name, "ran", &current);
         }
@@ -841,7 +841,7 @@ impl<R> Step<R> {
         let (result, conn) = f(conn, current.key.clone()).await;
         let output = result?;
         if current.journal.is_some() {
-            let bytes = crate::canonical::to_vec(&output).map_err(Error::from)?;
+            let bytes = idem_core::canonical::to_vec(&output).map_err(Error::from)?;
             store
                 .complete_step_on(conn, &current.claim, &current.request(name), &bytes)
                 .await?;
@@ -953,7 +953,7 @@ impl<R> Step<R> {
                     "step in doubt: asking the downstream what happened"
                 );
                 if let Some(output) = reconcile.ask(current.key.clone()).await? {
-                    let bytes = crate::canonical::to_vec(&output).map_err(Error::from)?;
+                    let bytes = idem_core::canonical::to_vec(&output).map_err(Error::from)?;
                     on.complete(&*journal, &current, &request, &bytes).await?;
                     in_doubt(&current.claim.scope, name, "reconciled");
                     return Ok(Started::Done(output));
@@ -1376,7 +1376,7 @@ where
 {
     let (resolution, label) = match output {
         Some(output) => (
-            StepResolution::Completed(crate::canonical::to_vec(output)?),
+            StepResolution::Completed(idem_core::canonical::to_vec(output)?),
             "operator_completed",
         ),
         None => (StepResolution::Rerun, "operator_rerun"),

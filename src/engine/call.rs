@@ -16,14 +16,14 @@ use tokio::time::Instant;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use crate::error::Error;
-use crate::fingerprint::Fingerprint;
-use crate::key::{AsKey, Key, Scope};
 use crate::metrics;
 use crate::policy::Policy;
-use crate::record::ClaimToken;
 use crate::steps::StepsAs;
 use crate::store::BeginRequest;
+use idem_core::error::Error;
+use idem_core::fingerprint::Fingerprint;
+use idem_core::key::{AsKey, Key, Scope};
+use idem_core::record::ClaimToken;
 
 use super::outcome::{Json, JsonErrors, OkOnly, Replaying};
 
@@ -452,8 +452,8 @@ mod tests {
     use tokio::time::Instant;
 
     use super::{Call, MissingKey, MAX_SPAN, MIN_LEASE};
-    use crate::error::Error;
     use crate::policy::Policy;
+    use idem_core::error::Error;
 
     fn check(call: Call) -> Result<(), Error> {
         call.check(Instant::now()).map(|_| ())

@@ -7,10 +7,10 @@ use std::future::Future;
 use std::time::Duration;
 use tokio::time::Instant;
 
-use crate::error::Error;
 use crate::metrics;
-use crate::record::{Begin, Claim};
 use crate::store::{BeginRequest, Store};
+use idem_core::error::Error;
+use idem_core::record::{Begin, Claim};
 
 use super::call::Checked;
 use super::guard::Guard;

@@ -7,11 +7,11 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
 
-use crate::error::Error;
 use crate::metrics;
-use crate::record::{Claim, Outcome};
 use crate::steps::Operation;
 use crate::store::{BeginRequest, Store};
+use idem_core::error::Error;
+use idem_core::record::{Claim, Outcome};
 
 use super::save::{save, SaveFor, MAX_SAVE_PAUSE};
 

@@ -14,10 +14,10 @@ use std::task::Poll;
 use std::time::Duration;
 use tokio::time::Instant;
 
-use crate::error::Error;
 use crate::metrics;
-use crate::record::Claim;
 use crate::store::Store;
+use idem_core::error::Error;
+use idem_core::record::Claim;
 
 use super::call::Checked;
 use super::timeout::within;

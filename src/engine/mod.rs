@@ -143,10 +143,10 @@ use tokio::time::Instant;
 
 use tracing::Instrument;
 
-use crate::error::Error;
-use crate::record::Claim;
 use crate::steps::Operation;
 use crate::store::Store;
+use idem_core::error::Error;
+use idem_core::record::Claim;
 
 use call::Checked;
 use claim::claimed;

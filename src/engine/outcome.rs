@@ -18,8 +18,8 @@ use std::fmt;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use crate::error::Error;
-use crate::record::{Outcome, OutcomeKind};
+use idem_core::error::Error;
+use idem_core::record::{Outcome, OutcomeKind};
 
 /// How an operation's `Ok` value becomes the stored outcome bytes, and back.
 ///
@@ -44,7 +44,7 @@ impl<T: Serialize + DeserializeOwned> Codec<T> for Json {
     fn encode(&self, value: &T) -> Result<Vec<u8>, Error> {
         // A non-finite float is refused rather than written as `null`,
         // which would be replayed as something else, or not at all.
-        Ok(crate::canonical::to_vec(value)?)
+        Ok(idem_core::canonical::to_vec(value)?)
     }
 
     fn decode(&self, bytes: &[u8]) -> Result<T, Error> {
@@ -112,8 +112,8 @@ impl<C: fmt::Debug, P, E> fmt::Debug for Replaying<C, P, E> {
 }
 
 mod sealed {
-    use crate::error::Error;
-    use crate::record::Outcome;
+    use idem_core::error::Error;
+    use idem_core::record::Outcome;
 
     /// How a result becomes a stored outcome, and back: the methods of
     /// [`OutcomePolicy`](super::OutcomePolicy), out of reach of other
@@ -212,8 +212,8 @@ pub(super) fn refused(reason: &str) -> Outcome {
 mod tests {
     use super::sealed::Outcomes;
     use super::{recorded, Codec, Json, JsonErrors, OkOnly, Replaying};
-    use crate::error::Error;
-    use crate::record::{Outcome, OutcomeKind};
+    use idem_core::error::Error;
+    use idem_core::record::{Outcome, OutcomeKind};
 
     type Charge = Result<u32, String>;
 

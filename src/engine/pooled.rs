@@ -8,9 +8,9 @@ use std::future::Future;
 use std::time::Duration;
 use tokio::time::Instant;
 
-use crate::error::Error;
-use crate::record::{Begin, Claim, Outcome};
 use crate::store::{BeginRequest, Store};
+use idem_core::error::Error;
+use idem_core::record::{Begin, Claim, Outcome};
 
 /// The longest pause between two looks at an in-progress key when the store
 /// cannot wake waiters itself (another process completed it).

@@ -7,10 +7,10 @@
 use std::time::Duration;
 use tokio::time::Instant;
 
-use crate::error::Error;
 use crate::metrics;
-use crate::record::{Claim, Outcome};
 use crate::store::Store;
+use idem_core::error::Error;
+use idem_core::record::{Claim, Outcome};
 
 use super::lease::{keep_renewed, Renewing};
 use super::outcome::refused;
@@ -201,8 +201,8 @@ mod tests {
 
     use super::super::call::Call;
     use super::{save, SaveFor, Saved};
-    use crate::record::{Begin, Claim, Outcome, OutcomeKind};
     use crate::store::{MemoryStore, Store};
+    use idem_core::record::{Begin, Claim, Outcome, OutcomeKind};
 
     #[tokio::test]
     async fn an_outcome_is_stored_for_its_claim_and_refused_for_another() {

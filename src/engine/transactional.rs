@@ -10,10 +10,10 @@ use tokio::time::Instant;
 
 use tracing::Instrument;
 
-use crate::error::Error;
-use crate::record::{Begin, Claim, Outcome};
 use crate::steps::Operation;
 use crate::store::{BeginRequest, TransactionalStore};
+use idem_core::error::Error;
+use idem_core::record::{Begin, Claim, Outcome};
 
 use super::call::Call;
 use super::claim::claimed;

@@ -116,21 +116,21 @@ use tokio::time::Instant;
 use sqlx::{FromRow, Pool};
 use tracing::Instrument;
 
-use crate::backend::entity::check_token_names;
-use crate::backend::entity::Claims;
-pub use crate::backend::entity::{
-    is_unique_violation, Entity, EntityBind, EntityDatabase, RequestHash, TokenEntity,
-};
-use crate::backend::tx::TxConn;
-use crate::backend::SqlStore;
 use crate::engine::{self, Call, Codec};
-use crate::error::Error;
-use crate::fingerprint::Fingerprint;
-use crate::key::{Key, Scope};
 use crate::metrics;
 use crate::policy::Policy;
-use crate::record::{Claim, Outcome, OutcomeKind};
 use crate::steps::{self, StepsAs};
+use crate::store::sql::entity::check_token_names;
+use crate::store::sql::entity::Claims;
+pub use crate::store::sql::entity::{
+    is_unique_violation, Entity, EntityBind, EntityDatabase, RequestHash, TokenEntity,
+};
+use crate::store::sql::tx::TxConn;
+use crate::store::sql::SqlStore;
+use idem_core::error::Error;
+use idem_core::fingerprint::Fingerprint;
+use idem_core::key::{Key, Scope};
+use idem_core::record::{Claim, Outcome, OutcomeKind};
 /// The sqlx this crate is built with: the version whose types an entity's
 /// code and the SQL stores' pools are of, which `#[derive(Entity)]`'s code
 /// names.
@@ -561,7 +561,7 @@ impl Prepared {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::entity::{check_conflict, check_names, is_unique_code};
+    use crate::store::sql::entity::{check_conflict, check_names, is_unique_code};
 
     struct Payment;
     impl Entity for Payment {

@@ -21,9 +21,9 @@ use ::http::request::Parts;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
-use crate::canonical;
-use crate::error::Error;
-use crate::fingerprint::Fingerprint;
+use idem_core::canonical;
+use idem_core::error::Error;
+use idem_core::fingerprint::Fingerprint;
 
 const TAG: &[u8] = b"idem-http-request-v1";
 const TAG_JSON: &[u8] = b"idem-http-request-v1-json";

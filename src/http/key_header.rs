@@ -14,7 +14,7 @@ use ::http::header::{HeaderMap, HeaderName, HeaderValue};
 use ::http::Method;
 
 use super::problem::{Problem, ProblemDetails};
-use crate::key::{AsKey, Key, KeyError};
+use idem_core::key::{AsKey, Key, KeyError};
 
 /// The header of the IETF draft, the layer's default.
 pub(crate) const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");

@@ -16,9 +16,9 @@ use super::principal::MakePrincipal;
 use super::route::MakeRoute;
 use super::service::Idempotency;
 use super::storing::stored_by_default;
-use crate::error::Error;
 use crate::policy::Policy;
 use crate::store::Store;
+use idem_core::error::Error;
 
 /// Makes the requests of a tower service (an axum `Router`, a route)
 /// idempotent by their `Idempotency-Key` header. See the

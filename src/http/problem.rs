@@ -8,7 +8,7 @@ use ::http::header::{self, HeaderValue};
 use ::http::{Response, StatusCode};
 use bytes::Bytes;
 
-use crate::error::Error;
+use idem_core::error::Error;
 
 /// The base of every problem type URI: the documentation of [`Problem`].
 const TYPE_BASE: &str = "https://docs.rs/idem/latest/idem/http/enum.Problem.html#variant.";
@@ -367,7 +367,7 @@ mod tests {
             ),
             (Error::MissingKey, Problem::MissingKey, None),
             (
-                Error::InvalidKey(crate::key::KeyError::Empty),
+                Error::InvalidKey(idem_core::key::KeyError::Empty),
                 Problem::InvalidKey,
                 None,
             ),

@@ -35,10 +35,10 @@ use super::storing::is_stored;
 use super::unwind::{panic_message, CatchUnwind, Panic};
 use crate::engine::Codec;
 use crate::engine::{run, Call};
-use crate::error::Error;
-use crate::key::{Key, Scope};
-use crate::record::OutcomeKind;
 use crate::store::Store;
+use idem_core::error::Error;
+use idem_core::key::{Key, Scope};
+use idem_core::record::OutcomeKind;
 
 /// What a stored response's status and headers may take beside its body,
 /// within the engine's limit on an outcome ([`Call::max_outcome`]).

@@ -24,7 +24,7 @@ use bytes::Bytes;
 
 use super::fingerprint::PartDigests;
 use crate::engine::Codec;
-use crate::error::Error;
+use idem_core::error::Error;
 
 const VERSION: u8 = 2;
 

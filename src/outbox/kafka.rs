@@ -51,8 +51,8 @@ use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord, Producer};
 use rdkafka::ClientConfig;
 
 use super::{Lease, Message, MessageId, Outbox, MESSAGE_ID_HEADER};
-use crate::backend::Backend;
-use crate::error::Error;
+use crate::store::sql::Backend;
+use idem_core::error::Error;
 
 /// What one round of a relay did.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -159,13 +159,13 @@ use std::time::Duration;
 
 use sha2::{Digest, Sha256};
 
-use crate::backend::outbox::{lease_millis, LeasedRow, OutboxStatements, Row};
-use crate::backend::{Backend, SqlStore};
-use crate::error::Error;
-use crate::fingerprint::Fingerprint;
-use crate::key::{AsKey, Key, KeyError, Scope};
-use crate::record::{duration_millis, ClaimToken};
 use crate::steps;
+use crate::store::sql::outbox::{lease_millis, LeasedRow, OutboxStatements, Row};
+use crate::store::sql::{Backend, SqlStore};
+use idem_core::error::Error;
+use idem_core::fingerprint::Fingerprint;
+use idem_core::key::{AsKey, Key, KeyError, Scope};
+use idem_core::record::{duration_millis, ClaimToken};
 
 #[cfg(feature = "kafka")]
 #[cfg_attr(docsrs, doc(cfg(feature = "kafka")))]

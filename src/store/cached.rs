@@ -11,10 +11,10 @@ use async_trait::async_trait;
 use lru::LruCache;
 
 use super::{BeginRequest, Capabilities, Detach, Immediate, Journal, Store};
-use crate::error::Error;
-use crate::fingerprint::Fingerprint;
-use crate::key::{Key, Scope};
-use crate::record::{Begin, Claim, ClaimToken, Outcome, Record};
+use idem_core::error::Error;
+use idem_core::fingerprint::Fingerprint;
+use idem_core::key::{Key, Scope};
+use idem_core::record::{Begin, Claim, ClaimToken, Outcome, Record};
 
 /// An entry's scope and key: shared with the caller's (a clone only
 /// counts a reference), so a look-up copies no text.

@@ -5,6 +5,11 @@
 //! of [`Capabilities`] ([`Wake`], [`Immediate`], [`Detach`]). A store of
 //! your own can depend on `idem-core` alone.
 //!
+//! One folder per backend: `memory/`, `sql/` (the flow the SQL stores
+//! share, and `sql/{sqlite, postgres, mysql}/`), `redis/`; beside them
+//! the wrappers ([`CachedStore`], [`PassThroughStore`]) and the waiters
+//! every store in this process wakes.
+//!
 //! Every backend keeps records unique per `(scope, key)` and decides the
 //! claim with one atomic conditional write (a UNIQUE constraint with an
 //! upsert, or a lock-protected map), never with a read followed by a write.
@@ -18,8 +23,11 @@
 
 mod cached;
 mod memory;
-mod memory_records;
 mod pass_through;
+#[cfg(feature = "redis")]
+pub(crate) mod redis;
+#[cfg(feature = "_sql")]
+pub(crate) mod sql;
 mod waiters;
 
 #[cfg(feature = "_sql")]
@@ -27,7 +35,7 @@ mod waiters;
     docsrs,
     doc(cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql")))
 )]
-pub use crate::backend::{Backend, SqlStore};
+pub use crate::store::sql::{Backend, SqlStore};
 pub use cached::CachedStore;
 pub use idem_core::record::BeginRequest;
 pub(crate) use idem_core::store::{journal_of, step_not_journaled};

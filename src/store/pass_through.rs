@@ -3,10 +3,10 @@
 use async_trait::async_trait;
 
 use super::{BeginRequest, Capabilities, Detach, Immediate, Journal, Store};
-use crate::error::Error;
-use crate::journal::{StepBegin, StepRecord, StepRequest, StepResolution, StepRun};
-use crate::key::{Key, Scope};
-use crate::record::{Begin, Claim, Outcome, Record};
+use idem_core::error::Error;
+use idem_core::journal::{StepBegin, StepRecord, StepRequest, StepResolution, StepRun};
+use idem_core::key::{Key, Scope};
+use idem_core::record::{Begin, Claim, Outcome, Record};
 
 /// A store that never records anything: every call is granted a fresh
 /// claim, so every call runs its body, duplicates included, and nothing is

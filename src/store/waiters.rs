@@ -8,9 +8,9 @@ use tokio::time::Instant;
 
 use tokio::sync::Notify;
 
-use crate::fingerprint::Fingerprint;
-use crate::key::{Key, Scope};
-use crate::record::{Claim, ClaimToken, Millis, Outcome, Record};
+use idem_core::fingerprint::Fingerprint;
+use idem_core::key::{Key, Scope};
+use idem_core::record::{Claim, ClaimToken, Millis, Outcome, Record};
 
 type Slot = (String, String);
 
@@ -451,7 +451,7 @@ mod tests {
         // Registered; give the waiter time to look and sleep.
         tokio::time::sleep(Duration::from_millis(20)).await;
         let outcome = Outcome {
-            kind: crate::record::OutcomeKind::Ok,
+            kind: idem_core::record::OutcomeKind::Ok,
             body: b"\"done\"".to_vec(),
         };
         waiters.hand_over(&claim(completed, ttl), &outcome);
@@ -507,7 +507,7 @@ mod tests {
 
     fn done() -> Outcome {
         Outcome {
-            kind: crate::record::OutcomeKind::Ok,
+            kind: idem_core::record::OutcomeKind::Ok,
             body: b"\"done\"".to_vec(),
         }
     }

@@ -70,12 +70,12 @@ use self::support::{
     call, charge, claim_directly, fresh_key, pay, pay_slowly, Receipt, Runs, TestError,
 };
 use crate::engine::{run, Call};
-use crate::error::Error;
-use crate::fingerprint::Fingerprint;
-use crate::key::{Key, Scope};
 use crate::policy::Policy;
-use crate::record::{Outcome, OutcomeKind, State};
 use crate::store::Store;
+use idem_core::error::Error;
+use idem_core::fingerprint::Fingerprint;
+use idem_core::key::{Key, Scope};
+use idem_core::record::{Outcome, OutcomeKind, State};
 
 /// Emits the [store conformance suite](crate::testing) for one store: a
 /// module named `$backend` with one `#[test]` per case.

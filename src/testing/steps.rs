@@ -9,13 +9,13 @@ use tokio::sync::Barrier;
 
 use super::support::{call, charge, claim_directly, fresh_key, Charge, TestError};
 use crate::engine::run;
-use crate::error::Error;
-use crate::fingerprint::Fingerprint;
-use crate::journal::{StepBegin, StepRequest, StepRun, StepState};
-use crate::key::{Key, Scope};
 use crate::policy::Policy;
 use crate::steps::{self, step, Step, StepKey};
 use crate::store::{Journal, Store};
+use idem_core::error::Error;
+use idem_core::fingerprint::Fingerprint;
+use idem_core::journal::{StepBegin, StepRequest, StepRun, StepState};
+use idem_core::key::{Key, Scope};
 
 const SCOPE: &str = "payments.checkout";
 

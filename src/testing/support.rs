@@ -9,12 +9,12 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::engine::{run, Call};
-use crate::error::Error;
-use crate::fingerprint::Fingerprint;
-use crate::key::{Key, Scope};
 use crate::policy::Policy;
-use crate::record::{now_millis, Begin, Claim, ClaimToken};
 use crate::store::{BeginRequest, Store};
+use idem_core::error::Error;
+use idem_core::fingerprint::Fingerprint;
+use idem_core::key::{Key, Scope};
+use idem_core::record::{now_millis, Begin, Claim, ClaimToken};
 
 /// The error type of the operations under test.
 #[derive(Debug, Serialize, Deserialize, PartialEq)]

@@ -107,10 +107,10 @@ use rdkafka::{Offset, TopicPartitionList};
 use serde::Serialize;
 
 use super::content_key_of_json;
-use crate::canonical;
-use crate::error::Error;
-use crate::fingerprint::Fingerprint;
-use crate::key::{Key, KeyError};
+use idem_core::canonical;
+use idem_core::error::Error;
+use idem_core::fingerprint::Fingerprint;
+use idem_core::key::{Key, KeyError};
 
 /// Where a Kafka record's idempotency key comes from.
 ///

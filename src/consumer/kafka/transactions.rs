@@ -143,11 +143,11 @@ use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use serde::{Deserialize, Serialize};
 
 use super::Identity;
-use crate::error::Error;
-use crate::fingerprint::Fingerprint;
-use crate::key::Scope;
 use crate::outbox::kafka::{send, settled};
 use crate::outbox::{InvalidMessage, Message, MessageId, MAX_OUTPUTS_BYTES};
+use idem_core::error::Error;
+use idem_core::fingerprint::Fingerprint;
+use idem_core::key::Scope;
 
 /// The records a handler produces for one input record, kept with its
 /// dedupe marker so that a redelivery produces the same ones. At most

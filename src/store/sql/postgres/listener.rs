@@ -11,8 +11,8 @@ use std::time::Duration;
 use sqlx::postgres::{PgConnectOptions, PgListener, PgPool, PgPoolOptions};
 use tokio::task::JoinHandle;
 
-use crate::key::{Key, Scope};
 use crate::store::Waiters;
+use idem_core::key::{Key, Scope};
 
 /// The task relaying `NOTIFY`s of the store's channel to its [`Waiters`],
 /// started on the first wait and stopped with the last clone of the store.

@@ -7,12 +7,12 @@ use std::time::Duration;
 use sqlx::mysql::{MySql, MySqlConnection, MySqlPool};
 use sqlx::FromRow;
 
-use crate::backend::entity::{
+use crate::store::sql::entity::{
     self as statements, arguments, check_conflict, is_unique_violation, EntityBind, EntityDatabase,
     TokenEntity,
 };
-use crate::backend::tx::TxConn;
-use crate::error::Error;
+use crate::store::sql::tx::TxConn;
+use idem_core::error::Error;
 
 /// InnoDB's deadlock error.
 const ER_LOCK_DEADLOCK: u16 = 1213;

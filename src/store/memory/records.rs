@@ -23,9 +23,9 @@ use std::hash::BuildHasher;
 use foldhash::fast::RandomState;
 use hashbrown::HashTable;
 
-use crate::error::Error;
-use crate::key::{Key, Scope};
-use crate::record::Record;
+use idem_core::error::Error;
+use idem_core::key::{Key, Scope};
+use idem_core::record::Record;
 
 /// Where a record is: its position in the records, and 32 bits of the
 /// hash of its scope and key.
@@ -141,8 +141,8 @@ mod tests {
     use std::collections::HashMap;
 
     use super::*;
-    use crate::fingerprint::Fingerprint;
-    use crate::record::State;
+    use idem_core::fingerprint::Fingerprint;
+    use idem_core::record::State;
 
     fn record(scope: &Scope, key: &Key, fence: i64) -> Record {
         Record {

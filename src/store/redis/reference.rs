@@ -6,8 +6,8 @@ use std::future::Future;
 
 use super::scripts::SCRIPTS;
 use super::{array, int, status, RedisStore};
-use crate::error::Error;
-use crate::record::{BeginRequest, Claim, Outcome};
+use idem_core::error::Error;
+use idem_core::record::{BeginRequest, Claim, Outcome};
 
 impl RedisStore {
     /// A first execution in record mode as the store sends it for a key

@@ -15,8 +15,8 @@ use redis::{PushInfo, PushKind, Value};
 use tokio::sync::{mpsc, oneshot};
 
 use super::Conn;
-use crate::key::{Key, Scope};
 use crate::store::Waiters;
+use idem_core::key::{Key, Scope};
 
 enum Change {
     Subscribe(String, oneshot::Sender<bool>),

@@ -26,7 +26,7 @@
 use sqlx::pool::PoolConnection;
 use sqlx::{Connection, Database, Pool, Transaction};
 
-use crate::error::Error;
+use idem_core::error::Error;
 
 /// A pooled connection for one transaction at a time (see the module
 /// documentation).
@@ -68,12 +68,20 @@ impl<DB: Database> TxConn<DB> {
     }
 }
 
+/// Whether `pool`'s database lives in memory: its name is no file on disk
+/// (an in-memory database may be named anything, `file:name?mode=memory`
+/// included).
+#[cfg(feature = "sqlite")]
+pub(crate) fn in_memory(pool: &sqlx::Pool<sqlx::Sqlite>) -> bool {
+    !pool.connect_options().get_filename().is_file()
+}
+
 /// Whether `pool`'s connections may be closed without losing the database:
 /// all but an in-memory SQLite database's.
 fn closable<DB: Database>(pool: &Pool<DB>) -> bool {
     #[cfg(feature = "sqlite")]
     if let Some(pool) = (pool as &dyn std::any::Any).downcast_ref::<Pool<sqlx::Sqlite>>() {
-        return !super::sqlite::in_memory(pool);
+        return !in_memory(pool);
     }
     let _ = pool;
     true
@@ -86,3 +94,44 @@ impl<DB: Database> Drop for TxConn<DB> {
         }
     }
 }
+
+/// How often a journal transaction runs when the database rolled it back
+/// to break a deadlock (MySQL's gap locks, when steps of one operation
+/// begin at once).
+pub(crate) const DEADLOCK_ATTEMPTS: u32 = 5;
+
+/// Runs `$op` in a transaction of its own on the store's pool (SQLite:
+/// `BEGIN IMMEDIATE`), committed when `$op` succeeds; again when the
+/// database rolled it back to break a deadlock.
+macro_rules! in_transaction {
+    ($store:expr, |$conn:ident| $op:expr) => {{
+        let mut attempt = 1;
+        loop {
+            let mut pooled = $crate::store::sql::tx::TxConn::acquire(&$store.pool).await?;
+            let result = async {
+                let mut tx = pooled.begin(Some(DB::BEGIN_WRITE)).await?;
+                let $conn: &mut DB::Connection = &mut tx;
+                let value = $op.await?;
+                tx.commit().await?;
+                Ok::<_, Error>(value)
+            }
+            .await;
+            if result.is_ok() {
+                pooled.ended();
+            }
+            match result {
+                Err(err)
+                    if attempt < $crate::store::sql::tx::DEADLOCK_ATTEMPTS
+                        && DB::is_deadlock(&err) =>
+                {
+                    drop(pooled);
+                    tokio::time::sleep(std::time::Duration::from_millis(u64::from(attempt) * 2))
+                        .await;
+                    attempt += 1;
+                }
+                result => break result,
+            }
+        }
+    }};
+}
+pub(crate) use in_transaction;

@@ -6,8 +6,8 @@
 
 use super::exec::Value;
 use super::Backend;
-use crate::error::Error;
-use crate::record::now_millis;
+use idem_core::error::Error;
+use idem_core::record::now_millis;
 
 /// A backend's statements on `idem_migrations`.
 #[derive(Debug)]

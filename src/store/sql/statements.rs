@@ -84,7 +84,7 @@ pub struct Statements {
     pub forget: Statement,
     pub purge: Statement,
     /// The step journal's statements.
-    pub steps: super::journal::StepStatements,
+    pub steps: super::step_statements::StepStatements,
 }
 
 /// The SQL of a backend whose placeholders are numbered (`?N`, `$N`) in
@@ -120,7 +120,7 @@ impl Numbered {
         table: String,
         now: &str,
         claim_returns: ClaimReturns,
-        steps: super::journal::StepStatements,
+        steps: super::step_statements::StepStatements,
     ) -> Statements {
         use Param::*;
         const CLAIM: &[Param] = &[Scope, Key, Fingerprint, Token, Lease, Ttl];

@@ -13,14 +13,14 @@ use sqlx::{Database, FromRow, Pool};
 
 use super::dialect::Dialect;
 use super::exec::Value;
-use super::records::validate_table_name;
+use super::flow::validate_table_name;
 use super::{Backend, SqlStore};
-use crate::error::Error;
-use crate::fingerprint::Fingerprint;
+use idem_core::error::Error;
+use idem_core::fingerprint::Fingerprint;
 
-use crate::key::{Key, KeyError, Scope};
-use crate::record::{Begin, BeginRequest, Claim, ClaimToken, Outcome, Record};
 use crate::store::{Capabilities, Detach, Journal, Store};
+use idem_core::key::{Key, KeyError, Scope};
+use idem_core::record::{Begin, BeginRequest, Claim, ClaimToken, Outcome, Record};
 
 /// `name` quoted as an identifier.
 pub(crate) fn quote<DB: Dialect>(name: &str) -> String {

@@ -1,26 +1,35 @@
 //! The SQL backends: one folder each, on one shared skeleton.
 //!
-//! - [`records`]: the flow every backend runs, written once: the claim →
+//! - [`flow`]: the flow every backend runs, written once: the claim →
 //!   read → decide loop, the fenced renewal, completion and release, row
 //!   decoding, purges, and the [`Store`](crate::store::Store) and
 //!   [`TransactionalStore`](crate::store::TransactionalStore)
 //!   implementations of [`SqlStore`];
+//! - [`journal`]: the step journal's flow, on the statements of
+//!   [`step_statements`];
+//! - [`tx`]: transactions a dropped caller cannot leave open, and the
+//!   store's own short ones;
 //! - [`migrate`]: the migrations' bookkeeping (`idem_migrations` by default);
 //! - `sqlite/`, `postgres/`, `mysql/`: each backend's SQL and its true
 //!   differences (its clock, its claim statement, how migrators are kept
 //!   apart, PostgreSQL's listener, MariaDB's snapshot errors), and its
 //!   statements for entity mode.
 //!
-//! "Where is PostgreSQL's SQL?" has one answer: `backend/postgres/`.
+//! Where is PostgreSQL's SQL? Its own (the records statements, the clock,
+//! the migrations, the listener) in `store/sql/postgres/`. The statements
+//! every backend shares are written once, filled with each backend's
+//! placeholders, quotes and locks: the journal's in [`step_statements`],
+//! entity mode's in [`entity`], the outbox's in [`outbox`].
 
 use std::fmt::Debug;
 use std::future::Future;
 
-use crate::error::Error;
-use crate::record::BeginRequest;
+use idem_core::error::Error;
+use idem_core::record::BeginRequest;
 
 pub(crate) mod entity;
 pub(crate) mod exec;
+pub(crate) mod flow;
 pub(crate) mod gate;
 mod inventory;
 pub(crate) mod journal;
@@ -31,16 +40,16 @@ pub(crate) mod outbox;
 #[cfg(feature = "postgres")]
 pub(crate) mod postgres;
 pub(crate) mod read_first;
-pub(crate) mod records;
 #[cfg(feature = "testing")]
 mod reference;
 #[cfg(feature = "sqlite")]
 pub(crate) mod sqlite;
 mod statements;
+mod step_statements;
 pub(crate) mod tx;
 pub(crate) mod warm;
 
-pub use records::SqlStore;
+pub use flow::SqlStore;
 
 /// The statement logging of the pools a store opens itself (`connect`):
 /// sqlx logs every statement at DEBUG, and one slower than a second at
@@ -75,7 +84,7 @@ pub(crate) mod dialect {
     pub use super::exec::Exec;
     pub use super::statements::{Statement, Statements};
     use super::*;
-    use crate::record::Outcome;
+    use idem_core::record::Outcome;
 
     /// A backend's statements and true differences.
     pub trait Dialect: Exec + Sized {
@@ -97,9 +106,9 @@ pub(crate) mod dialect {
         const CLAIM_KEEPS_JOURNAL: bool = false;
         /// Whether a claim on the store's pool reads the record first, and
         /// claims only when the read has no answer (see
-        /// [`read_first`](crate::backend::read_first)).
-        const READ_FIRST: crate::backend::read_first::ReadFirst =
-            crate::backend::read_first::ReadFirst::Never;
+        /// [`read_first`](crate::store::sql::read_first)).
+        const READ_FIRST: crate::store::sql::read_first::ReadFirst =
+            crate::store::sql::read_first::ReadFirst::Never;
 
         /// The statement that opens a transaction that writes (SQLite:
         /// `BEGIN IMMEDIATE`, the write lock from the start, since a
@@ -261,67 +270,67 @@ macro_rules! transactional_store {
     ($db:ty, $conn:ty) => {
         // A connection is in a transaction when one was begun on it
         // through sqlx (which is what it counts); a `Transaction` always.
-        $crate::backend::transactional_store!(@impl $db, $conn, [], |c| c,
+        $crate::store::sql::transactional_store!(@impl $db, $conn, [], |c| c,
             |c| ::sqlx::Connection::is_in_transaction(c));
-        $crate::backend::transactional_store!(@impl $db, ::sqlx::Transaction<'c, $db>, ['c], |c| &mut **c,
+        $crate::store::sql::transactional_store!(@impl $db, ::sqlx::Transaction<'c, $db>, ['c], |c| &mut **c,
             |_c| true);
-        $crate::backend::transactional_store!(@impl $db, ::sqlx::pool::PoolConnection<$db>, [], |c| &mut **c,
+        $crate::store::sql::transactional_store!(@impl $db, ::sqlx::pool::PoolConnection<$db>, [], |c| &mut **c,
             |c| ::sqlx::Connection::is_in_transaction(&**c));
     };
     (@impl $db:ty, $on:ty, [$($lt:lifetime)?], |$c:ident| $conn:expr, |$t:ident| $in_transaction:expr) => {
         #[::async_trait::async_trait]
-        impl<$($lt)?> $crate::store::TransactionalStore<$on> for $crate::backend::SqlStore<$db> {
+        impl<$($lt)?> $crate::store::TransactionalStore<$on> for $crate::store::sql::SqlStore<$db> {
             async fn peek_in(
                 &self,
                 $c: &mut $on,
-                request: &$crate::record::BeginRequest<'_>,
-            ) -> Result<Option<$crate::record::Begin>, $crate::error::Error> {
-                $crate::backend::SqlStore::peek_in(self, $conn, request).await
+                request: &::idem_core::record::BeginRequest<'_>,
+            ) -> Result<Option<::idem_core::record::Begin>, ::idem_core::error::Error> {
+                $crate::store::sql::SqlStore::peek_in(self, $conn, request).await
             }
             async fn begin_on(
                 &self,
                 $c: &mut $on,
-                request: &$crate::record::BeginRequest<'_>,
-            ) -> Result<$crate::record::Begin, $crate::error::Error> {
-                $crate::backend::SqlStore::begin_on(self, $conn, request).await
+                request: &::idem_core::record::BeginRequest<'_>,
+            ) -> Result<::idem_core::record::Begin, ::idem_core::error::Error> {
+                $crate::store::sql::SqlStore::begin_on(self, $conn, request).await
             }
             async fn complete_on(
                 &self,
                 $c: &mut $on,
-                claim: &$crate::record::Claim,
-                outcome: &$crate::record::Outcome,
-            ) -> Result<(), $crate::error::Error> {
-                $crate::backend::SqlStore::complete_on(self, $conn, claim, outcome).await
+                claim: &::idem_core::record::Claim,
+                outcome: &::idem_core::record::Outcome,
+            ) -> Result<(), ::idem_core::error::Error> {
+                $crate::store::sql::SqlStore::complete_on(self, $conn, claim, outcome).await
             }
             async fn release_on(
                 &self,
                 $c: &mut $on,
-                claim: &$crate::record::Claim,
-            ) -> Result<(), $crate::error::Error> {
-                $crate::backend::SqlStore::release_on(self, $conn, claim).await
+                claim: &::idem_core::record::Claim,
+            ) -> Result<(), ::idem_core::error::Error> {
+                $crate::store::sql::SqlStore::release_on(self, $conn, claim).await
             }
             async fn complete_step_on(
                 &self,
                 $c: &mut $on,
-                claim: &$crate::record::Claim,
-                step: &$crate::journal::StepRequest<'_>,
+                claim: &::idem_core::record::Claim,
+                step: &::idem_core::journal::StepRequest<'_>,
                 output: &[u8],
-            ) -> Result<(), $crate::error::Error> {
-                $crate::backend::SqlStore::complete_step_on(self, $conn, claim, step, output).await
+            ) -> Result<(), ::idem_core::error::Error> {
+                $crate::store::sql::SqlStore::complete_step_on(self, $conn, claim, step, output).await
             }
-            async fn journals_on(&self, $c: &mut $on) -> Result<bool, $crate::error::Error> {
-                <$db as $crate::backend::dialect::Dialect>::holds_lock_or_snapshot($conn).await
+            async fn journals_on(&self, $c: &mut $on) -> Result<bool, ::idem_core::error::Error> {
+                <$db as $crate::store::sql::dialect::Dialect>::holds_lock_or_snapshot($conn).await
             }
             async fn begin_step_on(
                 &self,
                 $c: &mut $on,
-                claim: &$crate::record::Claim,
-                step: &$crate::journal::StepRequest<'_>,
-            ) -> Result<$crate::journal::StepBegin, $crate::error::Error> {
-                $crate::backend::SqlStore::begin_step_on(self, $conn, claim, step).await
+                claim: &::idem_core::record::Claim,
+                step: &::idem_core::journal::StepRequest<'_>,
+            ) -> Result<::idem_core::journal::StepBegin, ::idem_core::error::Error> {
+                $crate::store::sql::SqlStore::begin_step_on(self, $conn, claim, step).await
             }
             fn claim_locks_only_its_own(&self) -> bool {
-                <$db as $crate::backend::dialect::Dialect>::CLAIM_LOCKS_ONLY_ITS_OWN
+                <$db as $crate::store::sql::dialect::Dialect>::CLAIM_LOCKS_ONLY_ITS_OWN
             }
             fn in_transaction(&self, $t: &mut $on) -> bool {
                 $in_transaction
@@ -335,7 +344,7 @@ pub(crate) use transactional_store;
 /// they exceed `max` bytes, the database's fixed `limit`.
 fn over_fixed_limit(
     statement: &statements::Statement,
-    outcome: &crate::record::Outcome,
+    outcome: &idem_core::record::Outcome,
     max: usize,
     limit: &str,
 ) -> Result<(), Error> {
@@ -359,7 +368,7 @@ fn over_fixed_limit(
 mod tests {
     use super::statements::{Param, Statement};
     use super::*;
-    use crate::record::{Outcome, OutcomeKind};
+    use idem_core::record::{Outcome, OutcomeKind};
 
     /// A completion names its outcome twice (the value to write, and the
     /// one a completion sent again compares with): both count.

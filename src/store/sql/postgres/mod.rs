@@ -6,12 +6,12 @@ use sqlx::postgres::{PgConnection, PgPoolOptions, PgQueryResult, Postgres};
 
 use super::dialect::Dialect;
 use super::entity::EntityDatabase;
-use super::journal::StepStatements;
 use super::migrate::{self, Bookkeeping};
 use super::statements::{ClaimReturns, Numbered, Statements};
+use super::step_statements::StepStatements;
 use super::SqlStore;
-use crate::backend::tx::TxConn;
-use crate::error::Error;
+use crate::store::sql::tx::TxConn;
+use idem_core::error::Error;
 
 mod listener;
 
@@ -285,7 +285,7 @@ const COMPLETE: &str = r#"WITH done AS (
 
 // `NOTIFY` refuses payloads of 8000 bytes or more: the longest key, a
 // space and the longest stored scope stay far below.
-const _: () = assert!(crate::key::MAX_KEY_LEN + 1 + crate::key::MAX_SCOPE_LEN < 8000);
+const _: () = assert!(idem_core::key::MAX_KEY_LEN + 1 + idem_core::key::MAX_SCOPE_LEN < 8000);
 
 /// Releases, and notifies as [`COMPLETE`] does.
 const RELEASE: &str = r#"WITH done AS (

@@ -1,7 +1,7 @@
 //! The statements a store sends, for the benchmark's reference clients
 //! (pgbench, a bare sqlx loop), so that they never drift from the store.
 
-use super::records::SqlStore;
+use super::flow::SqlStore;
 use super::statements::{Param, Statement};
 use super::Backend;
 

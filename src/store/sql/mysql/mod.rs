@@ -6,13 +6,13 @@ use std::sync::atomic::Ordering;
 use sqlx::mysql::{MySql, MySqlConnection, MySqlPoolOptions, MySqlQueryResult};
 
 use super::dialect::Dialect;
-use super::journal::StepStatements;
 use super::migrate::{self, Bookkeeping};
 use super::read_first::ReadFirst;
 use super::statements::{ClaimReturns, Param, Statement, Statements};
+use super::step_statements::StepStatements;
 use super::SqlStore;
-use crate::error::Error;
-use crate::record::BeginRequest;
+use idem_core::error::Error;
+use idem_core::record::BeginRequest;
 
 pub(crate) mod entity;
 
@@ -357,7 +357,7 @@ impl Dialect for MySql {
     async fn check_outcome(
         conn: &mut MySqlConnection,
         statement: &Statement,
-        outcome: &crate::record::Outcome,
+        outcome: &idem_core::record::Outcome,
     ) -> Result<(), Error> {
         let copies = statement
             .params

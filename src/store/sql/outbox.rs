@@ -14,10 +14,10 @@
 #![allow(unreachable_pub)] // named by the sealed `Dialect`, so `pub`; unnameable outside
 
 use super::exec::Value;
-use super::journal::numbered;
+use super::step_statements::numbered;
 use super::{Backend, SqlStore};
-use crate::error::Error;
-use crate::record::{duration_millis, Claim, ClaimToken};
+use idem_core::error::Error;
+use idem_core::record::{duration_millis, Claim, ClaimToken};
 
 /// The outbox table of the records table `table`.
 pub(crate) fn outbox_table(table: &str) -> String {

@@ -8,11 +8,11 @@ use redis::Value;
 
 use super::{array, int, parse_record, store_error, text, Conn, RedisStore};
 use crate::admin::{Inventory, ScopeStats, Stats, StepStats};
-use crate::error::Error;
-use crate::journal::{StepRecord, StepState};
-use crate::key::Key;
-use crate::record::{Millis, Record, State};
 use crate::store::Journal;
+use idem_core::error::Error;
+use idem_core::journal::{StepRecord, StepState};
+use idem_core::key::Key;
+use idem_core::record::{Millis, Record, State};
 
 /// How many keys one `SCAN` looks at.
 const PAGE: usize = 500;

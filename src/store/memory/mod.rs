@@ -6,17 +6,19 @@ use tokio::time::Instant;
 
 use async_trait::async_trait;
 
-use super::memory_records::Records;
+mod records;
+
 use super::{BeginRequest, Capabilities, Detach, Immediate, Journal, Look, Store, Waiters, Wake};
-use crate::error::Error;
-use crate::fingerprint::Fingerprint;
-use crate::journal::{
+use idem_core::error::Error;
+use idem_core::fingerprint::Fingerprint;
+use idem_core::journal::{
     decide_step, StepBegin, StepDecision, StepRecord, StepRequest, StepResolution, StepState,
 };
-use crate::key::{Key, Scope};
-use crate::record::{
+use idem_core::key::{Key, Scope};
+use idem_core::record::{
     decide, duration_millis, now_millis, Begin, Claim, Millis, Outcome, Record, State,
 };
+use records::Records;
 
 /// Records in a map behind a mutex: the claim is atomic because the lookup
 /// and the write happen under one lock. Cloning shares the records.

@@ -13,20 +13,21 @@ use async_trait::async_trait;
 
 use super::exec::Value;
 use super::gate::Gate;
-use super::journal::{in_transaction, steps_table};
 use super::read_first::Duplicates;
 use super::statements::{ClaimReturns, Param, Statement, Statements};
+use super::step_statements::steps_table;
+use super::tx::in_transaction;
 use super::warm::Warm;
 use super::{Backend, DEFAULT_MIGRATIONS_TABLE, DEFAULT_TABLE};
-use crate::error::Error;
-use crate::fingerprint::Fingerprint;
-use crate::journal::{StepBegin, StepRecord, StepRequest, StepResolution};
-use crate::key::{Key, Scope};
-use crate::record::{
+use crate::store::{Capabilities, Detach, Journal, Look, Store, Waiters, Wake};
+use idem_core::error::Error;
+use idem_core::fingerprint::Fingerprint;
+use idem_core::journal::{StepBegin, StepRecord, StepRequest, StepResolution};
+use idem_core::key::{Key, Scope};
+use idem_core::record::{
     decide, duration_millis, Begin, BeginRequest, Claim, ClaimToken, Millis, Outcome, OutcomeKind,
     Record, State,
 };
-use crate::store::{Capabilities, Detach, Journal, Look, Store, Waiters, Wake};
 
 /// How many times a claim is tried against records that change under it
 /// (released, lapsed, purged between two statements) before giving up:

@@ -25,18 +25,18 @@ use sha2::{Digest, Sha256};
 
 use self::scripts::{Invocation, SCRIPTS};
 use self::subscriptions::Subscriptions;
-use crate::error::Error;
-use crate::fingerprint::Fingerprint;
-use crate::journal::{
+use crate::store::{Capabilities, Detach, Journal, Look, Store, Waiters, Wake};
+use idem_core::error::Error;
+use idem_core::fingerprint::Fingerprint;
+use idem_core::journal::{
     decide_step, StepBegin, StepDecision, StepRecord, StepRequest, StepResolution, StepRun,
     StepState,
 };
-use crate::key::{Key, Scope};
-use crate::record::{
+use idem_core::key::{Key, Scope};
+use idem_core::record::{
     decide, duration_millis, Begin, BeginRequest, Claim, ClaimToken, Millis, Outcome, OutcomeKind,
     Record, State,
 };
-use crate::store::{Capabilities, Detach, Journal, Look, Store, Waiters, Wake};
 
 /// The default prefix of every key the store writes.
 const DEFAULT_PREFIX: &str = "idem";

@@ -5,14 +5,15 @@
 use async_trait::async_trait;
 
 use super::exec::Value;
-use super::journal::{decode, numbered, steps_table};
-use super::records::{record_from_row, Columns};
+use super::flow::{record_from_row, Columns};
+use super::journal::decode;
+use super::step_statements::{numbered, steps_table};
 use super::{Backend, SqlStore};
 use crate::admin::{Inventory, ScopeStats, Stats, StepStats};
-use crate::error::Error;
-use crate::journal::{StepRecord, StepState};
-use crate::key::Key;
-use crate::record::{Millis, Record, State};
+use idem_core::error::Error;
+use idem_core::journal::{StepRecord, StepState};
+use idem_core::key::Key;
+use idem_core::record::{Millis, Record, State};
 
 /// The statements of [`Inventory`] on one records table.
 struct InventoryStatements {
@@ -57,7 +58,7 @@ impl InventoryStatements {
             )),
             steps_with_key: fill(&format!(
                 "SELECT {} FROM {{steps}} WHERE {{key}} = ? ORDER BY scope, seq",
-                super::journal::COLUMNS
+                super::step_statements::COLUMNS
             )),
             steps: fill(
                 "SELECT state, COUNT(*) AS n, \

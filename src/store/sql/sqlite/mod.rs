@@ -11,13 +11,13 @@ use sqlx::sqlite::{
 
 use super::dialect::Dialect;
 use super::entity::EntityDatabase;
-use super::journal::StepStatements;
 use super::migrate::{self, Bookkeeping};
 use super::read_first::ReadFirst;
 use super::statements::{ClaimReturns, Numbered, Statements};
-use super::tx::TxConn;
+use super::step_statements::StepStatements;
+use super::tx::{in_memory, TxConn};
 use super::SqlStore;
-use crate::error::Error;
+use idem_core::error::Error;
 
 /// Records in a SQLite database through a sqlx pool.
 ///
@@ -180,13 +180,6 @@ const FORGET: &str = r#"DELETE FROM "{table}" WHERE scope = ?1 AND key = ?2"#;
 const PURGE: &str = r#"DELETE FROM "{table}" WHERE rowid IN
     (SELECT rowid FROM "{table}" WHERE expires_at <= {now} LIMIT ?1)"#;
 
-/// Whether `pool`'s database lives in memory: its name is no file on disk
-/// (an in-memory database may be named anything, `file:name?mode=memory`
-/// included).
-pub(crate) fn in_memory(pool: &sqlx::Pool<Sqlite>) -> bool {
-    !pool.connect_options().get_filename().is_file()
-}
-
 impl Dialect for Sqlite {
     const BEGIN_WRITE: &'static str = "BEGIN IMMEDIATE";
     const WRITES_IN_PARALLEL: bool = false;
@@ -329,11 +322,11 @@ super::transactional_store!(Sqlite, SqliteConnection);
 mod tests {
     use std::time::Duration;
 
-    use crate::fingerprint::Fingerprint;
-    use crate::key::{Key, Scope};
-    use crate::record::{Begin, BeginRequest, ClaimToken, Outcome, OutcomeKind};
     use crate::store::Store;
     use crate::SqliteStore;
+    use idem_core::fingerprint::Fingerprint;
+    use idem_core::key::{Key, Scope};
+    use idem_core::record::{Begin, BeginRequest, ClaimToken, Outcome, OutcomeKind};
 
     fn request<'a>(
         scope: &'a Scope,
