@@ -22,11 +22,11 @@
 
 use async_trait::async_trait;
 
-use crate::store::Store;
 use idem_core::error::Error;
 use idem_core::journal::StepRecord;
 use idem_core::key::{Key, Scope};
 use idem_core::record::{Millis, Record};
+use idem_core::store::Store;
 
 /// The records table that holds entity mode's claims, in the database of
 /// the entity's table.
@@ -123,38 +123,4 @@ pub trait Inventory: Store {
 /// [`Error::Unrecorded`]); `None` for any other outcome.
 pub fn unrecorded_reason(outcome: &idem_core::record::Outcome) -> Option<String> {
     outcome.unrecorded_reason()
-}
-
-/// A response stored by the HTTP layer ([`crate::http`]), as a replay
-/// gives it back.
-#[cfg(feature = "http")]
-#[cfg_attr(docsrs, doc(cfg(feature = "http")))]
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct StoredHttpResponse {
-    /// The status code.
-    pub status: u16,
-    /// The headers replayed, in order, with their raw values.
-    pub headers: Vec<(String, Vec<u8>)>,
-    /// The body.
-    pub body: Vec<u8>,
-}
-
-/// Decodes an outcome's body stored by the HTTP layer; an error for bytes
-/// the layer did not write (an outcome of record mode is JSON, which this
-/// framing never reads as a response: its first byte is a version, `1` or
-/// `2`).
-#[cfg(feature = "http")]
-#[cfg_attr(docsrs, doc(cfg(feature = "http")))]
-pub fn decode_http_response(body: &[u8]) -> Result<StoredHttpResponse, Error> {
-    use crate::engine::Codec;
-    let stored = crate::http::stored::ResponseCodec.decode(body)?;
-    Ok(StoredHttpResponse {
-        status: stored.status.as_u16(),
-        headers: stored
-            .headers
-            .iter()
-            .map(|(name, value)| (name.as_str().to_owned(), value.as_bytes().to_vec()))
-            .collect(),
-        body: stored.body.to_vec(),
-    })
 }

@@ -3,6 +3,7 @@
 mod failure;
 mod open;
 mod outbox;
+mod outbox_admin;
 mod show;
 mod time;
 

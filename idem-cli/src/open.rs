@@ -16,7 +16,7 @@ use idem::outbox::Outbox;
 use idem::store::SqlStore;
 
 use crate::failure::Failure;
-use crate::outbox::OutboxAdmin;
+use crate::outbox_admin::OutboxAdmin;
 
 /// How long opening a store may take before it counts as unreachable.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);

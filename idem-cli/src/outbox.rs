@@ -3,16 +3,13 @@
 //! ones are parked (the broker refused them for good) and why, and
 //! putting parked ones back once the cause is fixed.
 
-use std::future::Future;
-use std::pin::Pin;
-
 use clap::Subcommand;
-use idem::outbox::{Outbox, Parked, MAX_LEASE_BATCH};
-use idem::store::{Backend, SqlStore};
+use idem::outbox::{Parked, MAX_LEASE_BATCH};
 use serde_json::{json, Value};
 
 use crate::failure::Failure;
 use crate::open::Target;
+use crate::outbox_admin::OutboxAdmin;
 use crate::{confirm, emit};
 
 /// How many characters of a text payload the text listing shows.
@@ -51,58 +48,6 @@ pub(crate) enum OutboxCommand {
         #[arg(long, short)]
         yes: bool,
     },
-}
-
-type Answer<'a, T> = Pin<Box<dyn Future<Output = Result<T, idem::Error>> + 'a>>;
-
-/// The outbox of a SQL store, whatever its database.
-pub(crate) trait OutboxAdmin {
-    /// The outbox table's name.
-    fn table(&self) -> &str;
-    /// Whether the table exists (the application's `migrate()` of an idem
-    /// with the outbox creates it); `None` when that cannot be asked.
-    fn exists(&self) -> Answer<'_, Option<bool>>;
-    fn waiting(&self) -> Answer<'_, u64>;
-    fn parked_count(&self) -> Answer<'_, u64>;
-    fn parked(&self, limit: usize) -> Answer<'_, Vec<Parked>>;
-    fn unpark<'a>(&'a self, seqs: &'a [i64]) -> Answer<'a, u64>;
-}
-
-impl<DB: Backend> OutboxAdmin for Outbox<DB>
-where
-    SqlStore<DB>: idem::admin::Inventory,
-{
-    fn table(&self) -> &str {
-        Outbox::table(self)
-    }
-
-    fn exists(&self) -> Answer<'_, Option<bool>> {
-        Box::pin(async move {
-            // The inventory's check of a records table, pointed at the
-            // outbox's: a store on that table is never used otherwise. A
-            // name too long for a records table cannot be asked this way.
-            match SqlStore::new(self.store().pool().clone()).with_table_name(self.table()) {
-                Ok(table) => idem::admin::Inventory::is_set_up(&table).await.map(Some),
-                Err(_) => Ok(None),
-            }
-        })
-    }
-
-    fn waiting(&self) -> Answer<'_, u64> {
-        Box::pin(Outbox::waiting(self))
-    }
-
-    fn parked_count(&self) -> Answer<'_, u64> {
-        Box::pin(Outbox::parked_count(self))
-    }
-
-    fn parked(&self, limit: usize) -> Answer<'_, Vec<Parked>> {
-        Box::pin(Outbox::parked(self, limit))
-    }
-
-    fn unpark<'a>(&'a self, seqs: &'a [i64]) -> Answer<'a, u64> {
-        Box::pin(Outbox::unpark(self, seqs))
-    }
 }
 
 /// The outbox of `target`, once its table is known to be there.

@@ -1,7 +1,8 @@
 //! Records, journal entries and outcomes, as text for a person and as
 //! JSON for a script.
 
-use idem::admin::{decode_http_response, unrecorded_reason, Stats};
+use idem::admin::{unrecorded_reason, Stats};
+use idem::http::decode_http_response;
 use idem::journal::{StepRecord, StepState};
 use idem::record::{ClaimToken, Outcome, OutcomeKind, Record, State};
 use serde_json::{json, Value};
@@ -32,7 +33,7 @@ fn time_text(at: i64, now: i64) -> String {
 /// What an outcome holds, decoded as far as it can be.
 enum Decoded {
     /// The HTTP layer's stored response.
-    Http(idem::admin::StoredHttpResponse),
+    Http(idem::http::StoredHttpResponse),
     /// The engine's stand-in for a result it could not encode.
     Unrecorded(String),
     /// Entity mode's completed claim: the row is the result.

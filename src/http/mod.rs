@@ -464,3 +464,33 @@ pub use problem::{Problem, ProblemDetails};
 pub use route::{MakeRoute, RequestPath};
 pub use service::Idempotency;
 pub use storing::{stored_by_default, Final};
+
+/// A response stored by the layer, as a replay
+/// gives it back.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StoredHttpResponse {
+    /// The status code.
+    pub status: u16,
+    /// The headers replayed, in order, with their raw values.
+    pub headers: Vec<(String, Vec<u8>)>,
+    /// The body.
+    pub body: Vec<u8>,
+}
+
+/// Decodes an outcome's body stored by the HTTP layer; an error for bytes
+/// the layer did not write (an outcome of record mode is JSON, which this
+/// framing never reads as a response: its first byte is a version, `1` or
+/// `2`).
+pub fn decode_http_response(body: &[u8]) -> Result<StoredHttpResponse, crate::Error> {
+    use crate::engine::Codec;
+    let stored = stored::ResponseCodec.decode(body)?;
+    Ok(StoredHttpResponse {
+        status: stored.status.as_u16(),
+        headers: stored
+            .headers
+            .iter()
+            .map(|(name, value)| (name.as_str().to_owned(), value.as_bytes().to_vec()))
+            .collect(),
+        body: stored.body.to_vec(),
+    })
+}

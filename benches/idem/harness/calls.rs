@@ -9,10 +9,10 @@ use std::time::Duration;
 
 use idem::{idempotent, CachedStore, Fingerprint, Store};
 
+use super::dialect::Dialect;
 use super::goal::Goals;
 use super::measure::{throughput_of, Span};
 use super::reference::Script;
-use super::sql::Dialect;
 
 #[derive(Debug, thiserror::Error)]
 pub enum PayError {

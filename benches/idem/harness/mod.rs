@@ -7,6 +7,7 @@
 
 pub mod calls;
 pub mod compared;
+pub mod dialect;
 pub mod goal;
 pub mod measure;
 pub mod redis;

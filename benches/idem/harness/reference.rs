@@ -8,8 +8,6 @@ use std::time::Duration;
 
 use idem::Fingerprint;
 
-use super::sql::Dialect;
-
 /// Who sends the reference's statements.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub enum Client {
@@ -21,9 +19,9 @@ pub enum Client {
 
 /// Whether the reference is measured here: `Some(Err(why))` where it
 /// cannot be (the Redis backends, which have none, never ask).
-pub fn reference_status(dialect: &Dialect) -> Option<Result<(), &'static str>> {
+pub fn reference_status(client: &Client) -> Option<Result<(), &'static str>> {
     static PGBENCH: OnceLock<bool> = OnceLock::new();
-    match dialect.reference {
+    match client {
         Client::Pgbench
             if !*PGBENCH.get_or_init(|| {
                 std::process::Command::new("pgbench")

@@ -1,8 +1,6 @@
 //! MySQL and MariaDB: their records statements, clock and migrations, the
 //! errors InnoDB answers with, and entity mode's statements ([`entity`]).
 
-use std::sync::atomic::Ordering;
-
 use sqlx::mysql::{MySql, MySqlConnection, MySqlPoolOptions, MySqlQueryResult};
 
 use super::dialect::Dialect;
@@ -456,7 +454,9 @@ impl SqlStore<MySql> {
     #[cfg(feature = "testing")]
     #[cfg_attr(docsrs, doc(cfg(feature = "testing")))]
     pub fn without_returning(self) -> Self {
-        self.sql.returning_refused.store(true, Ordering::Relaxed);
+        self.sql
+            .returning_refused
+            .store(true, std::sync::atomic::Ordering::Relaxed);
         self
     }
 }
