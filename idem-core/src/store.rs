@@ -115,6 +115,12 @@ pub trait Store: Send + Sync {
 /// correct: duplicates then poll for a change, every transition is
 /// awaited, and a dropped caller's claim is left to its lease.
 ///
+/// A wrapper store offers its own: the engine calls an [`Immediate`] or a
+/// [`Detach`] instead of the wrapper's `begin`, `complete` and handle, so
+/// passing on the inner store's whole would skip what the wrapper does
+/// (its faults, its counts, its cache). Pass on only the parts it does not
+/// change, such as the inner store's [`Wake`].
+///
 /// ```
 /// # use idem_core::store::{Capabilities, Wake};
 /// # fn offered<'a>(waker: &'a dyn Wake) -> Capabilities<'a> {

@@ -162,7 +162,7 @@ async fn save_patiently<S: Store + ?Sized>(
 /// longer renewed, until its lease runs out.
 fn not_yet<S: Store + ?Sized>(store: &S, err: Option<&Error>) -> Saved {
     let error = err.map(tracing::field::display);
-    if store.capabilities().detach.is_some() {
+    if store.capabilities().detached().is_some() {
         tracing::warn!(
             error,
             "the outcome is not stored yet; returning the value and storing it in the background"

@@ -88,6 +88,12 @@ use idem_core::record::{Outcome, OutcomeKind, State};
 /// runtime of 4 workers and runs the case on it, so the crate needs no
 /// tokio of its own.
 ///
+/// The step cases need a step journal ([`Store::journal`]), and fail on a
+/// store that answers none: a wrapper that forgets to forward it would
+/// run durable steps unjournaled. A store that keeps no journal on purpose
+/// says so, `store_conformance!(name, make, journal = false)`, and the
+/// step cases are left out.
+///
 /// ```
 /// use idem::MemoryStore;
 ///
@@ -99,6 +105,9 @@ use idem_core::record::{Outcome, OutcomeKind, State};
 #[cfg_attr(docsrs, doc(cfg(feature = "testing")))]
 macro_rules! store_conformance {
     ($backend:ident, $make:expr $(,)?) => {
+        $crate::store_conformance!($backend, $make, journal = true);
+    };
+    ($backend:ident, $make:expr, journal = true $(,)?) => {
         mod $backend {
             #[allow(unused_imports)]
             use super::*;
@@ -125,6 +134,17 @@ macro_rules! store_conformance {
                 forget_frees_the_key,
                 forgotten_owner_is_fenced_out,
                 storm_runs_each_key_once,
+                a_claim_is_granted_once,
+                a_claim_sent_again_is_granted_again,
+                a_completed_key_replays,
+                another_payload_is_refused,
+                a_lapsed_lease_is_taken_over_and_fenced,
+                a_release_frees_the_key,
+                a_completion_sent_again_is_accepted,
+                an_expired_record_frees_the_key,
+                purge_deletes_only_what_expired,
+                forget_frees_the_key_and_fences_its_owner,
+                the_journal_replays_and_fences,
                 steps_replay_after_a_failed_attempt,
                 steps_in_doubt_follow_their_policy,
                 a_step_journal_is_fenced,
@@ -134,6 +154,36 @@ macro_rules! store_conformance {
                 a_journal_of_another_payload_is_refused,
                 forget_and_purge_clear_the_journal,
                 storm_runs_each_step_once,
+            );
+        }
+    };
+    ($backend:ident, $make:expr, journal = false $(,)?) => {
+        mod $backend {
+            #[allow(unused_imports)]
+            use super::*;
+
+            $crate::store_conformance!(@cases $make;
+                execute_once_then_replay,
+                fingerprint_ignores_field_order,
+                key_reused_with_other_payload,
+                in_progress_duplicate_waits_then_replays,
+                fail_fast_reports_in_progress,
+                transient_error_released_then_retried,
+                replayable_error_replayed,
+                ttl_expiry_frees_the_key,
+                purge_removes_only_expired,
+                lease_takeover_fences_the_old_owner,
+                zombie_completion_after_release_is_refused,
+                purged_claim_cannot_touch_the_next_one,
+                live_owner_keeps_its_claim,
+                ttl_shorter_than_lease_keeps_the_claim,
+                dropped_caller_hands_the_key_back,
+                unbounded_wait_is_accepted,
+                scopes_do_not_collide,
+                invalid_keys_rejected,
+                forget_frees_the_key,
+                forgotten_owner_is_fenced_out,
+                storm_runs_each_key_once,
                 a_claim_is_granted_once,
                 a_claim_sent_again_is_granted_again,
                 a_completed_key_replays,

@@ -60,7 +60,11 @@ impl Downstream {
 fn journal<S: Store + ?Sized>(store: &S) -> &dyn Journal {
     store
         .journal()
-        .expect("the step cases run on a store with a step journal")
+        .expect(
+            "this store keeps no step journal, which durable steps need (a wrapper must \
+             forward `journal()`); a store without one says so: \
+             `store_conformance!(name, make, journal = false)`",
+        )
 }
 
 /// A checkout of two steps (charge, then email), failing after both when
@@ -96,10 +100,6 @@ async fn checkout<S: Store + ?Sized>(
 /// instead of running: each downstream call happens once. The journal
 /// lists both steps, completed.
 pub async fn steps_replay_after_a_failed_attempt<S: Store>(store: S) {
-    if store.journal().is_none() {
-        // A store without a journal has no steps to check.
-        return;
-    }
     let key = fresh_key("steps-replay");
     let downstream = Downstream::default();
     let payload = charge(7);
@@ -142,10 +142,6 @@ pub async fn steps_replay_after_a_failed_attempt<S: Store>(store: S) {
 /// allowing a rerun; reconcile asks, and journals the answer, or runs
 /// the step when the downstream saw nothing.
 pub async fn steps_in_doubt_follow_their_policy<S: Store>(store: S) {
-    if store.journal().is_none() {
-        // A store without a journal has no steps to check.
-        return;
-    }
     let policy = Policy::new().wait(Duration::from_secs(10));
     let payload = charge(3);
     let calls = Arc::new(AtomicUsize::new(0));
@@ -285,10 +281,6 @@ pub async fn steps_in_doubt_follow_their_policy<S: Store>(store: S) {
 /// journal that step's output nor begin another, and the successor finds
 /// the step in doubt and reruns it with the same key.
 pub async fn a_step_journal_is_fenced<S: Store>(store: S) {
-    if store.journal().is_none() {
-        // A store without a journal has no steps to check.
-        return;
-    }
     let key = fresh_key("steps-fence");
     let payload = charge(5);
     let (scope, k) = (Scope::new(SCOPE), Key::new(key.as_str()).unwrap());
@@ -382,10 +374,6 @@ async fn declining(
 /// touches only an entry started under the undoing claim: not one a
 /// successor took over and completed, nor one of another name.
 pub async fn a_clean_failure_takes_the_start_back<S: Store>(store: S) {
-    if store.journal().is_none() {
-        // A store without a journal has no steps to check.
-        return;
-    }
     let key = fresh_key("steps-clean");
     let payload = charge(9);
     let (scope, k) = (Scope::new(SCOPE), Key::new(key.as_str()).unwrap());
@@ -498,10 +486,6 @@ pub async fn a_clean_failure_takes_the_start_back<S: Store>(store: S) {
 /// another output for a completed step is not; a completion without an
 /// entry journals one.
 pub async fn a_step_completion_sent_again_is_accepted<S: Store>(store: S) {
-    if store.journal().is_none() {
-        // A store without a journal has no steps to check.
-        return;
-    }
     let key = fresh_key("steps-again");
     let (scope, k) = (Scope::new(SCOPE), Key::new(key.as_str()).unwrap());
     let fingerprint = Fingerprint::of(&charge(1)).unwrap();
@@ -563,10 +547,6 @@ pub async fn a_step_completion_sent_again_is_accepted<S: Store>(store: S) {
 /// (or under other names) is refused with `StepMismatch`, before the
 /// mismatched step runs.
 pub async fn steps_called_in_another_order_are_refused<S: Store>(store: S) {
-    if store.journal().is_none() {
-        // A store without a journal has no steps to check.
-        return;
-    }
     let key = fresh_key("steps-order");
     let downstream = Downstream::default();
     let payload = charge(4);
@@ -596,10 +576,6 @@ pub async fn steps_called_in_another_order_are_refused<S: Store>(store: S) {
 /// journaled steps and was released, is refused at its first step with
 /// `KeyReused`: the journal is that payload's.
 pub async fn a_journal_of_another_payload_is_refused<S: Store>(store: S) {
-    if store.journal().is_none() {
-        // A store without a journal has no steps to check.
-        return;
-    }
     let key = fresh_key("steps-payload");
     let downstream = Downstream::default();
     let first = checkout(&store, &key, &charge(4), &downstream, true).await;
@@ -615,10 +591,6 @@ pub async fn a_journal_of_another_payload_is_refused<S: Store>(store: S) {
 /// Forgetting an operation deletes its journal: the next call runs every
 /// step again. Purging deletes expired entries.
 pub async fn forget_and_purge_clear_the_journal<S: Store>(store: S) {
-    if store.journal().is_none() {
-        // A store without a journal has no steps to check.
-        return;
-    }
     let key = fresh_key("steps-forget");
     let downstream = Downstream::default();
     let payload = charge(2);
@@ -660,10 +632,6 @@ pub async fn forget_and_purge_clear_the_journal<S: Store>(store: S) {
 /// after its steps: each step's downstream call happens once per key, and
 /// every caller gets the same answer.
 pub async fn storm_runs_each_step_once<S: Store + Clone + 'static>(store: S) {
-    if store.journal().is_none() {
-        // A store without a journal has no steps to check.
-        return;
-    }
     const CALLS: usize = 60;
     const KEYS: usize = 6;
     let prefix = fresh_key("steps-storm");
