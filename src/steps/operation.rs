@@ -36,8 +36,8 @@ pub(crate) struct StepsAs {
 
 /// The operation a body runs under, as its steps see it: one handle on
 /// its state, so that the task-local moves a pointer, not the state, in
-/// and out each time the body is polled (moving the state itself cost a
-/// first execution over a store in memory some 280 instructions).
+/// and out each time the body is polled: every poll of every body pays
+/// for that move, whether the body takes a step or not.
 /// Cloning shares it: the engine keeps a clone to wait for the journal
 /// writes before a dropped caller's claim is handed back.
 #[derive(Clone)]
@@ -57,9 +57,8 @@ pub(super) struct State {
     /// result is handed to the engine (`flushed`), and before a dropped
     /// caller's claim is handed back.
     pending: Mutex<Vec<tokio::task::JoinHandle<()>>>,
-    /// The outbox messages of this attempt: how many of each topic were
-    /// published so far, and (entity mode) the messages held until the
-    /// entity's transaction writes them.
+    /// The outbox messages of this attempt: (entity mode) those held
+    /// until the entity's transaction writes them.
     #[cfg(feature = "_sql")]
     pub(super) messages: Mutex<Messages>,
 }
