@@ -58,13 +58,11 @@ impl Downstream {
 /// The journal of a store under test: these cases run on stores that
 /// keep one.
 fn journal<S: Store + ?Sized>(store: &S) -> &dyn Journal {
-    store
-        .journal()
-        .expect(
-            "this store keeps no step journal, which durable steps need (a wrapper must \
+    store.journal().expect(
+        "this store keeps no step journal, which durable steps need (a wrapper must \
              forward `journal()`); a store without one says so: \
              `store_conformance!(name, make, journal = false)`",
-        )
+    )
 }
 
 /// A checkout of two steps (charge, then email), failing after both when
