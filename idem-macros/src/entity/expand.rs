@@ -178,14 +178,14 @@ mod tests {
             "{out}"
         );
         assert!(
-            out.contains(r#""amount" => :: idem :: expansion :: sqlx :: Arguments :: add (arguments , & self . amount) ,"#),
+            out.contains(r#""amount" => :: idem :: entity :: sqlx :: Arguments :: add (arguments , & self . amount) ,"#),
             "{out}"
         );
         // The generated column is read, never bound.
         assert!(!out.contains("self . id"), "{out}");
         assert!(
             out.contains(
-                "i64 : for < '__q > :: idem :: expansion :: sqlx :: Encode < '__q , __IdemDb >"
+                "i64 : for < '__q > :: idem :: entity :: sqlx :: Encode < '__q , __IdemDb >"
             ),
             "{out}"
         );
@@ -204,7 +204,7 @@ mod tests {
         assert!(out.contains(r#"& ["user_id" , "type"]"#), "{out}");
         assert!(
             out.contains(
-                "impl < __IdemDb : :: idem :: expansion :: sqlx :: Database , P : Clone >"
+                "impl < __IdemDb : :: idem :: entity :: sqlx :: Database , P : Clone >"
             ),
             "{out}"
         );
