@@ -203,9 +203,7 @@ mod tests {
         assert!(!out.contains("TokenEntity"), "{out}");
         assert!(out.contains(r#"& ["user_id" , "type"]"#), "{out}");
         assert!(
-            out.contains(
-                "impl < __IdemDb : :: idem :: entity :: sqlx :: Database , P : Clone >"
-            ),
+            out.contains("impl < __IdemDb : :: idem :: entity :: sqlx :: Database , P : Clone >"),
             "{out}"
         );
         assert!(
