@@ -15,6 +15,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::metrics;
+use crate::store::rows::Completion;
 use crate::store::Store;
 use idem_core::error::Error;
 use idem_core::record::Claim;
@@ -25,10 +26,13 @@ use super::timeout::within;
 /// Runs `body` while renewing the claim's lease every third of it, so a
 /// body slower than its lease is never taken over while it runs, and with
 /// it the live entries of the step journal of `journaled`'s operation.
+/// Where the body completes the claim with its rows (`completion`), a
+/// renewal that finds the completion landed is no news.
 pub(super) async fn renewing<S, F>(
     store: &S,
     claim: &Claim,
     journaled: Option<&Checked>,
+    completion: Option<&Completion<'_>>,
     mut body: Pin<&mut F>,
 ) -> F::Output
 where
@@ -45,7 +49,11 @@ where
     // memory, a cached answer) neither carries nor copies the renewals'
     // timer.
     let journal_ttl = journaled.map(|call| call.steps_as().ttl);
-    let mut renew = Box::pin(keep_renewed(store, claim, Renewing::Body(journal_ttl)));
+    let what = Renewing::Body {
+        journal_ttl,
+        completion,
+    };
+    let mut renew = Box::pin(keep_renewed(store, claim, what));
     tokio::select! {
         biased;
         output = &mut body => output,
@@ -54,13 +62,19 @@ where
 }
 
 /// What a claim's lease is renewed for.
-pub(super) enum Renewing {
+pub(super) enum Renewing<'a> {
     /// The body, which runs, and whose step journal, if any, is kept as
-    /// long as the lease: for this long from each renewal. The journal is
-    /// the claim's (its scope and key, which every journal write names),
-    /// so it is kept under the claim's scope and key, whatever the scope
-    /// the steps derive their keys from (entity mode's claim is per table).
-    Body(Option<Duration>),
+    /// long as the lease: for this long (`journal_ttl`) from each renewal.
+    /// The journal is the claim's (its scope and key, which every journal
+    /// write names), so it is kept under the claim's scope and key,
+    /// whatever the scope the steps derive their keys from (entity mode's
+    /// claim is per table).
+    Body {
+        journal_ttl: Option<Duration>,
+        /// The claim's completion with the body's rows, where the body
+        /// writes one.
+        completion: Option<&'a Completion<'a>>,
+    },
     /// Its outcome, on its way to the store: a renewal that finds the
     /// record completed by it is no news (the save says what became of
     /// the claim).
@@ -77,17 +91,39 @@ pub(super) enum Renewing {
 pub(super) async fn keep_renewed<S: Store + ?Sized>(
     store: &S,
     claim: &Claim,
-    what: Renewing,
+    what: Renewing<'_>,
 ) -> Infallible {
     let (period, again) = renewal_periods(claim.lease);
+    let completion = match &what {
+        Renewing::Body { completion, .. } => *completion,
+        Renewing::Save => None,
+    };
     let mut next = Instant::now() + period;
     loop {
         tokio::time::sleep_until(next).await;
         let sent = Instant::now();
-        match within(period, store.renew(claim)).await {
+        // Completed with the body's rows: the claim is settled.
+        if completion.is_some_and(|c| c.is_committed()) {
+            next = sent + period;
+            continue;
+        }
+        let renewed = match within(period, store.renew(claim)).await {
+            // Completed with the body's rows while the renewal waited for
+            // the record's lock: not lost. (Had that transaction rolled
+            // back, the renewal would have found the claim in progress.)
+            Some(Err(Error::LeaseLost)) if completion.is_some_and(|c| c.is_written()) => {
+                Some(Ok(()))
+            }
+            renewed => renewed,
+        };
+        match renewed {
             Some(Ok(())) => {
                 next = sent + period;
-                if let Renewing::Body(Some(ttl)) = &what {
+                if let Renewing::Body {
+                    journal_ttl: Some(ttl),
+                    ..
+                } = &what
+                {
                     // Entries are kept for a ttl from their last write: a
                     // body that runs longer must keep them, or an attempt
                     // taking over after a crash would find them expired,
@@ -108,7 +144,7 @@ pub(super) async fn keep_renewed<S: Store + ?Sized>(
                 }
             }
             Some(Err(Error::LeaseLost)) => {
-                if matches!(what, Renewing::Body(_)) {
+                if matches!(what, Renewing::Body { .. }) {
                     tracing::warn!(
                         decision = "lease lost",
                         fence = claim.fence,

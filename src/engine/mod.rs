@@ -107,6 +107,8 @@
 // The rooms of the engine, from the top down: each imports only rooms
 // below it, and none imports this file.
 //
+// - `within`: a call whose outcome is rows of the caller's tables, its
+//   claim completed in the transaction that writes them (entity mode);
 // - `transactional`: `run_in_transaction`, and its record statements on
 //   the caller's connection;
 // - `claim`: the claim or the replay, waiting out a duplicate in progress;
@@ -133,6 +135,8 @@ mod pooled;
 mod save;
 mod timeout;
 mod transactional;
+#[cfg(feature = "_sql")]
+pub(crate) mod within;
 
 pub use call::{Call, MissingKey};
 pub use outcome::{Codec, Json, OkOnly, OutcomePolicy, Replaying};
@@ -255,7 +259,7 @@ where
     );
     guard.journal_first(operation.clone());
     let body = std::pin::pin!(operation.scope(body));
-    let result = renewing(store, claim, Some(call), body).await;
+    let result = renewing(store, claim, Some(call), None, body).await;
     let stored = match outcomes.encode(&result) {
         Some(encoded) => recorded(encoded, call.max_outcome),
         // Nothing to store: release the key. Should that fail, the

@@ -81,7 +81,7 @@ where
             // fails, a dropped caller's claim handed back.
             let body = std::pin::pin!(operation.scope(body(records.conn)));
             // Its steps are not journaled: nothing to keep but the lease.
-            let (result, conn) = renewing(store, &claim, None, body).await;
+            let (result, conn) = renewing(store, &claim, None, None, body).await;
             let records = OnConnection {
                 store,
                 conn,

@@ -110,27 +110,17 @@
 //! is bound.
 
 use std::future::Future;
-use std::time::Duration;
-use tokio::time::Instant;
 
 use sqlx::{FromRow, Pool};
-use tracing::Instrument;
 
-use crate::engine::{self, Call, Codec};
-use crate::metrics;
-use crate::policy::Policy;
-use crate::steps::{self, StepsAs};
-use crate::store::sql::entity::check_token_names;
-use crate::store::sql::entity::Claims;
+use crate::engine::within::run_within;
+use crate::engine::Call;
 pub use crate::store::sql::entity::{
     is_unique_violation, Entity, EntityBind, EntityDatabase, RequestHash, TokenEntity,
 };
-use crate::store::sql::tx::TxConn;
-use crate::store::sql::SqlStore;
+use crate::store::sql::entity_rows::EntityRows;
 use idem_core::error::Error;
-use idem_core::fingerprint::Fingerprint;
-use idem_core::key::{Key, Scope};
-use idem_core::record::{Claim, Outcome, OutcomeKind};
+use idem_core::key::Key;
 /// The sqlx this crate is built with: the version whose types an entity's
 /// code and the SQL stores' pools are of, which `#[derive(Entity)]`'s code
 /// names.
@@ -139,6 +129,10 @@ pub use sqlx;
 /// Entity mode: returns the row whose token is the call's key, or runs
 /// `body` once per token and saves the entity it produces. See the
 /// [module documentation](self).
+///
+/// The flow is the engine's own: this mode gives it
+/// the rows of `T` in `pool`'s database, whose insert completes the call's
+/// claim in the same transaction.
 pub async fn run<DB, T, E, Fut>(pool: &Pool<DB>, call: Call, body: Fut) -> Result<T, E>
 where
     DB: EntityDatabase,
@@ -146,257 +140,8 @@ where
     E: From<Error>,
     Fut: Future<Output = Result<T, E>>,
 {
-    let prepared = Prepared::new(&call)?;
-    check_token_names::<T>()?;
-    let span = prepared.span();
-    async move {
-        if let Some(found) = DB::find_entity::<T>(pool, &prepared.key).await? {
-            return Ok(prepared.replay(found)?);
-        }
-        let claims = DB::claims(pool).await?;
-        let entry = engine::run(
-            &claims,
-            prepared.claim::<T>(call.policy()).with_codec(Marker),
-            claimed::<DB, T, E, Fut>(pool, &claims, &prepared, body),
-        )
-        .await?;
-        match entry {
-            Entry::Saved(row) => Ok(row),
-            Entry::Found(found) => Ok(prepared.replay(found)?),
-            // The claim was completed: its row is stored.
-            Entry::Stored => match DB::find_entity::<T>(pool, &prepared.key).await? {
-                Some(found) => Ok(prepared.check_found(&found).map(|()| found)?),
-                None => Err(Error::store(format!(
-                    "the claim on token {:?} was completed, but no row of table {:?} holds it \
-                     (was it deleted?)",
-                    prepared.key,
-                    T::TABLE
-                ))
-                .into()),
-            },
-        }
-    }
-    .instrument(span)
-    .await
-}
-
-/// What runs under the claim: look again, run the body, insert its row
-/// (completing the claim in the same transaction).
-async fn claimed<DB, T, E, Fut>(
-    pool: &Pool<DB>,
-    claims: &Claims<SqlStore<DB>>,
-    prepared: &Prepared,
-    body: Fut,
-) -> Result<Entry<T>, E>
-where
-    DB: EntityDatabase,
-    T: TokenEntity + EntityBind<DB> + for<'r> FromRow<'r, DB::Row> + Send + Unpin,
-    E: From<Error>,
-    Fut: Future<Output = Result<T, E>>,
-{
-    // An owner before this one may have inserted its row, then stopped
-    // before its claim was completed.
-    if let Some(found) = DB::find_entity::<T>(pool, &prepared.key).await? {
-        return Ok(Entry::Found(found));
-    }
-    // The body's outbox messages wait for the entity's transaction.
-    steps::hold_messages();
-    let mut entity = body.await?;
-    prepared.produced(&mut entity)?;
-    Ok(Entry::Saved(
-        save::<DB, T>(pool, claims, &entity, prepared).await?,
-    ))
-}
-
-/// What the claimed flow ends with.
-enum Entry<T> {
-    /// The row this call inserted.
-    Saved(T),
-    /// A row found under the token once claimed.
-    Found(T),
-    /// The claim was completed by another call: read its row.
-    Stored,
-}
-
-/// The outcome stored with a completed claim: nothing but the fact (the
-/// row is the result).
-struct Marker;
-
-impl Marker {
-    /// The outcome the engine stores with a completed claim.
-    fn outcome() -> Outcome {
-        Outcome {
-            kind: OutcomeKind::Ok,
-            body: Vec::new(),
-        }
-    }
-}
-
-impl<T> Codec<Entry<T>> for Marker {
-    fn encode(&self, _: &Entry<T>) -> Result<Vec<u8>, Error> {
-        Ok(Marker::outcome().body)
-    }
-
-    fn decode(&self, _: &[u8]) -> Result<Entry<T>, Error> {
-        Ok(Entry::Stored)
-    }
-}
-
-/// Inserts the body's entity, trying again while the database cannot be
-/// reached (the claim stays renewed meanwhile): the body has run, so its
-/// row must land before anything is handed back.
-///
-/// The claim is completed in the transaction that inserts the row: one
-/// commit for both, and no moment where the row is stored and the claim
-/// still in progress. The body's journal writes land first, as they do
-/// before the engine completes a claim. A claim found taken over meanwhile
-/// is not completed, and the row is committed all the same: the token's
-/// UNIQUE constraint decides which row stands, and the engine's own
-/// completion then finds the lease lost, as it would have.
-async fn save<DB, T>(
-    pool: &Pool<DB>,
-    claims: &Claims<SqlStore<DB>>,
-    entity: &T,
-    prepared: &Prepared,
-) -> Result<T, Error>
-where
-    DB: EntityDatabase,
-    T: TokenEntity + EntityBind<DB> + for<'r> FromRow<'r, DB::Row> + Send + Unpin,
-{
-    steps::flush_journal().await;
-    let claim = steps::running_claim();
-    let messages = steps::held_messages();
-    let mut pause = Duration::from_millis(20);
-    loop {
-        match insert_completing(pool, claims, claim.as_ref(), entity, &messages).await {
-            Ok(Some(row)) => return Ok(row),
-            // A row holds the token: written by code that did not claim, or
-            // by this very insert whose answer was lost.
-            Ok(None) => {
-                let winner = DB::find_entity(pool, &prepared.key).await?;
-                return prepared.lost_race(winner);
-            }
-            Err(err) if is_transient(&err) => {
-                tracing::warn!(error = %err, "inserting the entity failed; trying again");
-                tokio::time::sleep(pause).await;
-                pause = (pause * 2).min(Duration::from_secs(1));
-            }
-            Err(err) => {
-                tracing::error!(
-                    error = %err,
-                    "the entity cannot be inserted; the operation ran, and a retry runs it again"
-                );
-                return Err(err);
-            }
-        }
-    }
-}
-
-/// Inserts the entity and, when it stored a row, completes `claim` in the
-/// same transaction; notes the completion in `claims` once committed.
-///
-/// The insert comes first: while it waits (for a lock on the table, say),
-/// the claim's record is not locked, so the lease goes on being renewed.
-async fn insert_completing<DB, T>(
-    pool: &Pool<DB>,
-    claims: &Claims<SqlStore<DB>>,
-    claim: Option<&Claim>,
-    entity: &T,
-    messages: &[Box<dyn std::any::Any + Send + Sync>],
-) -> Result<Option<T>, Error>
-where
-    DB: EntityDatabase,
-    T: TokenEntity + EntityBind<DB> + for<'r> FromRow<'r, DB::Row> + Send + Unpin,
-{
-    // This process's writes to the database queue here first (SQLite).
-    let _turn = claims.store.gate.enter().await;
-    // Closed rather than pooled if this call is dropped before its
-    // transaction ends (see `TxConn`).
-    let mut conn = TxConn::acquire(pool).await?;
-    let mut tx = conn.begin(Some(DB::BEGIN_WRITE)).await?;
-    let Some(row) = DB::insert_entity(&mut *tx, entity).await? else {
-        // The engine completes the claim once the row holding the token
-        // is read.
-        if tx.rollback().await.is_ok() {
-            conn.ended();
-        }
-        return Ok(None);
-    };
-    // The body's outbox messages, with the row: committed exactly when it is.
-    for message in messages {
-        let Some(message) = message.downcast_ref::<crate::outbox::Held<DB>>() else {
-            return Err(Error::Config(
-                "a message was enqueued on an outbox of another kind of database than the \
-                 entity's: enqueue on an outbox of the entity's database"
-                    .to_owned(),
-            ));
-        };
-        message.write(&mut *tx).await?;
-    }
-    let completed = match claim {
-        Some(claim) => match claims
-            .store
-            .complete_on(&mut *tx, claim, &Marker::outcome())
-            .await
-        {
-            Ok(()) => {
-                claims.completing(claim);
-                Some(claim)
-            }
-            // Taken over: the row is committed all the same.
-            Err(Error::LeaseLost) => None,
-            Err(err) => return Err(err),
-        },
-        None => None,
-    };
-    if let Err(err) = tx.commit().await {
-        claims.not_completing();
-        return Err(err.into());
-    }
-    conn.ended();
-    if let Some(claim) = completed {
-        claims.completed(claim);
-    }
-    Ok(Some(row))
-}
-
-/// Whether a store error may pass by itself: the connection, not the
-/// statement, failed (lost, killed, refused, timed out), or the database
-/// asked for the statement to be tried again (deadlock, serialization).
-fn is_transient(err: &Error) -> bool {
-    let Error::Store(source) = err else {
-        return false;
-    };
-    let Some(err) = source.downcast_ref::<sqlx::Error>() else {
-        return false;
-    };
-    match err {
-        sqlx::Error::Io(_)
-        | sqlx::Error::Tls(_)
-        | sqlx::Error::Protocol(_)
-        | sqlx::Error::PoolTimedOut
-        | sqlx::Error::PoolClosed
-        | sqlx::Error::WorkerCrashed => true,
-        sqlx::Error::Database(db) => {
-            #[cfg(feature = "mysql")]
-            if let Some(mysql) = db.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>() {
-                // Deadlock, lock wait timeout, connection killed, server
-                // gone; and, under MariaDB's snapshot isolation, a record
-                // changed since the transaction's read (the claim renewed
-                // between the row read back and the claim's completion).
-                return matches!(mysql.number(), 1213 | 1205 | 1927 | 2006 | 2013 | 1020);
-            }
-            // PostgreSQL: connection exceptions, operator intervention
-            // (a terminated backend), serialization failure, deadlock.
-            // SQLite: SQLITE_BUSY and its extended codes.
-            db.code().is_some_and(|code| {
-                code.starts_with("08")
-                    || code.starts_with("57P")
-                    || matches!(&*code, "40001" | "40P01" | "5" | "261" | "517")
-            })
-        }
-        _ => false,
-    }
+    let rows = EntityRows::<DB, T>::new(pool)?;
+    run_within(call, &rows, body).await
 }
 
 /// The row whose token is `token`, if any.
@@ -423,145 +168,11 @@ where
     DB::upsert_entity(pool, entity, conflict).await
 }
 
-/// An entity-mode call whose key and fingerprint are valid.
-pub(crate) struct Prepared {
-    pub(crate) scope: Scope,
-    pub(crate) key: Key,
-    pub(crate) fingerprint: Fingerprint,
-    started: Instant,
-}
-
-impl Prepared {
-    pub(crate) fn new(call: &Call) -> Result<Self, Error> {
-        let scope = call.scope().clone();
-        if let Some(principal) = scope.principal() {
-            return Err(Error::Config(format!(
-                "entity mode finds rows by their token alone, so the principal {principal:?} \
-                 of scope {:?} would not separate them: put the principal into the token, \
-                 or use record mode",
-                scope.operation()
-            )));
-        }
-        Ok(Prepared {
-            key: call.key()?,
-            fingerprint: call.fingerprint()?,
-            scope,
-            started: Instant::now(),
-        })
-    }
-
-    /// The claim's call: per table and token, whatever the operation, so
-    /// that two operations writing one table exclude each other as the
-    /// token's UNIQUE constraint does. Every payload claims alike: whether
-    /// a reused token is refused is the row's request hash to say.
-    ///
-    /// The body's durable steps are the operation's own: their keys derive
-    /// from its scope, a journal of another payload is refused, and their
-    /// entries are kept for the policy's ttl, not the claim's.
-    fn claim<T: Entity>(&self, policy: Policy) -> Call {
-        Call::from_parts(
-            crate::admin::entity_claims_scope(T::TABLE),
-            Ok(self.key.clone()),
-            Ok(Fingerprint::of_bytes(b"idem.entity")),
-            // A completed claim is only needed until the row is visible.
-            policy.ttl(policy.lease),
-        )
-        .with_steps_as(StepsAs {
-            scope: self.scope.clone(),
-            fingerprint: self.fingerprint,
-            ttl: policy.ttl.max(policy.lease),
-        })
-    }
-
-    pub(crate) fn span(&self) -> tracing::Span {
-        tracing::info_span!("idem", scope = %self.scope, key = %self.key, mode = "entity")
-    }
-
-    /// A row found under the key: it is the answer, unless its stored
-    /// fingerprint says another payload made it.
-    pub(crate) fn replay<T: TokenEntity>(&self, found: T) -> Result<T, Error> {
-        self.check_found(&found)?;
-        tracing::debug!(decision = "replayed", "returning the stored entity");
-        metrics::replayed(&self.scope, self.started);
-        Ok(found)
-    }
-
-    pub(crate) fn check_found<T: TokenEntity>(&self, found: &T) -> Result<(), Error> {
-        match found.token() {
-            Ok(token) if token == self.key => {}
-            token => {
-                return Err(Error::Config(format!(
-                    "the row found for the key {:?} holds the token {:?}: the `{}` column \
-                     compares tokens otherwise than byte for byte (a case-insensitive \
-                     collation?), so the two keys share one row",
-                    self.key,
-                    token.map(|t| t.to_string()),
-                    T::TOKEN_COLUMN
-                )))
-            }
-        }
-        match found.request_hash()? {
-            Some(stored) if stored != self.fingerprint => {
-                tracing::info!(
-                    decision = "key reused",
-                    "the token was used with another payload"
-                );
-                metrics::key_reused(&self.scope);
-                Err(Error::KeyReused)
-            }
-            _ => Ok(()),
-        }
-    }
-
-    /// Checks the body's entity carries the key, and fills in its request
-    /// hash.
-    pub(crate) fn produced<T: TokenEntity>(&self, entity: &mut T) -> Result<(), Error> {
-        match entity.token() {
-            Ok(token) if token == self.key => {}
-            Ok(token) => {
-                return Err(Error::Config(format!(
-                    "the entity's token {token:?} is not the call's key {:?}: the body must \
-                     set the `{}` field to the key",
-                    self.key,
-                    T::TOKEN_COLUMN
-                )))
-            }
-            Err(err) => {
-                return Err(Error::Config(format!(
-                    "the entity's token is not the call's key {:?} ({err}): the body must \
-                     set the `{}` field to the key",
-                    self.key,
-                    T::TOKEN_COLUMN
-                )))
-            }
-        }
-        entity.set_request_hash(&self.fingerprint);
-        Ok(())
-    }
-
-    /// The insert found the token taken by a row written without a claim:
-    /// that row is the answer, under the same payload rule as a replay.
-    pub(crate) fn lost_race<T: TokenEntity>(&self, winner: Option<T>) -> Result<T, Error> {
-        let winner = winner.ok_or_else(|| {
-            Error::store(
-                "the entity was not stored, and no row holds its token: \
-                 it collides with another row on a unique key other than the token",
-            )
-        })?;
-        tracing::warn!(
-            decision = "lost race",
-            "the token was stored meanwhile by a writer that did not claim it; \
-             returning its row"
-        );
-        self.check_found(&winner)?;
-        Ok(winner)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::store::sql::entity::{check_conflict, check_names, is_unique_code};
+    use idem_core::fingerprint::Fingerprint;
 
     struct Payment;
     impl Entity for Payment {

@@ -178,5 +178,3 @@ pub use message::{
 pub use message_id::MessageId;
 pub use publishing::Outbox;
 pub use relaying::{Lease, Leased, Parked, MAX_LEASE_BATCH};
-
-pub(crate) use publishing::Held;

@@ -4,8 +4,10 @@
 
 use std::fmt;
 use std::sync::Arc;
+use std::time::Duration;
 
 use crate::steps;
+use crate::store::sql::entity_rows::HeldRow;
 use crate::store::sql::outbox::{OutboxStatements, Row};
 use crate::store::sql::{Backend, SqlStore};
 use idem_core::error::Error;
@@ -35,34 +37,6 @@ impl<DB: Backend> fmt::Debug for Outbox<DB> {
         f.debug_struct("Outbox")
             .field("table", &self.sql.table)
             .finish_non_exhaustive()
-    }
-}
-
-/// A message held for the entity's transaction (entity mode).
-pub(crate) struct Held<DB: Backend> {
-    pub(crate) sql: Arc<OutboxStatements>,
-    pub(crate) id: MessageId,
-    pub(crate) message: Message,
-    pub(crate) headers: Vec<u8>,
-    pub(crate) ttl: i64,
-    pub(crate) db: std::marker::PhantomData<fn() -> DB>,
-}
-
-impl<DB: Backend> Held<DB> {
-    /// Writes the message on `conn` (the entity's transaction).
-    pub(crate) async fn write(&self, conn: &mut DB::Connection) -> Result<(), Error> {
-        SqlStore::<DB>::outbox_insert(&self.sql, conn, &self.row()).await
-    }
-
-    fn row(&self) -> Row<'_> {
-        Row {
-            id: self.id.as_str(),
-            topic: &self.message.topic,
-            key: self.message.key.as_deref(),
-            payload: self.message.payload.as_deref(),
-            headers: &self.headers,
-            ttl: self.ttl,
-        }
     }
 }
 
@@ -110,14 +84,7 @@ impl<DB: Backend> Outbox<DB> {
         let slot = steps::next_message().ok_or_else(|| outside("publish"))?;
         let id = MessageId::derive(&slot.scope, &slot.claim.key, &slot.fingerprint, message);
         let headers = encode_headers(&message.headers);
-        let row = Row {
-            id: id.as_str(),
-            topic: &message.topic,
-            key: message.key.as_deref(),
-            payload: message.payload.as_deref(),
-            headers: &headers,
-            ttl: duration_millis(slot.ttl),
-        };
+        let row = row(&id, message, &headers, slot.ttl);
         SqlStore::<DB>::outbox_insert_fenced(&self.sql, conn, &slot.claim, &row).await?;
         Ok(id)
     }
@@ -133,14 +100,8 @@ impl<DB: Backend> Outbox<DB> {
     pub fn enqueue(&self, message: Message) -> Result<MessageId, Error> {
         let slot = steps::next_message().ok_or_else(|| outside("enqueue"))?;
         let id = MessageId::derive(&slot.scope, &slot.claim.key, &slot.fingerprint, &message);
-        let held: Held<DB> = Held {
-            sql: self.sql.clone(),
-            id: id.clone(),
-            headers: encode_headers(&message.headers),
-            message,
-            ttl: duration_millis(slot.ttl),
-            db: std::marker::PhantomData,
-        };
+        let headers = encode_headers(&message.headers);
+        let held = HeldRow::<DB>::new(self.sql.clone(), &row(&id, &message, &headers, slot.ttl));
         steps::hold_message(Box::new(held)).map_err(|_| {
             Error::Config(
                 "Outbox::enqueue holds a message for an entity-mode operation's transaction, \
@@ -150,6 +111,18 @@ impl<DB: Backend> Outbox<DB> {
             )
         })?;
         Ok(id)
+    }
+}
+
+/// The outbox row of `message`, whose id is `id`, kept for `ttl`.
+fn row<'a>(id: &'a MessageId, message: &'a Message, headers: &'a [u8], ttl: Duration) -> Row<'a> {
+    Row {
+        id: id.as_str(),
+        topic: &message.topic,
+        key: message.key.as_deref(),
+        payload: message.payload.as_deref(),
+        headers,
+        ttl: duration_millis(ttl),
     }
 }
 

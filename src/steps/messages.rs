@@ -80,10 +80,3 @@ pub(crate) fn held_messages() -> Vec<Box<dyn std::any::Any + Send + Sync>> {
         })
         .unwrap_or_default()
 }
-
-/// The claim of the operation this task's body runs under, if any.
-pub(crate) fn running_claim() -> Option<Claim> {
-    OPERATION
-        .try_with(|operation| operation.0.claim.clone())
-        .ok()
-}

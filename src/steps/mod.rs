@@ -167,8 +167,6 @@ pub(crate) use operation::{Operation, StepsAs};
 
 // For the outbox and entity mode.
 #[cfg(feature = "_sql")]
-pub(crate) use messages::{
-    held_messages, hold_message, hold_messages, next_message, running_claim,
-};
+pub(crate) use messages::{held_messages, hold_message, hold_messages, next_message};
 #[cfg(feature = "_sql")]
 pub(crate) use operation::flush_journal;

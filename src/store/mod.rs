@@ -26,6 +26,7 @@ mod memory;
 mod pass_through;
 #[cfg(feature = "redis")]
 pub(crate) mod redis;
+pub(crate) mod rows;
 #[cfg(feature = "_sql")]
 pub(crate) mod sql;
 mod waiters;

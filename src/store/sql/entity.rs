@@ -18,9 +18,7 @@ use super::{Backend, SqlStore};
 use idem_core::error::Error;
 use idem_core::fingerprint::Fingerprint;
 
-use crate::store::{Capabilities, Detach, Journal, Store};
-use idem_core::key::{Key, KeyError, Scope};
-use idem_core::record::{Begin, BeginRequest, Claim, ClaimToken, Outcome, Record};
+use idem_core::key::{Key, KeyError};
 
 /// `name` quoted as an identifier.
 pub(crate) fn quote<DB: Dialect>(name: &str) -> String {
@@ -210,9 +208,10 @@ impl<T: RequestHash> RequestHash for Option<T> {
 /// `MySql`, each with its backend's feature.
 pub trait EntityDatabase: Backend {
     /// The records store holding entity mode's claims, in the pool's
-    /// database (table `idem_entity_claims`, created on first use).
+    /// database (table `idem_entity_claims`, created on first use). Made
+    /// per call, it keeps no connection warm.
     #[doc(hidden)]
-    fn claims(pool: &Pool<Self>) -> impl Future<Output = Result<Claims<SqlStore<Self>>, Error>> {
+    fn claims(pool: &Pool<Self>) -> impl Future<Output = Result<SqlStore<Self>, Error>> {
         async move {
             let mut store = SqlStore::<Self>::new(pool.clone()).with_table_name(CLAIMS_TABLE)?;
             // Made for one call: connections kept for its next statements
@@ -220,7 +219,7 @@ pub trait EntityDatabase: Backend {
             store.warm = Arc::new(super::warm::Warm::off(pool.clone()));
             let database = format!("{} {:?}", <Self as Database>::NAME, pool.connect_options());
             migrate_once(database, store.migrate()).await?;
-            Ok(Claims::new(store))
+            Ok(store)
         }
     }
 
@@ -304,138 +303,6 @@ pub trait EntityDatabase: Backend {
 
 /// The name of the table holding entity mode's claims.
 pub(crate) const CLAIMS_TABLE: &str = crate::admin::ENTITY_CLAIMS_TABLE;
-
-/// A records store that polls instead of listening: entity mode makes one
-/// per call, and a listening connection per call would be too many.
-///
-/// The call's claim may be completed in the transaction that inserts its
-/// row ([`Claims::completed`]): the engine's own completion, and any
-/// renewal or release after it, then send nothing, as the completion is
-/// durable already.
-#[doc(hidden)]
-#[derive(Clone)]
-pub struct Claims<S> {
-    pub(crate) store: S,
-    /// How far the call's claim got towards completing with its row.
-    completion: Arc<std::sync::Mutex<Completion>>,
-}
-
-/// How far a claim's completion in its row's transaction got.
-#[derive(Clone, Copy, Default, PartialEq, Eq)]
-enum Completion {
-    /// Not written (or its transaction did not commit).
-    #[default]
-    None,
-    /// Written, uncommitted, in a transaction that holds the claim's
-    /// record: until it ends no one else can take the claim over.
-    Writing(ClaimToken),
-    /// Committed with the row.
-    Committed(ClaimToken),
-}
-
-impl<S> Claims<S> {
-    pub(crate) fn new(store: S) -> Self {
-        Claims {
-            store,
-            completion: Arc::default(),
-        }
-    }
-
-    fn completion(&self) -> std::sync::MutexGuard<'_, Completion> {
-        self.completion.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// Notes that `claim`'s completion is written, uncommitted, in a
-    /// transaction that holds the claim's record: a renewal that waited
-    /// for it and then finds the claim no longer in progress finds it
-    /// completed.
-    pub(crate) fn completing(&self, claim: &Claim) {
-        *self.completion() = Completion::Writing(claim.token);
-    }
-
-    /// Notes that the transaction of [`completing`](Self::completing) did
-    /// not commit.
-    pub(crate) fn not_completing(&self) {
-        *self.completion() = Completion::None;
-    }
-
-    /// Notes that `claim`'s completion was committed (with its row).
-    pub(crate) fn completed(&self, claim: &Claim) {
-        *self.completion() = Completion::Committed(claim.token);
-    }
-
-    /// Whether `claim`'s completion was committed with its row.
-    fn is_completed(&self, claim: &Claim) -> bool {
-        *self.completion() == Completion::Committed(claim.token)
-    }
-
-    /// Whether `claim`'s completion was written with its row, committed or
-    /// about to be.
-    fn is_written(&self, claim: &Claim) -> bool {
-        matches!(*self.completion(),
-            Completion::Writing(token) | Completion::Committed(token) if token == claim.token)
-    }
-}
-
-#[async_trait::async_trait]
-impl<S: Store + Clone + 'static> Store for Claims<S> {
-    async fn begin(&self, request: &BeginRequest<'_>) -> Result<Begin, Error> {
-        self.store.begin(request).await
-    }
-    async fn peek(&self, request: &BeginRequest<'_>) -> Result<Option<Begin>, Error> {
-        self.store.peek(request).await
-    }
-    async fn renew(&self, claim: &Claim) -> Result<(), Error> {
-        if self.is_completed(claim) {
-            return Ok(());
-        }
-        match self.store.renew(claim).await {
-            // Completed with its row while the renewal waited for the
-            // record's lock: not lost. (Had that transaction rolled back,
-            // the renewal would have found the claim in progress, ours.)
-            Err(Error::LeaseLost) if self.is_written(claim) => Ok(()),
-            renewed => renewed,
-        }
-    }
-    async fn complete(&self, claim: &Claim, outcome: &Outcome) -> Result<(), Error> {
-        // Entity mode's outcome is always the same marker: the one
-        // committed with the row.
-        if self.is_completed(claim) {
-            return Ok(());
-        }
-        self.store.complete(claim, outcome).await
-    }
-    async fn release(&self, claim: &Claim) -> Result<(), Error> {
-        // Completed: there is nothing to hand back.
-        if self.is_completed(claim) {
-            return Ok(());
-        }
-        self.store.release(claim).await
-    }
-    async fn get(&self, scope: &Scope, key: &Key) -> Result<Option<Record>, Error> {
-        self.store.get(scope, key).await
-    }
-    async fn forget(&self, scope: &Scope, key: &Key) -> Result<bool, Error> {
-        self.store.forget(scope, key).await
-    }
-    async fn purge_expired(&self, batch: usize) -> Result<u64, Error> {
-        self.store.purge_expired(batch).await
-    }
-    fn journal(&self) -> Option<&dyn Journal> {
-        self.store.journal()
-    }
-    fn capabilities(&self) -> Capabilities<'_> {
-        // Waiting polls: a duplicate's wake-up would not say whether the
-        // caller's transaction committed the completion with its row.
-        Capabilities::default().with_detach(self)
-    }
-}
-
-impl<S: Store + Clone + 'static> Detach for Claims<S> {
-    fn detach(&self) -> Option<Arc<dyn Store>> {
-        Some(Arc::new(self.clone()))
-    }
-}
 
 /// Runs `migrate` once per database in this process, keyed by `database`
 /// (the backend and its connect options). First calls wait for each other

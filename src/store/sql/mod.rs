@@ -28,6 +28,7 @@ use idem_core::error::Error;
 use idem_core::record::BeginRequest;
 
 pub(crate) mod entity;
+pub(crate) mod entity_rows;
 pub(crate) mod exec;
 pub(crate) mod flow;
 pub(crate) mod gate;
