@@ -9,8 +9,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-#[cfg(feature = "testing")]
-use common::backend;
 use common::Runs;
 use idem::record::{Begin, Claim, Outcome, Record};
 use idem::store::BeginRequest;
@@ -221,16 +219,3 @@ fn a_cache_of_nothing_is_refused() {
     let refused = CachedStore::new(MemoryStore::new(), 0);
     assert!(matches!(refused, Err(Error::Config(_))), "{refused:?}");
 }
-
-// The whole store contract holds with the cache in front.
-#[cfg(feature = "testing")]
-idem::store_conformance!(cached_memory, async {
-    let (store, guard) = backend::memory::store(10).await;
-    (CachedStore::new(store, 1000).unwrap(), guard)
-});
-
-#[cfg(all(feature = "testing", feature = "postgres"))]
-idem::store_conformance!(cached_postgres, async {
-    let (store, guard) = backend::postgres::store(10).await;
-    (CachedStore::new(store, 1000).unwrap(), guard)
-});
