@@ -4,10 +4,11 @@
 //! without waiting ([`Immediate`]) and an owned handle ([`Detach`]).
 //!
 //! A store of your own implements the eight record transitions, and
-//! [`Store::journal`] if it keeps durable steps. The rest has defaults
-//! that are correct, only slower: duplicates poll for a change, every
-//! transition is awaited, and a dropped caller's claim is left to its
-//! lease.
+//! [`Store::journal`] and [`Detach`] if it keeps durable steps (they are
+//! journaled through the owned handle: without one, they run
+//! unjournaled). The rest has defaults that are correct, only slower:
+//! duplicates poll for a change, every transition is awaited, and a
+//! dropped caller's claim is left to its lease.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -112,14 +113,18 @@ pub trait Store: Send + Sync {
 
 /// The optional parts of a [`Store`], which make it faster or more
 /// thorough but never change what it answers. A store that offers none is
-/// correct: duplicates then poll for a change, every transition is
-/// awaited, and a dropped caller's claim is left to its lease.
+/// correct for its records: duplicates then poll for a change, every
+/// transition is awaited, and a dropped caller's claim is left to its
+/// lease (but see [`Detach`] for durable steps, below).
 ///
 /// A wrapper store offers its own: the engine calls an [`Immediate`] or a
 /// [`Detach`] instead of the wrapper's `begin`, `complete` and handle, so
 /// passing on the inner store's whole would skip what the wrapper does
 /// (its faults, its counts, its cache). Pass on only the parts it does not
-/// change, such as the inner store's [`Wake`].
+/// change, such as the inner store's [`Wake`]. A wrapper that keeps a
+/// journal offers a [`Detach`] of its own (itself again, over the inner
+/// store's handle): durable steps are journaled through that handle, and
+/// run unjournaled on a store that offers none.
 ///
 /// ```
 /// # use idem_core::store::{Capabilities, Wake};

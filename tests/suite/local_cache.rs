@@ -1,6 +1,8 @@
 //! The local replay cache (`CachedStore`): it replays from memory only
 //! what the store would replay, and never an expired record, another
-//! payload's outcome, or an outcome that a later claim replaced.
+//! payload's outcome, or an outcome that a later claim replaced; and a
+//! caller dropped in front of it hands its claim back through the cache,
+//! its durable steps kept.
 
 use crate::common;
 
@@ -9,10 +11,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-#[cfg(feature = "testing")]
-use common::backend;
-use common::Runs;
+use common::{journal_of, Runs};
+use idem::journal::StepState;
 use idem::record::{Begin, Claim, Outcome, Record};
+use idem::steps::step;
 use idem::store::BeginRequest;
 use idem::{run, CachedStore, Call, Error, Key, MemoryStore, Policy, Scope, Store};
 use tokio::sync::{oneshot, Mutex};
@@ -102,6 +104,47 @@ fn begins<S>(store: &CachedStore<Watched<S>>) -> usize {
     store.inner().begins.load(Ordering::SeqCst)
 }
 
+/// A checkout through a cached store: one durable step, `charge`, whose
+/// output is the number of its run; then the body waits `then` and
+/// answers the charge.
+async fn checkout<S: Store>(
+    store: &CachedStore<S>,
+    key: &str,
+    charges: &AtomicUsize,
+    then: Duration,
+) -> Result<usize, Error> {
+    let policy = Policy::new()
+        .lease(Duration::from_secs(30))
+        .wait(Duration::from_secs(10));
+    run(
+        store,
+        Call::new("local_cache.checkout", key, &12u32).with_policy(policy),
+        async move {
+            let charged: usize = step("charge", |_key| async move {
+                Ok::<_, Error>(charges.fetch_add(1, Ordering::SeqCst) + 1)
+            })
+            .await?;
+            tokio::time::sleep(then).await;
+            Ok(charged)
+        },
+    )
+    .await
+}
+
+/// The journal of `key`'s checkout, as (seq, name, state).
+async fn checkout_steps<S: Store>(
+    store: &CachedStore<S>,
+    key: &str,
+) -> Vec<(u32, String, StepState)> {
+    journal_of(store)
+        .steps(&Scope::new("local_cache.checkout"), &Key::new(key).unwrap())
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|entry| (entry.seq, entry.name, entry.state))
+        .collect()
+}
+
 common::backends!(memory, sqlite_file, postgres, mysql => {
     /// A retry of a call this process completed is answered from memory:
     /// the store sees no second claim, and the answer is the first one.
@@ -164,6 +207,64 @@ common::backends!(memory, sqlite_file, postgres, mysql => {
         assert_eq!(charge(&store, "k", 5, policy, &runs).await.unwrap(), 2);
         assert_eq!(runs.count(), 2);
     }
+
+    /// A caller dropped while its body runs, after its durable step was
+    /// journaled: the cache's background handle hands its claim back at
+    /// once (well within the 30 s lease), and the retry replays the
+    /// step's output (that of its first run) instead of running it
+    /// again. The retry's outcome is then cached and replayed.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_dropped_caller_hands_back_and_its_step_replays() {
+        let (inner, _guard) = backend::store(4).await;
+        let store = CachedStore::new(inner, 100).unwrap();
+        let key = common::fresh("dropped");
+        let charges = AtomicUsize::new(0);
+        // Boxed, so that dropping it drops the call.
+        let mut slow = Box::pin(checkout(&store, &key, &charges, Duration::from_secs(60)));
+        let journaled = tokio::time::timeout(Duration::from_secs(10), async {
+            loop {
+                tokio::select! {
+                    ended = &mut slow => panic!("the slow body finished: {ended:?}"),
+                    _ = tokio::time::sleep(Duration::from_millis(10)) => {}
+                }
+                let steps = checkout_steps(&store, &key).await;
+                if steps == [(0, "charge".to_owned(), StepState::Completed)] {
+                    return;
+                }
+            }
+        })
+        .await;
+        assert!(journaled.is_ok(), "the step was never journaled");
+        assert_eq!(charges.load(Ordering::SeqCst), 1);
+        assert_eq!(store.cached(), 0);
+
+        // The caller goes away; its claim is handed back.
+        let dropped_at = tokio::time::Instant::now();
+        drop(slow);
+        let scope = Scope::new("local_cache.checkout");
+        let record_key = Key::new(key.as_str()).unwrap();
+        while store.get(&scope, &record_key).await.unwrap().is_some() {
+            assert!(
+                dropped_at.elapsed() < Duration::from_secs(10),
+                "the dropped caller's claim was never handed back"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+
+        // The retry replays the step: the charge of the first run.
+        let retried = checkout(&store, &key, &charges, Duration::ZERO).await;
+        assert_eq!(retried.unwrap(), 1);
+        assert_eq!(charges.load(Ordering::SeqCst), 1, "the step ran again");
+        assert_eq!(
+            checkout_steps(&store, &key).await,
+            [(0, "charge".to_owned(), StepState::Completed)]
+        );
+        assert_eq!(store.cached(), 1);
+        let replayed = checkout(&store, &key, &charges, Duration::ZERO).await;
+        assert_eq!(replayed.unwrap(), 1);
+        assert_eq!(charges.load(Ordering::SeqCst), 1);
+    }
+
 });
 
 /// The interleaving that would break a naive cache: the completion is
@@ -221,16 +322,3 @@ fn a_cache_of_nothing_is_refused() {
     let refused = CachedStore::new(MemoryStore::new(), 0);
     assert!(matches!(refused, Err(Error::Config(_))), "{refused:?}");
 }
-
-// The whole store contract holds with the cache in front.
-#[cfg(feature = "testing")]
-idem::store_conformance!(cached_memory, async {
-    let (store, guard) = backend::memory::store(10).await;
-    (CachedStore::new(store, 1000).unwrap(), guard)
-});
-
-#[cfg(all(feature = "testing", feature = "postgres"))]
-idem::store_conformance!(cached_postgres, async {
-    let (store, guard) = backend::postgres::store(10).await;
-    (CachedStore::new(store, 1000).unwrap(), guard)
-});

@@ -151,3 +151,4 @@ mod transactional;
 mod transactional_edges;
 mod unencodable_outcomes;
 mod waiter_payloads;
+mod wrapper_capabilities;
