@@ -144,6 +144,11 @@ const TTL: Duration = Duration::from_millis(600);
 /// A ttl longer than the lease, so that an attempt taking over after a
 /// crash comes within a ttl of its owner's last renewal.
 const LONG_TTL: Duration = Duration::from_millis(1200);
+/// A ttl shorter than the live owner's body (so an entry that is not kept
+/// expires before the owner dies), and long enough that the attempt
+/// taking over, a lease and 300 ms after the owner died, comes well within
+/// a ttl of the owner's last renewal, however late a loaded machine ran it.
+const OUTLIVING_TTL: Duration = Duration::from_millis(1800);
 
 /// A downstream that neither dedupes by key nor can be asked: the reason
 /// its step refuses when in doubt. Counts its charges.
@@ -189,13 +194,14 @@ async fn pay<S: Store + ?Sized>(
 /// ran it again, though it refuses when in doubt ("no second effect,
 /// ever").
 ///
-/// 1. A claims (lease 600 ms, ttl 1.2 s), runs its refusing step "charge"
+/// 1. A claims (lease 600 ms, ttl 1.8 s), runs its refusing step "charge"
 ///    (charge 1, journaled `completed`), then works on for 3 s, its lease
 ///    renewed every 200 ms (a live owner).
 /// 2. At 2.4 s A's process dies (its store handle hangs; nothing is
-///    handed back).
-/// 3. Once A's lease lapsed, within a ttl of its last renewal, the retry
-///    B takes the key over.
+///    handed back): an entry written at the charge and never kept would
+///    have expired by then.
+/// 3. Once A's lease lapsed (at about 3.3 s), within a ttl of its last
+///    renewal, the retry B takes the key over.
 ///
 /// Expected (the guide's steps chapter, src/_guide/steps.md): B replays `ch_1`, the gateway
 /// charged once.
@@ -214,7 +220,7 @@ async fn journal_outlives_live_owner<S: Store>(store: S) {
             &key,
             &gateway,
             Duration::from_millis(3000),
-            LONG_TTL,
+            OUTLIVING_TTL,
         );
         tokio::pin!(a);
         tokio::select! {
@@ -233,7 +239,7 @@ async fn journal_outlives_live_owner<S: Store>(store: S) {
     assert_eq!(gateway.charges.load(Ordering::SeqCst), 1);
     // A's lease lapses (at most a lease after its last renewal).
     tokio::time::sleep(LEASE + Duration::from_millis(300)).await;
-    let b = pay(&*store, &key, &gateway, Duration::ZERO, LONG_TTL).await;
+    let b = pay(&*store, &key, &gateway, Duration::ZERO, OUTLIVING_TTL).await;
     assert_eq!(
         gateway.charges.load(Ordering::SeqCst),
         1,
