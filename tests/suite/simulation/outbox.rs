@@ -499,6 +499,26 @@ mod side {
                             parked,
                             unparked,
                         },
+                        // A slower relay that delivered a row before this
+                        // lease took it may mark it relayed while it is
+                        // parked (a delivery is marked whoever leases the
+                        // row now): it is then not unparked, and must not
+                        // be parked any more.
+                        (None, Ok(n)) if n < parked => match self.outbox.parked(1_000).await {
+                            Ok(still)
+                                if still.iter().all(|p| !seqs.contains(&p.message().seq())) =>
+                            {
+                                LeaseEnd::Parked {
+                                    done,
+                                    parked: n,
+                                    unparked,
+                                }
+                            }
+                            Ok(_) => LeaseEnd::Failed(format!(
+                                "unpark: {n} rows of {parked} parked, and the rest still parked"
+                            )),
+                            Err(err) => LeaseEnd::Failed(format!("parked: {err}")),
+                        },
                         (None, Ok(n)) => {
                             LeaseEnd::Failed(format!("unpark: {n} rows of {parked} parked"))
                         }
