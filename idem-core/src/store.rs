@@ -5,8 +5,8 @@
 //!
 //! A store of your own implements the eight record transitions, and
 //! [`Store::journal`] and [`Detach`] if it keeps durable steps (they are
-//! journaled through the owned handle: without one, they run
-//! unjournaled). The rest has defaults that are correct, only slower:
+//! journaled through the owned handle: without one, the engine refuses
+//! them rather than run them unjournaled). The rest has defaults that are correct, only slower:
 //! duplicates poll for a change, every transition is awaited, and a
 //! dropped caller's claim is left to its lease.
 
@@ -124,7 +124,7 @@ pub trait Store: Send + Sync {
 /// change, such as the inner store's [`Wake`]. A wrapper that keeps a
 /// journal offers a [`Detach`] of its own (itself again, over the inner
 /// store's handle): durable steps are journaled through that handle, and
-/// run unjournaled on a store that offers none.
+/// refused on a store that keeps a journal and offers none.
 ///
 /// ```
 /// # use idem_core::store::{Capabilities, Wake};

@@ -252,11 +252,7 @@ where
     // store, fenced by this claim; a dropped caller's claim is handed
     // back once their writes on the way have landed.
     guard.running(claim.clone());
-    let operation = Operation::new(
-        store.capabilities().detached(),
-        claim.clone(),
-        call.steps_as(),
-    );
+    let operation = Operation::on(store, claim.clone(), call.steps_as());
     guard.journal_first(operation.clone());
     let body = std::pin::pin!(operation.scope(body));
     let result = renewing(store, claim, Some(call), None, body).await;

@@ -123,11 +123,7 @@ where
     Fut: Future<Output = Result<T, E>>,
 {
     guard.running(claim.clone());
-    let operation = Operation::new(
-        claims.capabilities().detached(),
-        claim.clone(),
-        call.steps_as(),
-    );
+    let operation = Operation::on(claims, claim.clone(), call.steps_as());
     guard.journal_first(operation.clone());
     let completion = Completion::new(claim);
     let work = async {

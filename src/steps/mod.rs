@@ -123,8 +123,10 @@
 //! step there gets its derived key and runs (a rerun after a rollback uses
 //! the same key), and `reconcile` and `refuse` are refused with
 //! [`Error::Config`]. The journal is written through the store's
-//! background handle ([`Detach`](crate::store::Detach)): on a store of your own without
-//! one, steps run unjournaled, as in transactional mode. Steps must be
+//! background handle ([`Detach`](crate::store::Detach)): on a store of your own that
+//! keeps a journal and offers no such handle, steps are refused with
+//! [`Error::Config`] (run unjournaled, a retry would run them again); on
+//! one that keeps no journal, steps fail as not journaled. Steps must be
 //! called from the operation's own task: a task spawned by the body does
 //! not see the operation.
 //!

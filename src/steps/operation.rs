@@ -46,6 +46,10 @@ pub(crate) struct Operation(pub(super) Arc<State>);
 pub(super) struct State {
     /// Where steps are journaled; `None` in transactional mode.
     journal: Option<Arc<dyn Store>>,
+    /// The store keeps a journal, but offers no handle to write it from
+    /// ([`Detach`](crate::store::Detach)): steps are refused rather than
+    /// run unjournaled, which would run them again at a retry.
+    unreachable_journal: bool,
     /// The claim that fences the journal.
     pub(super) claim: Claim,
     /// The operation's scope (for the keys), payload and journal ttl.
@@ -102,6 +106,26 @@ impl Operation {
     pub(crate) fn new(journal: Option<Arc<dyn Store>>, claim: Claim, steps: StepsAs) -> Self {
         Operation(Arc::new(State {
             journal,
+            unreachable_journal: false,
+            claim,
+            steps,
+            progress: Mutex::default(),
+            pending: Mutex::default(),
+            #[cfg(feature = "_sql")]
+            messages: Mutex::default(),
+        }))
+    }
+
+    /// The operation of `claim` on `store`, journaling through the store's
+    /// background handle ([`Detach`](crate::store::Detach)). A store that
+    /// keeps a journal and offers no such handle (a wrapper that forgot
+    /// to) cannot journal: its steps fail with [`Error::Config`].
+    pub(crate) fn on<S: Store + ?Sized>(store: &S, claim: Claim, steps: StepsAs) -> Self {
+        let journal = store.capabilities().detached();
+        let unreachable_journal = journal.is_none() && store.journal().is_some();
+        Operation(Arc::new(State {
+            journal,
+            unreachable_journal,
             claim,
             steps,
             progress: Mutex::default(),
@@ -112,7 +136,14 @@ impl Operation {
     }
 
     /// The next step, named `name`.
-    fn next_step(&self, name: &'static str) -> Current {
+    fn next_step(&self, name: &'static str) -> Result<Current, Error> {
+        if self.0.unreachable_journal {
+            return Err(Error::Config(format!(
+                "step {name:?} cannot be journaled: the store keeps a journal but offers no \
+                 background handle to write it from; a store (or a wrapper around one) that \
+                 keeps a journal offers `Capabilities::with_detach`"
+            )));
+        }
         let state = &*self.0;
         let (seq, occurrence) = {
             let mut progress = lock(&state.progress);
@@ -141,14 +172,14 @@ impl Operation {
             };
             (seq, occurrence)
         };
-        Current {
+        Ok(Current {
             journal: state.journal.clone(),
             claim: state.claim.clone(),
             fingerprint: state.steps.fingerprint,
             ttl: state.steps.ttl,
             seq,
             key: StepKey::derive(&state.steps.scope, &state.claim.key, name, occurrence),
-        }
+        })
     }
 
     pub(super) fn push(&self, write: tokio::task::JoinHandle<()>) {
@@ -239,7 +270,7 @@ pub(super) fn current(name: &'static str) -> Result<Current, Error> {
                      operation spawned): steps run inside the body of #[idempotent] or run()",
                 name
             ))
-        })
+        })?
 }
 
 /// Waits for the journal writes of the operation this task's body runs

@@ -16,9 +16,9 @@
 //!   is the wrapper again, over the inner store's handle) sees every
 //!   transition;
 //! - a wrapper that offers nothing stays correct for its records, but
-//!   journals no steps: without a background handle, steps run
-//!   unjournaled (`idem::steps`, "Modes"), so a retry runs them again,
-//!   and a dropped caller's claim is left to its lease.
+//!   cannot journal steps: without a background handle, its steps are
+//!   refused with a configuration error (run unjournaled, a retry would
+//!   run them again).
 //!
 //! Each test runs the same calls and asserts, phase by phase, which of
 //! them reached the wrapper; a change in how the engine uses the parts a
@@ -460,24 +460,38 @@ async fn a_wrapper_offering_its_own_detach_sees_every_transition() {
 }
 
 /// A wrapper that offers nothing sees every transition of its records,
-/// but has no background handle, which durable steps journal through:
-/// its steps run unjournaled (its `journal()` is never called), so the
-/// retry after a failed body runs the step again, and a dropped caller's
-/// claim is left to its lease. A wrapper that keeps a journal offers a
-/// `Detach` of its own.
+/// but has no background handle, which durable steps journal through.
+/// Its steps are refused with a configuration error naming the fix
+/// (running them unjournaled would run them again at a retry): the step's
+/// call never runs, the key is released, and a call without steps goes
+/// through the wrapper as usual.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_wrapper_offering_nothing_journals_no_steps() {
-    let phases = calls(Offers::Nothing, Duration::from_millis(500)).await;
-    assert_eq!(
-        phases,
-        Phases {
-            first: tally(1, 1, 0, 0, 0),
-            replay: tally(1, 0, 0, 0, 0),
-            failure: tally(1, 0, 1, 0, 0),
-            retry: tally(1, 1, 0, 0, 0),
-            dropped: tally(1, 0, 0, 0, 0),
-            handed_back: false,
-            charges: [1, 2, 1],
-        }
+async fn a_wrapper_offering_nothing_has_its_steps_refused() {
+    let store = Counting::new(Offers::Nothing);
+    let charges = AtomicUsize::new(0);
+    let key = crate::common::fresh("wrapper-nothing");
+    let err = pay(&store, &key, &charges, Body::Succeeds)
+        .await
+        .unwrap_err();
+    match &err {
+        Failed::Idem(Error::Config(message)) => assert!(
+            message.contains("with_detach") && message.contains("charge"),
+            "{message}"
+        ),
+        other => panic!("expected a configuration error, got {other:?}"),
+    }
+    assert_eq!(charges.load(Ordering::SeqCst), 0, "the step's call ran");
+    assert_eq!(store.counts.tally(), tally(1, 0, 1, 0, 0));
+    assert!(
+        record(&store, &key).await.is_none(),
+        "the key was not released"
     );
+
+    // A call without steps is the wrapper's as usual.
+    let policy = Policy::new().lease(Duration::from_secs(30));
+    let plain = || async { Ok::<_, Error>(7u32) };
+    let call = || Call::new(SCOPE, key.as_str(), &1u32).with_policy(policy);
+    assert_eq!(run(&store, call(), plain()).await.unwrap(), 7);
+    assert_eq!(run(&store, call(), plain()).await.unwrap(), 7);
+    assert_eq!(store.counts.tally(), tally(3, 1, 1, 0, 0));
 }
