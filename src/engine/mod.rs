@@ -206,7 +206,7 @@ where
         let request = call.request();
         // From here on, a dropped caller hands back whatever it holds.
         let mut guard = Guard::new(store, &request);
-        let mut records = Pooled(store);
+        let mut records = Pooled::waking(store);
         let claim = match claimed(&mut records, call, &request, outcomes, &mut guard).await {
             Ok(claim) => claim,
             Err(answer) => return answer,

@@ -62,7 +62,23 @@ pub(super) trait Records: Send {
     fn may_wait(&self) -> bool;
 }
 
-pub(super) struct Pooled<'a, S: ?Sized>(pub(super) &'a S);
+pub(super) struct Pooled<'a, S: ?Sized> {
+    pub(super) store: &'a S,
+    /// Duplicates poll rather than wait for the store to wake them
+    /// (entity mode: a wake-up could come as the completion is written,
+    /// before the transaction that writes it with the row commits).
+    pub(super) polling: bool,
+}
+
+impl<'a, S: ?Sized> Pooled<'a, S> {
+    /// Duplicates wait as the store wakes them, where it can.
+    pub(super) fn waking(store: &'a S) -> Self {
+        Pooled {
+            store,
+            polling: false,
+        }
+    }
+}
 
 impl<S: Store + ?Sized> Records for Pooled<'_, S> {
     async fn begin(&mut self, request: &BeginRequest<'_>) -> Result<Begin, Error> {
@@ -71,33 +87,37 @@ impl<S: Store + ?Sized> Records for Pooled<'_, S> {
         // on the heap, so that this future, and the call's, which is moved
         // (copied whole) as it is built and awaited, do not carry it: a
         // round trip dwarfs the allocation.
-        let immediate = self.0.capabilities().immediate;
+        let immediate = self.store.capabilities().immediate;
         let answer = match immediate.and_then(|now| now.begin_now(request)) {
-            None => return Box::pin(begin_sent(self.0, request)).await,
+            None => return Box::pin(begin_sent(self.store, request)).await,
             Some(answer @ Err(Error::Store(_))) => answer,
             Some(answer) => return answer,
         };
-        Box::pin(claim_again(self.0, request, Instant::now(), answer)).await
+        Box::pin(claim_again(self.store, request, Instant::now(), answer)).await
     }
     async fn peek(&mut self, request: &BeginRequest<'_>) -> Result<Option<Begin>, Error> {
-        self.0.peek(request).await
+        self.store.peek(request).await
     }
     async fn complete(&mut self, claim: &Claim, outcome: &Outcome) -> Result<(), Error> {
-        self.0.complete(claim, outcome).await
+        self.store.complete(claim, outcome).await
     }
     async fn release(&mut self, claim: &Claim) -> Result<(), Error> {
-        self.0.release(claim).await
+        self.store.release(claim).await
     }
     async fn wait_for_change(
         &mut self,
         request: &BeginRequest<'_>,
         timeout: Duration,
     ) -> Result<Option<Begin>, Error> {
-        let waker = self.0.capabilities().waker();
+        if self.polling {
+            tokio::time::sleep(timeout).await;
+            return Ok(None);
+        }
+        let waker = self.store.capabilities().waker();
         waker.wait_for_outcome(request, timeout).await
     }
     fn max_poll(&self) -> Duration {
-        if self.0.capabilities().waker().wakes_across_processes() {
+        if !self.polling && self.store.capabilities().waker().wakes_across_processes() {
             MAX_POLL_NOTIFIED
         } else {
             MAX_POLL

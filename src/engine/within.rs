@@ -4,7 +4,6 @@
 //! contract of [`Rows`].
 
 use std::future::Future;
-use std::time::Duration;
 use tokio::time::Instant;
 
 use tracing::Instrument;
@@ -12,17 +11,15 @@ use tracing::Instrument;
 use crate::metrics;
 use crate::steps::{self, Operation, StepsAs};
 use crate::store::rows::{Asked, Completion, Rows};
-use crate::store::{BeginRequest, Store};
 use idem_core::error::Error;
 use idem_core::fingerprint::Fingerprint;
-use idem_core::record::{Begin, Claim, Outcome};
 
-use super::call::{Call, Checked};
+use super::call::Call;
 use super::claim::claimed;
 use super::guard::Guard;
 use super::lease::renewing;
 use super::outcome::{Codec, OkOnly};
-use super::pooled::{release, Pooled, Records, MAX_POLL};
+use super::pooled::{release, Pooled};
 use super::save::{save, SaveFor, Saved};
 
 /// Returns the row stored for the call's key, or runs `body` once per key
@@ -63,7 +60,8 @@ where
     .await
 }
 
-/// The key claimed (or a duplicate's answer), then [`execute`].
+/// The key claimed (or a duplicate's answer), the body run under the
+/// claim and its row written, the claim settled.
 async fn claimed_flow<R, T, E, Fut>(
     claim: Call<OkOnly<Marker>>,
     rows: &R,
@@ -80,52 +78,34 @@ where
     let request = checked.request();
     // From here on, a dropped caller hands back whatever it holds.
     let mut guard = Guard::new(&claims, &request);
-    let mut records = Polled(Pooled(&claims));
-    match claimed::<_, _, Entry<T>, E, _>(&mut records, &checked, &request, &outcomes, &mut guard)
-        .await
+    // Duplicates poll: a store's wake-up could come as the completion is
+    // written, before the transaction that writes it with the row commits,
+    // and a duplicate would then look for a row not yet visible.
+    let mut records = Pooled {
+        store: &claims,
+        polling: true,
+    };
+    let claim = match claimed::<_, _, Entry<T>, E, _>(
+        &mut records,
+        &checked,
+        &request,
+        &outcomes,
+        &mut guard,
+    )
+    .await
     {
-        Ok(claim) => {
-            execute(
-                &claims,
-                &checked,
-                &mut guard,
-                &mut records,
-                &claim,
-                rows,
-                asked,
-                body,
-            )
-            .await
-        }
+        Ok(claim) => claim,
         // The claim was completed by another call: its row is stored.
-        Err(Ok(_)) => Ok(Entry::Stored),
-        Err(Err(err)) => Err(err),
-    }
-}
-
-/// [`run_within`] once the claim is won: looks for the row again, runs the
-/// body and writes its row (the lease renewed all along), then settles the
-/// claim: completed with the row, or completed here, or handed back.
-#[allow(clippy::too_many_arguments)]
-async fn execute<R, T, E, Fut>(
-    claims: &R::Claims,
-    call: &Checked,
-    guard: &mut Guard<'_, '_, R::Claims>,
-    records: &mut Polled<'_, R::Claims>,
-    claim: &Claim,
-    rows: &R,
-    asked: &Asked,
-    body: Fut,
-) -> Result<Entry<T>, E>
-where
-    R: Rows<T>,
-    E: From<Error>,
-    Fut: Future<Output = Result<T, E>>,
-{
+        Err(Ok(_)) => return Ok(Entry::Stored),
+        Err(Err(err)) => return Err(err),
+    };
+    // Once the claim is won: look for the row again, run the body and
+    // write its row (the lease renewed all along), then settle the claim:
+    // completed with the row, or completed here, or handed back.
     guard.running(claim.clone());
-    let operation = Operation::on(claims, claim.clone(), call.steps_as());
+    let operation = Operation::on(&claims, claim.clone(), checked.steps_as());
     guard.journal_first(operation.clone());
-    let completion = Completion::new(claim);
+    let completion = Completion::new(&claim);
     let work = async {
         // An owner before this one may have inserted its row, then stopped
         // before its claim was completed.
@@ -140,11 +120,11 @@ where
         steps::flush_journal().await;
         let held = steps::held_messages();
         Ok(Entry::Saved(
-            rows.write(claims, value, asked, &completion, held).await?,
+            rows.write(&claims, value, asked, &completion, held).await?,
         ))
     };
     let work = std::pin::pin!(operation.scope(work));
-    let result = renewing(claims, claim, Some(call), Some(&completion), work).await;
+    let result = renewing(&claims, &claim, Some(&checked), Some(&completion), work).await;
     if completion.is_committed() {
         guard.disarm();
         return result;
@@ -152,7 +132,7 @@ where
     if result.is_err() {
         // Nothing to store: hand the key back. Should that fail, the guard
         // hands it back in the background as it drops.
-        if release(records, claim).await {
+        if release(&mut records, &claim).await {
             guard.disarm();
         }
         return result;
@@ -160,7 +140,7 @@ where
     // A row found under the claim, or written while the claim was taken
     // over: the claim is completed here, as record mode completes one.
     let stored = guard.saving(Completion::outcome());
-    match save(claims, claim, stored, SaveFor::Caller).await {
+    match save(&claims, &claim, stored, SaveFor::Caller).await {
         // Still not stored: the guard keeps trying in the background as
         // it drops. The caller gets its row now.
         Saved::NotYet => {}
@@ -258,40 +238,5 @@ impl<T> Codec<Entry<T>> for Marker {
 
     fn decode(&self, _: &[u8]) -> Result<Entry<T>, Error> {
         Ok(Entry::Stored)
-    }
-}
-
-/// The claims' statements on the store's pool, waiting duplicates polling:
-/// a store's wake-up could come as the completion is written, before the
-/// transaction that writes it with the row commits, and a duplicate would
-/// then look for a row not yet visible.
-struct Polled<'a, S: ?Sized>(Pooled<'a, S>);
-
-impl<S: Store + ?Sized> Records for Polled<'_, S> {
-    async fn begin(&mut self, request: &BeginRequest<'_>) -> Result<Begin, Error> {
-        self.0.begin(request).await
-    }
-    async fn peek(&mut self, request: &BeginRequest<'_>) -> Result<Option<Begin>, Error> {
-        self.0.peek(request).await
-    }
-    async fn complete(&mut self, claim: &Claim, outcome: &Outcome) -> Result<(), Error> {
-        self.0.complete(claim, outcome).await
-    }
-    async fn release(&mut self, claim: &Claim) -> Result<(), Error> {
-        self.0.release(claim).await
-    }
-    async fn wait_for_change(
-        &mut self,
-        _request: &BeginRequest<'_>,
-        timeout: Duration,
-    ) -> Result<Option<Begin>, Error> {
-        tokio::time::sleep(timeout).await;
-        Ok(None)
-    }
-    fn max_poll(&self) -> Duration {
-        MAX_POLL
-    }
-    fn may_wait(&self) -> bool {
-        true
     }
 }

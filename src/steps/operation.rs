@@ -104,16 +104,7 @@ impl Operation {
     /// The operation of `claim`, journaling in `journal` (`None`: steps
     /// run with their keys, unjournaled).
     pub(crate) fn new(journal: Option<Arc<dyn Store>>, claim: Claim, steps: StepsAs) -> Self {
-        Operation(Arc::new(State {
-            journal,
-            unreachable_journal: false,
-            claim,
-            steps,
-            progress: Mutex::default(),
-            pending: Mutex::default(),
-            #[cfg(feature = "_sql")]
-            messages: Mutex::default(),
-        }))
+        Self::with(journal, false, claim, steps)
     }
 
     /// The operation of `claim` on `store`, journaling through the store's
@@ -123,6 +114,15 @@ impl Operation {
     pub(crate) fn on<S: Store + ?Sized>(store: &S, claim: Claim, steps: StepsAs) -> Self {
         let journal = store.capabilities().detached();
         let unreachable_journal = journal.is_none() && store.journal().is_some();
+        Self::with(journal, unreachable_journal, claim, steps)
+    }
+
+    fn with(
+        journal: Option<Arc<dyn Store>>,
+        unreachable_journal: bool,
+        claim: Claim,
+        steps: StepsAs,
+    ) -> Self {
         Operation(Arc::new(State {
             journal,
             unreachable_journal,
