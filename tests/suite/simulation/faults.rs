@@ -225,7 +225,7 @@ pub struct Faulty<S> {
 impl<S: Store> Faulty<S> {
     /// The store the next operation goes to: `inner`, or after a
     /// failover, the store on the promoted replica.
-    fn current(&self) -> &dyn Store {
+    pub fn current(&self) -> &dyn Store {
         match self.plan.promoted_store() {
             Some(after) => &**after,
             None => &self.inner,
@@ -321,8 +321,12 @@ impl<S: Store> Store for Faulty<S> {
     async fn purge_expired(&self, batch: usize) -> Result<u64, Error> {
         self.current().purge_expired(batch).await
     }
+    /// A store without a background (the history's `detach`) keeps no
+    /// journal either: steps journal through the background handle, and
+    /// the engine refuses them on a store that keeps a journal it cannot
+    /// reach. Its steps run unjournaled, as in transactional mode.
     fn journal(&self) -> Option<&dyn Journal> {
-        Some(self)
+        self.plan.history.detach.then_some(self as &dyn Journal)
     }
     fn capabilities(&self) -> Capabilities<'_> {
         let mut offered = Capabilities::default()

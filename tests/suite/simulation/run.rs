@@ -457,7 +457,9 @@ async fn record_history<S: Store + 'static>(
         async move { record_attempt(&*store, None, None, &gateway, &h, index, &attempt, wait).await }
     };
     let runs = calls(h, start, &plan, one).await;
-    let (stuck, journal) = leftovers(&*store).await;
+    // Read past the faults (and a store without a background, which keeps
+    // no journal of its own to show): the store as it stands.
+    let (stuck, journal) = leftovers(store.current()).await;
     Observed {
         runs,
         effects: gateway.effects(),
