@@ -53,6 +53,19 @@ pub(crate) fn insert<DB: Dialect>(table: &str, columns: &[&str]) -> String {
     )
 }
 
+/// `INSERT ... ON CONFLICT (<token>) DO NOTHING RETURNING *`.
+pub(crate) fn insert_unless_taken<DB: Dialect>(
+    table: &str,
+    columns: &[&str],
+    token: &str,
+) -> String {
+    format!(
+        "{} ON CONFLICT ({}) DO NOTHING RETURNING *",
+        insert::<DB>(table, columns),
+        quote::<DB>(token)
+    )
+}
+
 /// `INSERT ... ON CONFLICT (<keys>) DO UPDATE SET ... RETURNING *`.
 pub(crate) fn upsert_returning<DB: Dialect>(
     table: &str,
@@ -268,11 +281,7 @@ pub trait EntityDatabase: Backend {
         T: TokenEntity + EntityBind<Self> + for<'r> FromRow<'r, Self::Row> + Send + Unpin,
     {
         async move {
-            let insert = format!(
-                "{} ON CONFLICT ({}) DO NOTHING RETURNING *",
-                insert::<Self>(T::TABLE, T::COLUMNS),
-                quote::<Self>(T::TOKEN_COLUMN)
-            );
+            let insert = insert_unless_taken::<Self>(T::TABLE, T::COLUMNS, T::TOKEN_COLUMN);
             let args = arguments::<Self, T>(entity, T::COLUMNS)?;
             let row = Self::fetch_row_with(conn, &insert, args).await?;
             Ok(row.map(|row| T::from_row(&row)).transpose()?)

@@ -16,7 +16,7 @@ use idem_core::key::Key;
 use idem_core::record::{Millis, Record, State};
 
 /// The statements of [`Inventory`] on one records table.
-struct InventoryStatements {
+pub(super) struct InventoryStatements {
     now: String,
     exists: String,
     with_key: String,
@@ -66,6 +66,23 @@ impl InventoryStatements {
                  FROM {steps} GROUP BY state",
             ),
         }
+    }
+}
+
+#[cfg(test)]
+impl InventoryStatements {
+    /// Every statement as `DB` is sent it on `table`, by name.
+    pub(super) fn sent<DB: Backend>(table: &str) -> Vec<(&'static str, String)> {
+        let sql = Self::new::<DB>(table);
+        vec![
+            ("now", sql.now),
+            ("exists", sql.exists),
+            ("with_key", sql.with_key),
+            ("by_scope", sql.by_scope),
+            ("oldest_in_progress", sql.oldest_in_progress),
+            ("steps", sql.steps),
+            ("steps_with_key", sql.steps_with_key),
+        ]
     }
 }
 

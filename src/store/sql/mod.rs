@@ -42,6 +42,8 @@ pub(crate) mod postgres;
 pub(crate) mod read_first;
 #[cfg(feature = "testing")]
 mod reference;
+#[cfg(test)]
+mod snapshot;
 #[cfg(feature = "sqlite")]
 pub(crate) mod sqlite;
 mod statements;

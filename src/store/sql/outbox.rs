@@ -140,6 +140,38 @@ impl OutboxStatements {
     }
 }
 
+#[cfg(test)]
+impl OutboxStatements {
+    /// Every statement as `DB` is sent it, by name: those that end with a
+    /// list of sequence numbers with one, and with three.
+    pub(super) fn sent<DB: Backend>(&self) -> Vec<(String, String)> {
+        let one = |name: &str, sql: &str| (name.to_owned(), numbered::<DB>(sql));
+        let mut sent = vec![
+            one("insert_fenced", &self.insert_fenced),
+            one("insert", &self.insert),
+            one("exists", &self.exists),
+            one("free", &self.free),
+            one("leased", &self.leased),
+            one("purge", &self.purge),
+            one("waiting", &self.waiting),
+            one("park", &self.park),
+            one("parked", &self.parked),
+            one("parked_count", &self.parked_count),
+        ];
+        for (name, prefix) in [
+            ("lease", &self.lease),
+            ("mark", &self.mark),
+            ("release", &self.release),
+            ("unpark", &self.unpark),
+        ] {
+            for n in [1, 3] {
+                sent.push((format!("{name}({n})"), with_list::<DB>(prefix, n)));
+            }
+        }
+        sent
+    }
+}
+
 /// `prefix` followed by a list of `n` placeholders, numbered as `DB`
 /// numbers them.
 fn with_list<DB: Backend>(prefix: &str, n: usize) -> String {

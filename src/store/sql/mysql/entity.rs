@@ -58,23 +58,7 @@ impl EntityDatabase for MySql {
         T: EntityBind<MySql> + for<'r> FromRow<'r, Self::Row> + Send + Unpin,
     {
         check_conflict::<T>(conflict)?;
-        let mut updated: Vec<&str> = T::COLUMNS
-            .iter()
-            .copied()
-            .filter(|c| !conflict.contains(c))
-            .collect();
-        if updated.is_empty() {
-            updated.push(conflict[0]);
-        }
-        let set: Vec<String> = updated
-            .iter()
-            .map(|c| format!("{0} = VALUES({0})", statements::quote::<MySql>(c)))
-            .collect();
-        let upsert = format!(
-            "{} ON DUPLICATE KEY UPDATE {}",
-            statements::insert::<MySql>(T::TABLE, T::COLUMNS),
-            set.join(", ")
-        );
+        let upsert = upsert(T::TABLE, T::COLUMNS, conflict);
         let select = statements::select_where::<MySql>(T::TABLE, conflict);
         let mut attempt = 1;
         loop {
@@ -88,6 +72,29 @@ impl EntityDatabase for MySql {
             }
         }
     }
+}
+
+/// `INSERT ... ON DUPLICATE KEY UPDATE <c> = VALUES(<c>), ...` over the
+/// columns other than the conflict's. With no other column, the first
+/// conflict column is set to itself.
+pub(crate) fn upsert(table: &str, columns: &[&str], conflict: &[&str]) -> String {
+    let mut updated: Vec<&str> = columns
+        .iter()
+        .copied()
+        .filter(|c| !conflict.contains(c))
+        .collect();
+    if updated.is_empty() {
+        updated.push(conflict[0]);
+    }
+    let set: Vec<String> = updated
+        .iter()
+        .map(|c| format!("{0} = VALUES({0})", statements::quote::<MySql>(c)))
+        .collect();
+    format!(
+        "{} ON DUPLICATE KEY UPDATE {}",
+        statements::insert::<MySql>(table, columns),
+        set.join(", ")
+    )
 }
 
 /// The upsert and the read of the row it left, in one transaction, so the
