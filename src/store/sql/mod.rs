@@ -5,8 +5,8 @@
 //!   decoding, purges, and the [`Store`](crate::store::Store) and
 //!   [`TransactionalStore`](crate::store::TransactionalStore)
 //!   implementations of [`SqlStore`];
-//! - [`journal`]: the step journal's flow, on the statements of
-//!   [`step_statements`];
+//! - [`journal`], [`outbox`], [`inventory`]: the step journal's, the
+//!   outbox's and the inventory's flows;
 //! - [`tx`]: transactions a dropped caller cannot leave open, and the
 //!   store's own short ones;
 //! - [`migrate`]: the migrations' bookkeeping (`idem_migrations` by default);
@@ -15,11 +15,12 @@
 //!   apart, PostgreSQL's listener, MariaDB's snapshot errors), and its
 //!   statements for entity mode.
 //!
-//! Where is PostgreSQL's SQL? Its own (the records statements, the clock,
-//! the migrations, the listener) in `store/sql/postgres/`. The statements
-//! every backend shares are written once, filled with each backend's
-//! placeholders, quotes and locks: the journal's in [`step_statements`],
-//! entity mode's in [`entity`], the outbox's in [`outbox`].
+//! Where is PostgreSQL's SQL? In `store/sql/postgres/`: the statements on
+//! the records table (`records.rs`), the journal (`journal.rs`), the
+//! outbox (`outbox.rs`) and an operator's inventory (`inventory.rs`), each
+//! written out in its dialect, and the clock, the migrations and the
+//! listener. Entity mode's statements are still built once, with each
+//! backend's quotes and placeholders, in [`entity`].
 
 use std::fmt::Debug;
 use std::future::Future;
@@ -47,7 +48,6 @@ mod snapshot;
 #[cfg(feature = "sqlite")]
 pub(crate) mod sqlite;
 mod statements;
-mod step_statements;
 pub(crate) mod tx;
 pub(crate) mod warm;
 
@@ -84,12 +84,15 @@ pub(crate) mod dialect {
     #![allow(unreachable_pub)] // named in `Backend`'s bounds, so `pub`; unnameable outside
 
     pub use super::exec::Exec;
-    pub use super::statements::{Statement, Statements};
+    pub use super::statements::Statement;
+    pub use super::statements::{InventorySql, JournalSql, OutboxSql, RecordsSql};
     use super::*;
     use idem_core::record::Outcome;
 
-    /// A backend's statements and true differences.
-    pub trait Dialect: Exec + Sized {
+    /// A backend's statements, one trait for each file of its folder that
+    /// holds them ([`RecordsSql`], [`JournalSql`], [`OutboxSql`],
+    /// [`InventorySql`]), and its true differences.
+    pub trait Dialect: Exec + RecordsSql + JournalSql + OutboxSql + InventorySql + Sized {
         /// Text columns are binary (MySQL's `VARBINARY`): read as bytes,
         /// checked as UTF-8.
         const TEXT_AS_BYTES: bool = false;
@@ -120,24 +123,6 @@ pub(crate) mod dialect {
         /// not on SQLite, where they queue for the database's one write
         /// lock.
         const WRITES_IN_PARALLEL: bool = true;
-        /// What a read appends to lock its row against writers until the
-        /// transaction ends (nothing where the transaction holds the whole
-        /// database: SQLite).
-        const LOCK_SHARE: &'static str = "";
-        /// What a read appends to lock its row for an update.
-        const LOCK_UPDATE: &'static str = "";
-        /// What a relay's read of the outbox appends to lock the rows it
-        /// leases and pass over those another relay is leasing (nothing
-        /// where the transaction holds the whole database: SQLite).
-        const SKIP_LOCKED: &'static str = "";
-        /// What an outbox insert ends with so that a message whose id is
-        /// there already writes nothing.
-        const OUTBOX_IGNORE_DUPLICATE: &'static str = "ON CONFLICT (message_id) DO NOTHING";
-        /// Deletes at most a batch of relayed outbox rows past their time
-        /// (`{outbox}` the table, `{now}` the clock; the batch bound).
-        const OUTBOX_PURGE: &'static str = "DELETE FROM {outbox} WHERE seq IN \
-            (SELECT seq FROM {outbox} WHERE relayed_at IS NOT NULL AND expires_at <= {now} \
-             ORDER BY seq LIMIT ?)";
 
         /// The database's clock in milliseconds since the Unix epoch, as
         /// an SQL expression.
@@ -154,9 +139,6 @@ pub(crate) mod dialect {
 
         /// The `n`th placeholder of a statement (from 1).
         fn param(n: usize) -> String;
-
-        /// The statements on `table`.
-        fn statements(table: String) -> Statements;
 
         /// How many rows a statement changed (or, on MySQL, matched).
         fn rows_affected(result: &Self::QueryResult) -> u64;

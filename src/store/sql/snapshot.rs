@@ -10,8 +10,6 @@
 
 use std::fmt::Write as _;
 
-use super::inventory::InventoryStatements;
-use super::outbox::OutboxStatements;
 use super::statements::Statement;
 use super::{Backend, DEFAULT_TABLE};
 
@@ -78,10 +76,10 @@ fn render<DB: Backend>(entity: &[(String, String)]) -> String {
     ] {
         put(&format!("journal.{name}"), sql);
     }
-    for (name, sql) in OutboxStatements::new::<DB>(DEFAULT_TABLE).sent::<DB>() {
+    for (name, sql) in super::outbox::sent::<DB>(&DB::outbox(DEFAULT_TABLE)) {
         put(&format!("outbox.{name}"), &sql);
     }
-    for (name, sql) in InventoryStatements::sent::<DB>(DEFAULT_TABLE) {
+    for (name, sql) in super::inventory::sent::<DB>(DEFAULT_TABLE) {
         put(&format!("inventory.{name}"), &sql);
     }
     for (name, sql) in entity {
@@ -115,7 +113,8 @@ fn returning_entity<DB: Backend>() -> Vec<(String, String)> {
 }
 
 /// Compares `DB`'s statements with `tests/snapshots/sql/<name>.sql`, or
-/// writes them there when `IDEM_BLESS_SQL` is set.
+/// writes them
+/// there when `IDEM_BLESS_SQL` is set.
 fn check(name: &str, rendered: &str) {
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/snapshots/sql")
