@@ -19,8 +19,7 @@
 //! the records table (`records.rs`), the journal (`journal.rs`), the
 //! outbox (`outbox.rs`) and an operator's inventory (`inventory.rs`), each
 //! written out in its dialect, and the clock, the migrations and the
-//! listener. Entity mode's statements are still built once, with each
-//! backend's quotes and placeholders, in [`entity`].
+//! listener; and entity mode's (`entity.rs`), built for each entity.
 
 use std::fmt::Debug;
 use std::future::Future;
@@ -133,9 +132,6 @@ pub(crate) mod dialect {
 
         /// What the store keeps to wake waiters in other processes.
         type Wake: Default + Debug + Send + Sync + 'static;
-
-        /// The character that quotes identifiers.
-        const QUOTE: char = '"';
 
         /// The `n`th placeholder of a statement (from 1).
         fn param(n: usize) -> String;

@@ -181,7 +181,6 @@ impl Dialect for MySql {
     const TABLE_EXISTS: &'static str = BOOKKEEPING.exists;
     type Wake = ();
 
-    const QUOTE: char = '`';
     fn param(n: usize) -> String {
         let _ = n;
         "?".to_owned()

@@ -5,12 +5,12 @@ use sha2::{Digest, Sha256};
 use sqlx::postgres::{PgConnection, PgPoolOptions, PgQueryResult, Postgres};
 
 use super::dialect::Dialect;
-use super::entity::EntityDatabase;
 use super::migrate::{self, Bookkeeping};
 use super::SqlStore;
 use crate::store::sql::tx::TxConn;
 use idem_core::error::Error;
 
+mod entity;
 mod inventory;
 mod journal;
 mod listener;
@@ -260,10 +260,6 @@ impl SqlStore<Postgres> {
         Ok(store)
     }
 }
-
-/// Entity mode with the shared `INSERT ... ON CONFLICT ... RETURNING *`
-/// statements.
-impl EntityDatabase for Postgres {}
 
 super::transactional_store!(Postgres, PgConnection);
 

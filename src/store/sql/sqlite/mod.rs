@@ -10,13 +10,13 @@ use sqlx::sqlite::{
 };
 
 use super::dialect::Dialect;
-use super::entity::EntityDatabase;
 use super::migrate::{self, Bookkeeping};
 use super::read_first::ReadFirst;
 use super::tx::{in_memory, TxConn};
 use super::SqlStore;
 use idem_core::error::Error;
 
+mod entity;
 mod inventory;
 mod journal;
 mod outbox;
@@ -243,10 +243,6 @@ impl SqlStore<Sqlite> {
         Ok(store)
     }
 }
-
-/// Entity mode with the shared `INSERT ... ON CONFLICT ... RETURNING *`
-/// statements.
-impl EntityDatabase for Sqlite {}
 
 super::transactional_store!(Sqlite, SqliteConnection);
 
