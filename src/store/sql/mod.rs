@@ -1,25 +1,51 @@
 //! The SQL backends: one folder each, on one shared skeleton.
 //!
-//! - [`flow`]: the flow every backend runs, written once: the claim →
-//!   read → decide loop, the fenced renewal, completion and release, row
-//!   decoding, purges, and the [`Store`](crate::store::Store) and
+//! Where is PostgreSQL's SQL? In `store/sql/postgres/`, all of it, and
+//! likewise for `sqlite/` and `mysql/`. Each backend's folder holds every
+//! statement it sends, written in its own dialect (quotes, placeholders,
+//! locks), as the database receives it but for the table's name
+//! (`{table}`) and the clock (`{now}`):
+//!
+//! - `records.rs`: on the records table: the claim, the reads, the fenced
+//!   renewal, completion and release, the forget and the purge;
+//! - `journal.rs`: on the step journal (`<table>_steps`);
+//! - `outbox.rs`: on the outbox (`<table>_outbox`);
+//! - `inventory.rs`: an operator's reads over a whole table;
+//! - `entity.rs`: entity mode's, built for each entity, whose table and
+//!   column names are known only at run time;
+//! - `mod.rs`: the clock (`NOW`), the migrations and their bookkeeping,
+//!   how migrators are kept apart, and how a transaction that writes
+//!   opens; PostgreSQL's `listener.rs` listens for other processes'
+//!   changes.
+//!
+//! A statement that differs between backends only in quotes and
+//! placeholders is written out in each. One statement is the same on all
+//! three, and is written once: the inventory's read of the clock,
+//! `SELECT {now}` ([`inventory`]), each backend with its own `NOW`. What
+//! each statement is for, and the order in which its values are bound, is
+//! said once too, on the types that hold them ([`statements`]). Every
+//! statement each backend sends but its migrations is kept, byte for
+//! byte, in `tests/snapshots/sql/<backend>.sql`, which a test compares
+//! with what the code builds.
+//!
+//! The skeleton every backend runs, written once:
+//!
+//! - [`flow`]: the records' flow: the claim → read → decide loop, the
+//!   fenced renewal, completion and release, row decoding, purges, and
+//!   the [`Store`](crate::store::Store) and
 //!   [`TransactionalStore`](crate::store::TransactionalStore)
 //!   implementations of [`SqlStore`];
 //! - [`journal`], [`outbox`], [`inventory`]: the step journal's, the
 //!   outbox's and the inventory's flows;
+//! - [`entity`]: entity mode's model, and the flow of its statements
+//!   where the database answers the rows it writes;
 //! - [`tx`]: transactions a dropped caller cannot leave open, and the
 //!   store's own short ones;
-//! - [`migrate`]: the migrations' bookkeeping (`idem_migrations` by default);
-//! - `sqlite/`, `postgres/`, `mysql/`: each backend's SQL and its true
-//!   differences (its clock, its claim statement, how migrators are kept
-//!   apart, PostgreSQL's listener, MariaDB's snapshot errors), and its
-//!   statements for entity mode.
-//!
-//! Where is PostgreSQL's SQL? In `store/sql/postgres/`: the statements on
-//! the records table (`records.rs`), the journal (`journal.rs`), the
-//! outbox (`outbox.rs`) and an operator's inventory (`inventory.rs`), each
-//! written out in its dialect, and the clock, the migrations and the
-//! listener; and entity mode's (`entity.rs`), built for each entity.
+//! - [`migrate`]: the migrations' bookkeeping (`idem_migrations` by
+//!   default);
+//! - [`Dialect`](dialect::Dialect): what a backend supplies: its
+//!   statements and its true differences (its clock, how it numbers
+//!   placeholders, its limits, the errors it answers with).
 
 use std::fmt::Debug;
 use std::future::Future;
@@ -117,7 +143,7 @@ pub(crate) mod dialect {
         /// The statement that opens a transaction that writes (SQLite:
         /// `BEGIN IMMEDIATE`, the write lock from the start, since a
         /// deferred transaction that read first cannot always be upgraded).
-        const BEGIN_WRITE: &'static str = "BEGIN";
+        const BEGIN_WRITE: &'static str;
         /// Writes of several connections can proceed at once (row locks);
         /// not on SQLite, where they queue for the database's one write
         /// lock.

@@ -1,9 +1,10 @@
 //! Every statement each backend sends, byte for byte, compared with the
 //! copy kept in `tests/snapshots/sql/<backend>.sql`: where a statement's
 //! text lives may change, what the database receives may not, unless the
-//! copy is changed with it (and the change then shows in review). The
-//! records, the journal, the outbox and the inventory on the default
-//! table, and entity mode on an example entity.
+//! copy is changed with it (and the change then shows in review): how a
+//! transaction that writes opens, the records, the journal, the outbox and
+//! the inventory on the default table, and entity mode on an example
+//! entity. (The migrations, sent once, are not in it.)
 //!
 //! `IDEM_BLESS_SQL=1 cargo test -p idem --all-features --lib snapshot`
 //! writes the copies anew.
@@ -35,6 +36,7 @@ fn render<DB: Backend + EntitySql>(reads_back: bool) -> String {
     let mut put = |name: &str, sql: &str| {
         writeln!(out, "-- {name}\n{sql}\n").unwrap();
     };
+    put("begin_write", DB::BEGIN_WRITE);
     let s = DB::statements(DEFAULT_TABLE.to_owned());
     let with_params = |s: &Statement| format!("{:?}", s.params);
     let mut records: Vec<(String, &Statement)> = vec![

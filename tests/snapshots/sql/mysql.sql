@@ -1,3 +1,6 @@
+-- begin_write
+BEGIN
+
 -- records.claim, returns Record [Scope, Key, Fingerprint, Lease, Token, Lease, Ttl]
 INSERT INTO `idem_records`
         (scope, `key`, fingerprint, state, fence, lease_until, claim_token, created_at, expires_at)

@@ -1,3 +1,6 @@
+-- begin_write
+BEGIN
+
 -- records.claim, returns Record [Scope, Key, Fingerprint, Token, Lease, Ttl]
 WITH c AS (SELECT (EXTRACT(EPOCH FROM clock_timestamp()) * 1000)::BIGINT AS now),
     held AS (

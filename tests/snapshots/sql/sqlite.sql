@@ -1,3 +1,6 @@
+-- begin_write
+BEGIN IMMEDIATE
+
 -- records.claim, returns Fence [Scope, Key, Fingerprint, Token, Lease, Ttl]
 INSERT INTO "idem_records"
         (scope, key, fingerprint, state, fence, claim_token, lease_until,

@@ -1,5 +1,10 @@
-//! MySQL and MariaDB: their records statements, clock and migrations, the
-//! errors InnoDB answers with, and entity mode's statements ([`entity`]).
+//! MySQL and MariaDB, and all of their SQL: the statements on the records
+//! table ([`records`]), on the step journal ([`journal`]), on the outbox
+//! ([`outbox`]), an operator's reads ([`inventory`]) and entity mode's,
+//! with how they run without `RETURNING` ([`entity`]); here, their clock
+//! ([`NOW`]), their migrations and bookkeeping, the named lock that keeps
+//! migrators apart, the limits of a statement, and the errors InnoDB
+//! answers with ([`Dialect`]).
 
 use sqlx::mysql::{MySql, MySqlConnection, MySqlPoolOptions, MySqlQueryResult};
 
@@ -168,6 +173,7 @@ const PACKET_SLACK: usize = 4096;
 const PACKET_ASKED_FROM: usize = 256 * 1024;
 
 impl Dialect for MySql {
+    const BEGIN_WRITE: &'static str = "BEGIN";
     const TEXT_AS_BYTES: bool = true;
     // A read before the claim only while duplicates are common: the
     // claim's upsert answers the record holding the key (RETURNING), and

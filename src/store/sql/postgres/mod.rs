@@ -1,5 +1,10 @@
-//! PostgreSQL: its records statements, clock, migrations and listener
-//! ([`listener`]); entity mode runs its shared `ON CONFLICT` statements.
+//! PostgreSQL, and all of its SQL: the statements on the records table
+//! ([`records`]), on the step journal ([`journal`]), on the outbox
+//! ([`outbox`]), an operator's reads ([`inventory`]) and entity mode's
+//! ([`entity`]); here, its clock ([`NOW`]), its migrations and their
+//! bookkeeping, the advisory lock that keeps migrators apart, and its
+//! true differences ([`Dialect`]); and the listener that wakes waiters
+//! in other processes ([`listener`]).
 
 use sha2::{Digest, Sha256};
 use sqlx::postgres::{PgConnection, PgPoolOptions, PgQueryResult, Postgres};
@@ -159,6 +164,7 @@ const NOW: &str = "(EXTRACT(EPOCH FROM clock_timestamp()) * 1000)::BIGINT";
 const MIGRATION_LOCK: i64 = 0x6964_656d_6d69_6772;
 
 impl Dialect for Postgres {
+    const BEGIN_WRITE: &'static str = "BEGIN";
     const PEEK_IN_CALLER: bool = true;
     const CLAIM_LOCKS_ONLY_ITS_OWN: bool = true;
     const CLAIM_KEEPS_JOURNAL: bool = true;

@@ -1,5 +1,9 @@
-//! SQLite, the embedded default: its records statements, clock and
-//! migrations; entity mode runs its shared `ON CONFLICT` statements.
+//! SQLite, the embedded default, and all of its SQL: the statements on
+//! the records table ([`records`]), on the step journal ([`journal`]), on
+//! the outbox ([`outbox`]), an operator's reads ([`inventory`]) and entity
+//! mode's ([`entity`]); here, its clock ([`NOW`]), its migrations and
+//! their bookkeeping, and its true differences ([`Dialect`]): one write
+//! at a time, which `BEGIN IMMEDIATE` takes from the start.
 
 use std::str::FromStr;
 use std::time::Duration;

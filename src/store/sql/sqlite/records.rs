@@ -8,9 +8,10 @@ use sqlx::Sqlite;
 use super::NOW;
 use crate::store::sql::statements::{ClaimReturns, JournalSql, Numbered, RecordsSql, Statements};
 
-/// `WHERE true` tells SQLite's parser that `ON CONFLICT` belongs to the
-/// upsert, not to the SELECT's join. The upsert also takes over a free
-/// record: no separate take-over.
+/// The claim: one upsert, which also takes over a free record (expired,
+/// or in progress with a lapsed lease and the same payload), answering the
+/// fence; no separate take-over. `WHERE true` tells SQLite's parser that
+/// `ON CONFLICT` belongs to the upsert, not to the SELECT's join.
 const CLAIM: &str = r#"INSERT INTO "{table}"
         (scope, key, fingerprint, state, fence, claim_token, lease_until,
          created_at, expires_at)
