@@ -46,7 +46,7 @@ impl<DB: Backend> Outbox<DB> {
     pub fn new(store: &SqlStore<DB>) -> Self {
         Outbox {
             store: store.clone(),
-            sql: Arc::new(OutboxStatements::new::<DB>(&store.sql.table)),
+            sql: Arc::new(DB::outbox(&store.sql.table)),
         }
     }
 

@@ -1,8 +1,8 @@
-//! Entity mode's model and statements: the traits a business row
-//! implements (`#[derive(idem::Entity)]` writes them), the databases it
-//! runs on, the checks on its names, and the statements, written once with
-//! each backend's [`Dialect`] quoting names and numbering parameters.
-//! The flow that runs them is [`crate::entity`]'s.
+//! Entity mode's model: the traits a business row implements
+//! (`#[derive(idem::Entity)]` writes them), the databases it runs on, the
+//! checks on its names, and the trait by which each backend builds its
+//! statements ([`EntitySql`], in `<backend>/entity.rs`). The flow
+//! that runs them is [`crate::entity`]'s.
 
 use std::collections::HashSet;
 use std::future::Future;
@@ -11,7 +11,6 @@ use std::sync::{Arc, OnceLock};
 use sqlx::error::BoxDynError;
 use sqlx::{Database, FromRow, Pool};
 
-use super::dialect::Dialect;
 use super::exec::Value;
 use super::flow::validate_table_name;
 use super::{Backend, SqlStore};
@@ -20,73 +19,58 @@ use idem_core::fingerprint::Fingerprint;
 
 use idem_core::key::{Key, KeyError};
 
-/// `name` quoted as an identifier.
-pub(crate) fn quote<DB: Dialect>(name: &str) -> String {
-    format!("{q}{name}{q}", q = DB::QUOTE)
+/// Entity mode's statements on a backend: built for each entity, whose
+/// table and column names are known only at run time, by the backend
+/// (`<backend>/entity.rs`), with its quotes and placeholders. The names
+/// are checked first ([`check_names`], [`check_conflict`]). Sealed, as
+/// [`Backend`] is.
+pub trait EntitySql {
+    /// The rows whose `columns` hold the values bound, in order:
+    /// `SELECT * FROM <table> WHERE <c1> = <p1> AND ...`.
+    fn select_where(table: &str, columns: &[&str]) -> String;
+
+    /// Inserts a row of `columns`, bound in order. Where the backend
+    /// answers inserted rows (SQLite, PostgreSQL), the row as stored, or
+    /// nothing when a row holds its `token` already; elsewhere (MySQL) a
+    /// plain insert, whose duplicate token the flow catches.
+    fn insert(table: &str, columns: &[&str], token: &str) -> String;
+
+    /// Inserts a row of `columns`, bound in order, or updates the row it
+    /// conflicts with on `conflict` to the values of the
+    /// [`updated_columns`]. Where the backend answers written rows
+    /// (SQLite, PostgreSQL), the row as stored; elsewhere (MySQL) the flow
+    /// reads it back with [`select_where`](Self::select_where).
+    fn upsert(table: &str, columns: &[&str], conflict: &[&str]) -> String;
 }
 
-/// `SELECT * FROM <table> WHERE <c1> = <p1> AND ...`.
-pub(crate) fn select_where<DB: Dialect>(table: &str, columns: &[&str]) -> String {
-    let conditions: Vec<String> = columns
-        .iter()
-        .enumerate()
-        .map(|(i, c)| format!("{} = {}", quote::<DB>(c), DB::param(i + 1)))
-        .collect();
-    format!(
-        "SELECT * FROM {} WHERE {}",
-        quote::<DB>(table),
-        conditions.join(" AND ")
-    )
-}
-
-/// `INSERT INTO <table> (<columns>) VALUES (<params>)`.
-pub(crate) fn insert<DB: Dialect>(table: &str, columns: &[&str]) -> String {
-    let names: Vec<String> = columns.iter().map(|c| quote::<DB>(c)).collect();
-    let params: Vec<String> = (1..=columns.len()).map(DB::param).collect();
-    format!(
-        "INSERT INTO {} ({}) VALUES ({})",
-        quote::<DB>(table),
-        names.join(", "),
-        params.join(", ")
-    )
-}
-
-/// `INSERT ... ON CONFLICT (<keys>) DO UPDATE SET ... RETURNING *`.
-pub(crate) fn upsert_returning<DB: Dialect>(
-    table: &str,
-    columns: &[&str],
-    keys: &[&str],
-) -> String {
-    format!(
-        "{} {} RETURNING *",
-        insert::<DB>(table, columns),
-        on_conflict_update::<DB>(keys, columns)
-    )
-}
-
-/// `ON CONFLICT (<keys>) DO UPDATE SET <c> = excluded.<c>, ...` over the
-/// columns other than the keys (PostgreSQL and SQLite). With no other
-/// column, the first key is set to itself, so that `RETURNING` still
-/// answers the row.
-pub(crate) fn on_conflict_update<DB: Dialect>(keys: &[&str], columns: &[&str]) -> String {
-    let quoted: Vec<String> = keys.iter().map(|k| quote::<DB>(k)).collect();
+/// The columns an upsert on `conflict` updates: those of `columns` not in
+/// `conflict`; with no other column, the first conflict column, set to
+/// itself, so that the written row is still answered.
+pub(crate) fn updated_columns<'a>(columns: &[&'a str], conflict: &[&'a str]) -> Vec<&'a str> {
     let mut updated: Vec<&str> = columns
         .iter()
         .copied()
-        .filter(|c| !keys.contains(c))
+        .filter(|c| !conflict.contains(c))
         .collect();
     if updated.is_empty() {
-        updated.push(keys[0]);
+        updated.push(conflict[0]);
     }
-    let set: Vec<String> = updated
+    updated
+}
+
+/// `names`, each written by `write` with its number (from 1), joined by
+/// `separator`: the lists of entity mode's statements.
+pub(crate) fn listed(
+    names: &[&str],
+    separator: &str,
+    write: impl Fn(usize, &str) -> String,
+) -> String {
+    let written: Vec<String> = names
         .iter()
-        .map(|c| format!("{0} = excluded.{0}", quote::<DB>(c)))
+        .enumerate()
+        .map(|(i, name)| write(i + 1, name))
         .collect();
-    format!(
-        "ON CONFLICT ({}) DO UPDATE SET {}",
-        quoted.join(", "),
-        set.join(", ")
-    )
+    written.join(separator)
 }
 
 /// A business table, as `#[derive(idem::Entity)]` describes it.
@@ -206,7 +190,7 @@ impl<T: RequestHash> RequestHash for Option<T> {
 
 /// The databases entity mode and upserts run on: `Sqlite`, `Postgres` and
 /// `MySql`, each with its backend's feature.
-pub trait EntityDatabase: Backend {
+pub trait EntityDatabase: Backend + EntitySql {
     /// The records store holding entity mode's claims, in the pool's
     /// database (table `idem_entity_claims`, created on first use). Made
     /// per call, it keeps no connection warm.
@@ -249,15 +233,16 @@ pub trait EntityDatabase: Backend {
     {
         async move {
             check_token_names::<T>()?;
-            let find = select_where::<Self>(T::TABLE, &[T::TOKEN_COLUMN]);
+            let find = Self::select_where(T::TABLE, &[T::TOKEN_COLUMN]);
             let row = Self::fetch_row(conn, &find, vec![Value::Text(token.as_str())]).await?;
             Ok(row.map(|row| T::from_row(&row)).transpose()?)
         }
     }
 
     /// Inserts the entity on `conn` and answers the row as stored, or
-    /// `None` when a row holds its token already: `INSERT ... ON CONFLICT
-    /// (<token>) DO NOTHING RETURNING *` (SQLite, PostgreSQL).
+    /// `None` when a row holds its token already, with the backend's
+    /// [`insert`](EntitySql::insert), which answers both (SQLite,
+    /// PostgreSQL).
     #[doc(hidden)]
     fn insert_entity<'c, T>(
         conn: &'c mut Self::Connection,
@@ -267,11 +252,7 @@ pub trait EntityDatabase: Backend {
         T: TokenEntity + EntityBind<Self> + for<'r> FromRow<'r, Self::Row> + Send + Unpin,
     {
         async move {
-            let insert = format!(
-                "{} ON CONFLICT ({}) DO NOTHING RETURNING *",
-                insert::<Self>(T::TABLE, T::COLUMNS),
-                quote::<Self>(T::TOKEN_COLUMN)
-            );
+            let insert = Self::insert(T::TABLE, T::COLUMNS, T::TOKEN_COLUMN);
             let args = arguments::<Self, T>(entity, T::COLUMNS)?;
             let row = Self::fetch_row_with(conn, &insert, args).await?;
             Ok(row.map(|row| T::from_row(&row)).transpose()?)
@@ -279,8 +260,9 @@ pub trait EntityDatabase: Backend {
     }
 
     /// Inserts the entity, or updates the row it conflicts with on
-    /// `conflict`, and answers the row as stored: `INSERT ... ON CONFLICT
-    /// (<conflict>) DO UPDATE ... RETURNING *` (SQLite, PostgreSQL).
+    /// `conflict`, and answers the row as stored, with the backend's
+    /// [`upsert`](EntitySql::upsert), which answers it (SQLite,
+    /// PostgreSQL).
     #[doc(hidden)]
     fn upsert_entity<T>(
         pool: &Pool<Self>,
@@ -292,7 +274,7 @@ pub trait EntityDatabase: Backend {
     {
         async move {
             check_conflict::<T>(conflict)?;
-            let upsert = upsert_returning::<Self>(T::TABLE, T::COLUMNS, conflict);
+            let upsert = Self::upsert(T::TABLE, T::COLUMNS, conflict);
             let mut conn = pool.acquire().await?;
             let args = arguments::<Self, T>(entity, T::COLUMNS)?;
             let row = Self::fetch_row_with(&mut conn, &upsert, args).await?;

@@ -1,13 +1,13 @@
 //! [`Inventory`] on the SQL backends: an operator's reads over a whole
-//! records table and its journal, written once for every backend with its
-//! clock ([`Dialect::NOW`](super::dialect::Dialect::NOW)) and its quoting.
+//! records table and its journal, on each backend's statements
+//! ([`InventoryStatements`], in `<backend>/inventory.rs`).
 
 use async_trait::async_trait;
 
 use super::exec::Value;
 use super::flow::{record_from_row, Columns};
 use super::journal::decode;
-use super::step_statements::{numbered, steps_table};
+use super::statements::InventoryStatements;
 use super::{Backend, SqlStore};
 use crate::admin::{Inventory, ScopeStats, Stats, StepStats};
 use idem_core::error::Error;
@@ -15,64 +15,52 @@ use idem_core::journal::{StepRecord, StepState};
 use idem_core::key::Key;
 use idem_core::record::{Millis, Record, State};
 
-/// The statements of [`Inventory`] on one records table.
-struct InventoryStatements {
-    now: String,
-    exists: String,
-    with_key: String,
-    by_scope: String,
-    oldest_in_progress: String,
-    steps: String,
-    steps_with_key: String,
-}
-
-impl InventoryStatements {
-    fn new<DB: Backend>(table: &str) -> Self {
-        let q = DB::QUOTE;
-        let fill = |sql: &str| {
-            let sql = sql
-                .replace("{records}", &format!("{q}{table}{q}"))
-                .replace("{steps}", &format!("{q}{}{q}", steps_table(table)))
-                .replace("{key}", &format!("{q}key{q}"))
-                .replace("{now}", DB::NOW);
-            numbered::<DB>(&sql)
-        };
-        const COLUMNS: &str = "scope, {key}, fingerprint, state, fence, claim_token, \
-                               lease_until, outcome_kind, outcome, created_at, expires_at";
-        InventoryStatements {
-            now: fill("SELECT {now}"),
-            // The name is checked (`validate_table_name`): it cannot end
-            // the quoted literal.
-            exists: DB::TABLE_EXISTS.replace("{table}", table),
-            with_key: fill(&format!(
-                "SELECT {COLUMNS} FROM {{records}} WHERE {{key}} = ? ORDER BY scope"
-            )),
-            by_scope: fill(
-                "SELECT scope, state, COUNT(*) AS n, \
-                 COUNT(CASE WHEN expires_at <= {now} THEN 1 END) AS expired \
-                 FROM {records} GROUP BY scope, state ORDER BY scope",
-            ),
-            oldest_in_progress: fill(&format!(
-                "SELECT {COLUMNS} FROM {{records}} WHERE state = 'in_progress' \
-                 ORDER BY created_at LIMIT 1"
-            )),
-            steps_with_key: fill(&format!(
-                "SELECT {} FROM {{steps}} WHERE {{key}} = ? ORDER BY scope, seq",
-                super::step_statements::COLUMNS
-            )),
-            steps: fill(
-                "SELECT state, COUNT(*) AS n, \
-                 COUNT(CASE WHEN expires_at <= {now} THEN 1 END) AS expired \
-                 FROM {steps} GROUP BY state",
-            ),
-        }
-    }
-}
+/// Reads the database's clock: the one statement of the inventory every
+/// backend shares, each with its own clock
+/// ([`Dialect::NOW`](super::dialect::Dialect::NOW)).
+const CLOCK: &str = "SELECT {now}";
 
 impl<DB: Backend> SqlStore<DB> {
+    /// The inventory's statements on this store's table
+    /// (`<backend>/inventory.rs`).
     fn inventory_sql(&self) -> InventoryStatements {
-        InventoryStatements::new::<DB>(&self.sql.table)
+        DB::inventory(&self.sql.table)
     }
+
+    /// Reads the database's clock.
+    async fn clock(&self, conn: &mut DB::Connection) -> Result<Millis, Error> {
+        DB::fetch_int(conn, &clock::<DB>(), Vec::new())
+            .await?
+            .ok_or_else(|| Error::store("the database's clock read NULL"))
+    }
+}
+
+/// [`CLOCK`] on `DB`.
+fn clock<DB: Backend>() -> String {
+    CLOCK.replace("{now}", DB::NOW)
+}
+
+/// Counts the tables named `table`: the backend's own statement, which its
+/// migrations send too. The name is checked (`validate_table_name`): it
+/// cannot end the quoted literal.
+fn table_exists<DB: Backend>(table: &str) -> String {
+    DB::TABLE_EXISTS.replace("{table}", table)
+}
+
+/// Every statement of the inventory as `DB` is sent it on `table`, by
+/// name.
+#[cfg(test)]
+pub(super) fn sent<DB: Backend>(table: &str) -> Vec<(&'static str, String)> {
+    let sql = DB::inventory(table);
+    vec![
+        ("now", clock::<DB>()),
+        ("exists", table_exists::<DB>(table)),
+        ("with_key", sql.with_key),
+        ("by_scope", sql.by_scope),
+        ("oldest_in_progress", sql.oldest_in_progress),
+        ("steps", sql.steps),
+        ("steps_with_key", sql.steps_with_key),
+    ]
 }
 
 /// A count as `u64` (a negative one is no count this library wrote).
@@ -84,14 +72,13 @@ fn count<DB: Backend>(columns: &Columns<'_, DB>, column: &str) -> Result<u64, Er
 impl<DB: Backend> Inventory for SqlStore<DB> {
     async fn now(&self) -> Result<Millis, Error> {
         let mut conn = self.pool.acquire().await?;
-        DB::fetch_int(&mut conn, &self.inventory_sql().now, Vec::new())
-            .await?
-            .ok_or_else(|| Error::store("the database's clock read NULL"))
+        self.clock(&mut conn).await
     }
 
     async fn is_set_up(&self) -> Result<bool, Error> {
         let mut conn = self.pool.acquire().await?;
-        let tables = DB::fetch_int(&mut conn, &self.inventory_sql().exists, Vec::new()).await?;
+        let exists = table_exists::<DB>(&self.sql.table);
+        let tables = DB::fetch_int(&mut conn, &exists, Vec::new()).await?;
         Ok(tables.unwrap_or(0) > 0)
     }
 
@@ -115,9 +102,7 @@ impl<DB: Backend> Inventory for SqlStore<DB> {
     async fn stats(&self) -> Result<Stats, Error> {
         let sql = self.inventory_sql();
         let mut conn = self.pool.acquire().await?;
-        let now = DB::fetch_int(&mut conn, &sql.now, Vec::new())
-            .await?
-            .ok_or_else(|| Error::store("the database's clock read NULL"))?;
+        let now = self.clock(&mut conn).await?;
         let mut scopes: Vec<ScopeStats> = Vec::new();
         for row in DB::fetch_all(&mut conn, &sql.by_scope, Vec::new()).await? {
             let columns = Columns::<DB>::new(&row, "count of records");

@@ -17,7 +17,7 @@
 
 use super::exec::Value;
 use super::flow::Columns;
-use super::step_statements::StepStatements;
+use super::statements::StepStatements;
 use super::tx::in_transaction;
 use super::{Backend, SqlStore};
 use idem_core::error::Error;

@@ -1,25 +1,51 @@
 //! The SQL backends: one folder each, on one shared skeleton.
 //!
-//! - [`flow`]: the flow every backend runs, written once: the claim →
-//!   read → decide loop, the fenced renewal, completion and release, row
-//!   decoding, purges, and the [`Store`](crate::store::Store) and
+//! Where is PostgreSQL's SQL? In `store/sql/postgres/`, all of it, and
+//! likewise for `sqlite/` and `mysql/`. Each backend's folder holds every
+//! statement it sends, written in its own dialect (quotes, placeholders,
+//! locks), as the database receives it but for the table's name
+//! (`{table}`) and the clock (`{now}`):
+//!
+//! - `records.rs`: on the records table: the claim, the reads, the fenced
+//!   renewal, completion and release, the forget and the purge;
+//! - `journal.rs`: on the step journal (`<table>_steps`);
+//! - `outbox.rs`: on the outbox (`<table>_outbox`);
+//! - `inventory.rs`: an operator's reads over a whole table;
+//! - `entity.rs`: entity mode's, built for each entity, whose table and
+//!   column names are known only at run time;
+//! - `mod.rs`: the clock (`NOW`), the migrations and their bookkeeping,
+//!   how migrators are kept apart, and how a transaction that writes
+//!   opens; PostgreSQL's `listener.rs` listens for other processes'
+//!   changes.
+//!
+//! A statement that differs between backends only in quotes and
+//! placeholders is written out in each. One statement is the same on all
+//! three, and is written once: the inventory's read of the clock,
+//! `SELECT {now}` ([`inventory`]), each backend with its own `NOW`. What
+//! each statement is for, and the order in which its values are bound, is
+//! said once too, on the types that hold them ([`statements`]). Every
+//! statement each backend sends but its migrations is kept, byte for
+//! byte, in `tests/snapshots/sql/<backend>.sql`, which a test compares
+//! with what the code builds.
+//!
+//! The skeleton every backend runs, written once:
+//!
+//! - [`flow`]: the records' flow: the claim → read → decide loop, the
+//!   fenced renewal, completion and release, row decoding, purges, and
+//!   the [`Store`](crate::store::Store) and
 //!   [`TransactionalStore`](crate::store::TransactionalStore)
 //!   implementations of [`SqlStore`];
-//! - [`journal`]: the step journal's flow, on the statements of
-//!   [`step_statements`];
+//! - [`journal`], [`outbox`], [`inventory`]: the step journal's, the
+//!   outbox's and the inventory's flows;
+//! - [`entity`]: entity mode's model, and the flow of its statements
+//!   where the database answers the rows it writes;
 //! - [`tx`]: transactions a dropped caller cannot leave open, and the
 //!   store's own short ones;
-//! - [`migrate`]: the migrations' bookkeeping (`idem_migrations` by default);
-//! - `sqlite/`, `postgres/`, `mysql/`: each backend's SQL and its true
-//!   differences (its clock, its claim statement, how migrators are kept
-//!   apart, PostgreSQL's listener, MariaDB's snapshot errors), and its
-//!   statements for entity mode.
-//!
-//! Where is PostgreSQL's SQL? Its own (the records statements, the clock,
-//! the migrations, the listener) in `store/sql/postgres/`. The statements
-//! every backend shares are written once, filled with each backend's
-//! placeholders, quotes and locks: the journal's in [`step_statements`],
-//! entity mode's in [`entity`], the outbox's in [`outbox`].
+//! - [`migrate`]: the migrations' bookkeeping (`idem_migrations` by
+//!   default);
+//! - [`Dialect`](dialect::Dialect): what a backend supplies: its
+//!   statements and its true differences (its clock, how it numbers
+//!   placeholders, its limits, the errors it answers with).
 
 use std::fmt::Debug;
 use std::future::Future;
@@ -43,10 +69,11 @@ pub(crate) mod postgres;
 pub(crate) mod read_first;
 #[cfg(feature = "testing")]
 mod reference;
+#[cfg(test)]
+mod snapshot;
 #[cfg(feature = "sqlite")]
 pub(crate) mod sqlite;
 mod statements;
-mod step_statements;
 pub(crate) mod tx;
 pub(crate) mod warm;
 
@@ -83,12 +110,15 @@ pub(crate) mod dialect {
     #![allow(unreachable_pub)] // named in `Backend`'s bounds, so `pub`; unnameable outside
 
     pub use super::exec::Exec;
-    pub use super::statements::{Statement, Statements};
+    pub use super::statements::Statement;
+    pub use super::statements::{InventorySql, JournalSql, OutboxSql, RecordsSql};
     use super::*;
     use idem_core::record::Outcome;
 
-    /// A backend's statements and true differences.
-    pub trait Dialect: Exec + Sized {
+    /// A backend's statements, one trait for each file of its folder that
+    /// holds them ([`RecordsSql`], [`JournalSql`], [`OutboxSql`],
+    /// [`InventorySql`]), and its true differences.
+    pub trait Dialect: Exec + RecordsSql + JournalSql + OutboxSql + InventorySql + Sized {
         /// Text columns are binary (MySQL's `VARBINARY`): read as bytes,
         /// checked as UTF-8.
         const TEXT_AS_BYTES: bool = false;
@@ -114,29 +144,11 @@ pub(crate) mod dialect {
         /// The statement that opens a transaction that writes (SQLite:
         /// `BEGIN IMMEDIATE`, the write lock from the start, since a
         /// deferred transaction that read first cannot always be upgraded).
-        const BEGIN_WRITE: &'static str = "BEGIN";
+        const BEGIN_WRITE: &'static str;
         /// Writes of several connections can proceed at once (row locks);
         /// not on SQLite, where they queue for the database's one write
         /// lock.
         const WRITES_IN_PARALLEL: bool = true;
-        /// What a read appends to lock its row against writers until the
-        /// transaction ends (nothing where the transaction holds the whole
-        /// database: SQLite).
-        const LOCK_SHARE: &'static str = "";
-        /// What a read appends to lock its row for an update.
-        const LOCK_UPDATE: &'static str = "";
-        /// What a relay's read of the outbox appends to lock the rows it
-        /// leases and pass over those another relay is leasing (nothing
-        /// where the transaction holds the whole database: SQLite).
-        const SKIP_LOCKED: &'static str = "";
-        /// What an outbox insert ends with so that a message whose id is
-        /// there already writes nothing.
-        const OUTBOX_IGNORE_DUPLICATE: &'static str = "ON CONFLICT (message_id) DO NOTHING";
-        /// Deletes at most a batch of relayed outbox rows past their time
-        /// (`{outbox}` the table, `{now}` the clock; the batch bound).
-        const OUTBOX_PURGE: &'static str = "DELETE FROM {outbox} WHERE seq IN \
-            (SELECT seq FROM {outbox} WHERE relayed_at IS NOT NULL AND expires_at <= {now} \
-             ORDER BY seq LIMIT ?)";
 
         /// The database's clock in milliseconds since the Unix epoch, as
         /// an SQL expression.
@@ -148,14 +160,8 @@ pub(crate) mod dialect {
         /// What the store keeps to wake waiters in other processes.
         type Wake: Default + Debug + Send + Sync + 'static;
 
-        /// The character that quotes identifiers.
-        const QUOTE: char = '"';
-
         /// The `n`th placeholder of a statement (from 1).
         fn param(n: usize) -> String;
-
-        /// The statements on `table`.
-        fn statements(table: String) -> Statements;
 
         /// How many rows a statement changed (or, on MySQL, matched).
         fn rows_affected(result: &Self::QueryResult) -> u64;

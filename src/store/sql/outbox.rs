@@ -1,7 +1,8 @@
 //! The transactional outbox on the SQL backends: a table beside the
 //! records table (`<records table>_outbox`), created by the store's
-//! migrations, and the statements every backend shares (see
-//! [`crate::outbox`] for what they are for).
+//! migrations, and the flow every backend shares (see [`crate::outbox`]
+//! for what it is for), on each backend's statements
+//! ([`OutboxStatements`], in `<backend>/outbox.rs`).
 //!
 //! A relay leases rows in one short transaction: it reads the oldest rows
 //! that are neither relayed nor leased (PostgreSQL and MariaDB skip rows
@@ -11,149 +12,58 @@
 //! decided with the database's clock, so a relay that died holds its rows
 //! only until its lease ends. A row is marked relayed by its sequence
 //! number alone, whoever leases it now: the broker acknowledged it.
-#![allow(unreachable_pub)] // named by the sealed `Dialect`, so `pub`; unnameable outside
 
 use super::exec::Value;
-use super::step_statements::numbered;
+pub(crate) use super::statements::OutboxStatements;
 use super::{Backend, SqlStore};
 use idem_core::error::Error;
 use idem_core::record::{duration_millis, Claim, ClaimToken};
 
-/// The outbox table of the records table `table`.
-pub(crate) fn outbox_table(table: &str) -> String {
-    format!("{table}_outbox")
-}
-
-/// The columns a relay reads.
-const COLUMNS: &str = "seq, message_id, topic, message_key, payload, headers, attempts";
-
-/// A backend's statements on one outbox table, with `?` placeholders
-/// (numbered when run: some take a list of sequence numbers).
-#[derive(Debug)]
-pub struct OutboxStatements {
-    /// The table's name.
-    pub(crate) table: String,
-    /// A message, written while the operation's record is in progress
-    /// under its claim (read with a shared lock): message id, topic, key,
-    /// payload, headers, ttl, then the record's scope, key, token.
-    insert_fenced: String,
-    /// A message, unfenced (entity mode, whose transaction completes the
-    /// claim): message id, topic, key, payload, headers, ttl.
-    insert: String,
-    /// Whether a message id is in the table: message id.
-    exists: String,
-    /// The oldest rows a relay may lease: batch.
-    free: String,
-    /// Leases rows: lease, token, then the sequence numbers.
-    lease: String,
-    /// The rows a lease holds: token.
-    leased: String,
-    /// Marks rows relayed: the sequence numbers.
-    mark: String,
-    /// Gives leased rows back: token, then the sequence numbers.
-    release: String,
-    /// Deletes at most a batch of relayed rows past their time: batch.
-    purge: String,
-    /// How many rows wait to be relayed (parked rows do not).
-    waiting: String,
-    /// Parks a leased row: reason, token, sequence number.
-    park: String,
-    /// The oldest parked rows, with their reason: batch.
-    parked: String,
-    /// How many rows are parked.
-    parked_count: String,
-    /// Unparks rows: the sequence numbers.
-    unpark: String,
-}
-
-impl OutboxStatements {
-    /// The statements on `<table>_outbox` for `DB`.
-    pub(crate) fn new<DB: Backend>(table: &str) -> Self {
-        let q = DB::QUOTE;
-        let outbox = format!("{q}{}{q}", outbox_table(table));
-        let fill = |sql: &str| {
-            sql.replace("{columns}", COLUMNS)
-                .replace("{records}", &format!("{q}{table}{q}"))
-                .replace("{outbox}", &outbox)
-                .replace("{key}", &format!("{q}key{q}"))
-                .replace("{now}", DB::NOW)
-                .replace("{share}", DB::LOCK_SHARE)
-                .replace("{skip_locked}", DB::SKIP_LOCKED)
-                .replace("{ignore}", DB::OUTBOX_IGNORE_DUPLICATE)
-        };
-        let insert_columns = "INSERT INTO {outbox} (message_id, topic, message_key, payload, \
-                              headers, attempts, created_at, expires_at) ";
-        OutboxStatements {
-            table: outbox_table(table),
-            insert_fenced: fill(&format!(
-                "{insert_columns}SELECT ?, ?, ?, ?, ?, 0, {{now}}, {{now}} + ? \
-                 FROM {{records}} AS r WHERE r.scope = ? AND r.{{key}} = ? \
-                 AND r.claim_token = ? AND r.state = 'in_progress'{{share}} {{ignore}}"
-            )),
-            insert: fill(&format!(
-                "{insert_columns}SELECT ?, ?, ?, ?, ?, 0, {{now}}, {{now}} + ? \
-                 FROM (SELECT 1 AS one) AS r WHERE true {{ignore}}"
-            )),
-            exists: fill("SELECT COUNT(*) FROM {outbox} WHERE message_id = ?"),
-            free: fill(
-                "SELECT seq FROM {outbox} WHERE relayed_at IS NULL AND parked_at IS NULL \
-                 AND (lease_until IS NULL OR lease_until <= {now}) \
-                 ORDER BY relayed_at, seq LIMIT ?{skip_locked}",
-            ),
-            lease: fill(
-                "UPDATE {outbox} SET lease_until = {now} + ?, lease_token = ?, \
-                 attempts = attempts + 1 WHERE relayed_at IS NULL AND parked_at IS NULL \
-                 AND (lease_until IS NULL OR lease_until <= {now}) AND seq IN ",
-            ),
-            leased: fill(
-                "SELECT {columns} FROM {outbox} WHERE lease_token = ? AND relayed_at IS NULL \
-                 ORDER BY seq",
-            ),
-            mark: fill(
-                "UPDATE {outbox} SET relayed_at = {now}, lease_until = NULL, lease_token = NULL \
-                 WHERE relayed_at IS NULL AND seq IN ",
-            ),
-            release: fill(
-                "UPDATE {outbox} SET lease_until = NULL, lease_token = NULL \
-                 WHERE relayed_at IS NULL AND lease_token = ? AND seq IN ",
-            ),
-            purge: fill(DB::OUTBOX_PURGE),
-            waiting: fill(
-                "SELECT COUNT(*) FROM {outbox} WHERE relayed_at IS NULL AND parked_at IS NULL",
-            ),
-            park: fill(
-                "UPDATE {outbox} SET parked_at = {now}, parked_reason = ?, lease_until = NULL, \
-                 lease_token = NULL WHERE relayed_at IS NULL AND lease_token = ? AND seq = ?",
-            ),
-            parked: fill(
-                "SELECT {columns}, parked_reason FROM {outbox} WHERE relayed_at IS NULL \
-                 AND parked_at IS NOT NULL ORDER BY seq LIMIT ?",
-            ),
-            parked_count: fill(
-                "SELECT COUNT(*) FROM {outbox} WHERE relayed_at IS NULL AND parked_at IS NOT NULL",
-            ),
-            unpark: fill(
-                "UPDATE {outbox} SET parked_at = NULL, parked_reason = NULL \
-                 WHERE relayed_at IS NULL AND parked_at IS NOT NULL AND seq IN ",
-            ),
-        }
-    }
-}
-
-/// `prefix` followed by a list of `n` placeholders, numbered as `DB`
-/// numbers them.
-fn with_list<DB: Backend>(prefix: &str, n: usize) -> String {
-    let mut sql = String::with_capacity(prefix.len() + 3 * n + 2);
+/// `prefix` (a statement that ends with `seq IN `, and names `leading`
+/// placeholders of its own) followed by a list of `n` placeholders,
+/// written as `DB` writes them.
+fn with_list<DB: Backend>(prefix: &str, leading: usize, n: usize) -> String {
+    let mut sql = String::with_capacity(prefix.len() + 4 * n + 2);
     sql.push_str(prefix);
     sql.push('(');
-    for i in 0..n {
-        if i > 0 {
+    for i in 1..=n {
+        if i > 1 {
             sql.push_str(", ");
         }
-        sql.push('?');
+        sql.push_str(&DB::param(leading + i));
     }
     sql.push(')');
-    numbered::<DB>(&sql)
+    sql
+}
+
+/// Every statement of `sql` as `DB` is sent it, by name: those that end
+/// with a list of sequence numbers with one, and with three.
+#[cfg(test)]
+pub(super) fn sent<DB: Backend>(sql: &OutboxStatements) -> Vec<(String, String)> {
+    let one = |name: &str, sql: &str| (name.to_owned(), sql.to_owned());
+    let mut sent = vec![
+        one("insert_fenced", &sql.insert_fenced),
+        one("insert", &sql.insert),
+        one("exists", &sql.exists),
+        one("free", &sql.free),
+        one("leased", &sql.leased),
+        one("purge", &sql.purge),
+        one("waiting", &sql.waiting),
+        one("park", &sql.park),
+        one("parked", &sql.parked),
+        one("parked_count", &sql.parked_count),
+    ];
+    for (name, prefix, leading) in [
+        ("lease", &sql.lease, 2),
+        ("mark", &sql.mark, 0),
+        ("release", &sql.release, 1),
+        ("unpark", &sql.unpark, 0),
+    ] {
+        for n in [1, 3] {
+            sent.push((format!("{name}({n})"), with_list::<DB>(prefix, leading, n)));
+        }
+    }
+    sent
 }
 
 /// A message as written to the outbox.
@@ -210,8 +120,7 @@ impl<DB: Backend> SqlStore<DB> {
             Value::Text(claim.key.as_str()),
             Value::Bytes(claim.token.as_bytes()),
         ]);
-        let statement = numbered::<DB>(&sql.insert_fenced);
-        let done = DB::execute(conn, &statement, values).await?;
+        let done = DB::execute(conn, &sql.insert_fenced, values).await?;
         // Written, or (MySQL, which counts matched rows) a duplicate.
         if DB::rows_affected(&done) > 0 {
             return Ok(());
@@ -229,8 +138,7 @@ impl<DB: Backend> SqlStore<DB> {
         conn: &mut DB::Connection,
         row: &Row<'_>,
     ) -> Result<(), Error> {
-        let statement = numbered::<DB>(&sql.insert);
-        DB::execute(conn, &statement, row.values()).await?;
+        DB::execute(conn, &sql.insert, row.values()).await?;
         Ok(())
     }
 
@@ -239,8 +147,7 @@ impl<DB: Backend> SqlStore<DB> {
         conn: &mut DB::Connection,
         id: &str,
     ) -> Result<bool, Error> {
-        let statement = numbered::<DB>(&sql.exists);
-        let n = DB::fetch_int(conn, &statement, vec![Value::Text(id)]).await?;
+        let n = DB::fetch_int(conn, &sql.exists, vec![Value::Text(id)]).await?;
         Ok(n.unwrap_or(0) > 0)
     }
 
@@ -259,8 +166,7 @@ impl<DB: Backend> SqlStore<DB> {
         let rows = {
             let mut tx = pooled.begin(Some(DB::BEGIN_WRITE)).await?;
             let conn: &mut DB::Connection = &mut tx;
-            let free = numbered::<DB>(&sql.free);
-            let seqs: Vec<i64> = DB::fetch_all(conn, &free, vec![Value::Int(batch)])
+            let seqs: Vec<i64> = DB::fetch_all(conn, &sql.free, vec![Value::Int(batch)])
                 .await?
                 .iter()
                 .map(|row| DB::int(row, "seq").map(|seq| seq.unwrap_or(-1)))
@@ -270,12 +176,12 @@ impl<DB: Backend> SqlStore<DB> {
                 pooled.ended();
                 return Ok(Vec::new());
             }
-            let lease = with_list::<DB>(&sql.lease, seqs.len());
             let mut values = vec![Value::Int(lease_ms), Value::Bytes(token.as_bytes())];
+            let lease = with_list::<DB>(&sql.lease, values.len(), seqs.len());
             values.extend(seqs.iter().map(|seq| Value::Int(*seq)));
             DB::execute(conn, &lease, values).await?;
-            let leased = numbered::<DB>(&sql.leased);
-            let rows = DB::fetch_all(conn, &leased, vec![Value::Bytes(token.as_bytes())]).await?;
+            let values = vec![Value::Bytes(token.as_bytes())];
+            let rows = DB::fetch_all(conn, &sql.leased, values).await?;
             let rows = rows
                 .iter()
                 .map(|row| self.outbox_row(row))
@@ -338,10 +244,9 @@ impl<DB: Backend> SqlStore<DB> {
         batch: usize,
     ) -> Result<u64, Error> {
         let batch = i64::try_from(batch.max(1)).unwrap_or(i64::MAX);
-        let purge = numbered::<DB>(&sql.purge);
         let _turn = self.gate.enter().await;
         let mut conn = self.pool.acquire().await?;
-        let done = DB::execute(&mut conn, &purge, vec![Value::Int(batch)]).await?;
+        let done = DB::execute(&mut conn, &sql.purge, vec![Value::Int(batch)]).await?;
         Ok(DB::rows_affected(&done))
     }
 
@@ -357,7 +262,7 @@ impl<DB: Backend> SqlStore<DB> {
 
     async fn outbox_count(&self, statement: &str) -> Result<u64, Error> {
         let mut conn = self.pool.acquire().await?;
-        let n = DB::fetch_int(&mut conn, &numbered::<DB>(statement), Vec::new()).await?;
+        let n = DB::fetch_int(&mut conn, statement, Vec::new()).await?;
         Ok(u64::try_from(n.unwrap_or(0)).unwrap_or(0))
     }
 
@@ -378,7 +283,7 @@ impl<DB: Backend> SqlStore<DB> {
         let values = vec![reason, Value::Bytes(token.as_bytes()), Value::Int(seq)];
         let _turn = self.gate.enter().await;
         let mut conn = self.pool.acquire().await?;
-        let done = DB::execute(&mut conn, &numbered::<DB>(&sql.park), values).await?;
+        let done = DB::execute(&mut conn, &sql.park, values).await?;
         Ok(DB::rows_affected(&done) > 0)
     }
 
@@ -390,12 +295,7 @@ impl<DB: Backend> SqlStore<DB> {
     ) -> Result<Vec<(LeasedRow, String)>, Error> {
         let batch = i64::try_from(batch.max(1)).unwrap_or(i64::MAX);
         let mut conn = self.pool.acquire().await?;
-        let rows = DB::fetch_all(
-            &mut conn,
-            &numbered::<DB>(&sql.parked),
-            vec![Value::Int(batch)],
-        )
-        .await?;
+        let rows = DB::fetch_all(&mut conn, &sql.parked, vec![Value::Int(batch)]).await?;
         rows.iter()
             .map(|row| {
                 Ok((
@@ -426,7 +326,7 @@ impl<DB: Backend> SqlStore<DB> {
         if seqs.is_empty() {
             return Ok(0);
         }
-        let statement = with_list::<DB>(prefix, seqs.len());
+        let statement = with_list::<DB>(prefix, leading.len(), seqs.len());
         leading.extend(seqs.iter().map(|seq| Value::Int(*seq)));
         let _turn = self.gate.enter().await;
         let mut conn = self.pool.acquire().await?;

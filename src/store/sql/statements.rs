@@ -1,6 +1,15 @@
-//! A backend's statements on the records table, each with the order in
-//! which its placeholders are bound (MySQL's `?` are positional, where
-//! SQLite's `?N` and PostgreSQL's `$N` may repeat).
+//! What a backend's statements are for, and the order in which their
+//! placeholders are bound: on the records table ([`Statements`]), the
+//! step journal ([`StepStatements`]), the outbox ([`OutboxStatements`])
+//! and an operator's inventory ([`InventoryStatements`]). The text of
+//! each is its backend's, in `<backend>/records.rs`, `journal.rs`,
+//! `outbox.rs` and `inventory.rs`; this file holds none.
+//!
+//! Placeholders are written as the backend numbers them: SQLite's `?N`
+//! and PostgreSQL's `$N` may repeat a value, MySQL's `?` are bound in
+//! order. In the text, `{table}` is the records table and `{now}` the
+//! database's clock ([`Dialect::NOW`](super::dialect::Dialect::NOW)),
+//! filled in when a store is made.
 #![allow(unreachable_pub)] // named by the sealed `Dialect`, so `pub`; unnameable outside
 
 /// What a placeholder is bound to.
@@ -31,10 +40,63 @@ impl Statement {
     /// `sql` with `{table}` and `{now}` filled in.
     pub fn new(sql: &str, table: &str, now: &str, params: &'static [Param]) -> Self {
         Statement {
-            sql: sql.replace("{table}", table).replace("{now}", now),
+            sql: filled(sql, table, now),
             params,
         }
     }
+}
+
+/// `sql` with `{table}` (the records table's name) and `{now}` (the
+/// database's clock) filled in, sent as written.
+pub(crate) fn filled(sql: &str, table: &str, now: &str) -> String {
+    sql.replace("{table}", table).replace("{now}", now)
+}
+
+/// `sql` written over several lines, sent on one: each line break and the
+/// indentation after it become one space. Then as [`filled`].
+pub(crate) fn filled_on_one_line(sql: &str, table: &str, now: &str) -> String {
+    let one_line = sql
+        .lines()
+        .map(str::trim_start)
+        .collect::<Vec<_>>()
+        .join(" ");
+    filled(&one_line, table, now)
+}
+
+/// The statements a backend writes in `<backend>/records.rs`.
+pub trait RecordsSql {
+    /// The statements on the records table `table`, and the journal's
+    /// beside it ([`JournalSql`]).
+    fn statements(table: String) -> Statements;
+}
+
+/// The statements a backend writes in `<backend>/journal.rs`.
+pub trait JournalSql {
+    /// The statements on the journal beside the records table `table`.
+    fn journal(table: &str) -> StepStatements;
+}
+
+/// The statements a backend writes in `<backend>/outbox.rs`.
+pub trait OutboxSql {
+    /// The statements on the outbox beside the records table `table`.
+    fn outbox(table: &str) -> OutboxStatements;
+}
+
+/// The statements a backend writes in `<backend>/inventory.rs`.
+pub trait InventorySql {
+    /// The statements of an operator's inventory of the records table
+    /// `table` and its journal.
+    fn inventory(table: &str) -> InventoryStatements;
+}
+
+/// The journal table of the records table `table`.
+pub(crate) fn steps_table(table: &str) -> String {
+    format!("{table}_steps")
+}
+
+/// The outbox table of the records table `table`.
+pub(crate) fn outbox_table(table: &str) -> String {
+    format!("{table}_outbox")
 }
 
 /// What a claim statement answers.
@@ -84,7 +146,7 @@ pub struct Statements {
     pub forget: Statement,
     pub purge: Statement,
     /// The step journal's statements.
-    pub steps: super::step_statements::StepStatements,
+    pub steps: StepStatements,
 }
 
 /// The SQL of a backend whose placeholders are numbered (`?N`, `$N`) in
@@ -120,7 +182,7 @@ impl Numbered {
         table: String,
         now: &str,
         claim_returns: ClaimReturns,
-        steps: super::step_statements::StepStatements,
+        steps: StepStatements,
     ) -> Statements {
         use Param::*;
         const CLAIM: &[Param] = &[Scope, Key, Fingerprint, Token, Lease, Ttl];
@@ -146,4 +208,128 @@ impl Numbered {
             table,
         }
     }
+}
+
+/// A backend's statements on the journal table beside the records table
+/// (`<records table>_steps`), for the journal's flow
+/// ([`journal`](super::journal)). Placeholders are bound in the order each
+/// field gives.
+///
+/// Every journal write lands only while the operation's record is in
+/// progress under the writer's claim, read with a shared lock
+/// (PostgreSQL's `FOR SHARE`, MySQL's `LOCK IN SHARE MODE`, nothing on
+/// SQLite, whose transaction holds the whole database): a takeover, which
+/// updates the record, waits for the write to commit.
+#[derive(Debug)]
+pub struct StepStatements {
+    /// The operation's record, locked against a takeover: scope, key.
+    pub(super) fence: String,
+    /// An entry, locked: scope, key, seq.
+    pub(super) select: String,
+    /// A new entry, started: scope, key, seq, name, fingerprint, token, ttl.
+    pub(super) insert: String,
+    /// An entry replaced by a started one: name, fingerprint, token, ttl,
+    /// scope, key, seq.
+    pub(super) start: String,
+    /// An entry completed: token, output, ttl, scope, key, seq, name.
+    pub(super) complete: String,
+    /// Every entry of an operation: scope, key.
+    pub(super) list: String,
+    /// An operator's resolution with an output: output, scope, key, seq,
+    /// name.
+    ///
+    /// Both resolutions land only where the attempt that started the entry
+    /// no longer holds the operation: no record is in progress under the
+    /// entry's claim with a live lease. Only then is a step in doubt, for
+    /// an operator to settle: a resolution sent again, or a second
+    /// operator's, must not land on a step that a later attempt, let run
+    /// by the first resolution, is running now.
+    pub(super) resolve_completed: String,
+    /// An operator's resolution allowing a rerun: scope, key, seq, name.
+    pub(super) resolve_rerun: String,
+    /// A new entry, started, in one statement that checks the fence as the
+    /// transaction's first read does (the record in progress under the
+    /// claim, locked against a takeover until the statement's transaction
+    /// ends): scope, key, seq, name, fingerprint, token, ttl, then the
+    /// record's scope, key, token.
+    pub(super) insert_fenced: String,
+    /// An entry completed in one statement, under the same check: token,
+    /// output, ttl, scope, key, seq, name, then the record's scope, key,
+    /// token.
+    pub(super) complete_fenced: String,
+    /// Deletes an operation's entries: scope, key.
+    pub(crate) forget: String,
+    /// Deletes an entry still started under a claim, whose call failed
+    /// cleanly: scope, key, seq, name, token.
+    pub(super) undo: String,
+    /// Keeps an operation's live entries until at least a ttl from now:
+    /// ttl, scope, key, ttl.
+    pub(crate) keep: String,
+    /// Deletes at most a batch of expired entries: batch.
+    pub(crate) purge: String,
+}
+
+/// A backend's statements on the outbox table beside the records table
+/// (`<records table>_outbox`), for the outbox's flow
+/// ([`outbox`](super::outbox)). Placeholders are bound in the order each
+/// field gives; the four statements that end with `seq IN ` are sent with
+/// a list of placeholders for the sequence numbers appended, numbered
+/// after those of the statement.
+#[derive(Debug)]
+pub struct OutboxStatements {
+    /// The table's name.
+    pub(crate) table: String,
+    /// A message, written while the operation's record is in progress
+    /// under its claim (read with a shared lock), unless a row holds its
+    /// id already: message id, topic, key, payload, headers, ttl, then the
+    /// record's scope, key, token.
+    pub(super) insert_fenced: String,
+    /// A message, unfenced (entity mode, whose transaction completes the
+    /// claim), unless a row holds its id: message id, topic, key, payload,
+    /// headers, ttl.
+    pub(super) insert: String,
+    /// Whether a message id is in the table: message id.
+    pub(super) exists: String,
+    /// The oldest rows a relay may lease, passing over those another relay
+    /// is leasing where rows are locked one by one: batch.
+    pub(super) free: String,
+    /// Leases rows: lease, token, then the sequence numbers.
+    pub(super) lease: String,
+    /// The rows a lease holds: token.
+    pub(super) leased: String,
+    /// Marks rows relayed: the sequence numbers.
+    pub(super) mark: String,
+    /// Gives leased rows back: token, then the sequence numbers.
+    pub(super) release: String,
+    /// Deletes at most a batch of relayed rows past their time: batch.
+    pub(super) purge: String,
+    /// How many rows wait to be relayed (parked rows do not).
+    pub(super) waiting: String,
+    /// Parks a leased row: reason, token, sequence number.
+    pub(super) park: String,
+    /// The oldest parked rows, with their reason: batch.
+    pub(super) parked: String,
+    /// How many rows are parked.
+    pub(super) parked_count: String,
+    /// Unparks rows: the sequence numbers.
+    pub(super) unpark: String,
+}
+
+/// A backend's statements for an operator's [`Inventory`](crate::admin::Inventory)
+/// of a records table and its journal ([`inventory`](super::inventory)).
+/// Every record or entry read selects the columns the flow decodes.
+#[derive(Debug)]
+pub struct InventoryStatements {
+    /// The records holding a key, in every scope: key.
+    pub(super) with_key: String,
+    /// How many records each scope holds in each state, and how many of
+    /// them expired.
+    pub(super) by_scope: String,
+    /// The oldest record in progress.
+    pub(super) oldest_in_progress: String,
+    /// How many journal entries are in each state, and how many of them
+    /// expired.
+    pub(super) steps: String,
+    /// The journal entries of a key, in every scope: key.
+    pub(super) steps_with_key: String,
 }

@@ -1,5 +1,8 @@
-//! Entity mode and upserts on MySQL and MariaDB: the statements. The flow
-//! is [`crate::entity::run`]'s; claims live in the records table
+//! Entity mode and upserts on MySQL and MariaDB: their statements, built
+//! for each entity from its table and column names (checked before), and
+//! how they run, since neither an insert nor an upsert answers the row it
+//! wrote (MySQL has no `RETURNING`): the row is read back. The flow is
+//! [`crate::entity::run`]'s; claims live in the records table
 //! [`CLAIMS_TABLE`](crate::entity::CLAIMS_TABLE) of the same database.
 
 use std::time::Duration;
@@ -8,8 +11,8 @@ use sqlx::mysql::{MySql, MySqlConnection, MySqlPool};
 use sqlx::FromRow;
 
 use crate::store::sql::entity::{
-    self as statements, arguments, check_conflict, is_unique_violation, EntityBind, EntityDatabase,
-    TokenEntity,
+    arguments, check_conflict, is_unique_violation, listed, updated_columns, EntityBind,
+    EntityDatabase, EntitySql, TokenEntity,
 };
 use crate::store::sql::tx::TxConn;
 use idem_core::error::Error;
@@ -18,6 +21,35 @@ use idem_core::error::Error;
 const ER_LOCK_DEADLOCK: u16 = 1213;
 /// How often an upsert picked as a deadlock victim runs.
 const UPSERT_ATTEMPTS: u32 = 5;
+
+impl EntitySql for MySql {
+    fn select_where(table: &str, columns: &[&str]) -> String {
+        let conditions = listed(columns, " AND ", |_, c| format!("`{c}` = ?"));
+        format!("SELECT * FROM `{table}` WHERE {conditions}")
+    }
+
+    /// A plain insert: a duplicate token fails (error 1062).
+    fn insert(table: &str, columns: &[&str], _token: &str) -> String {
+        plain_insert(table, columns)
+    }
+
+    /// `ON DUPLICATE KEY UPDATE`, which answers nothing: the row is read
+    /// back with [`select_where`](EntitySql::select_where) on the
+    /// conflict columns.
+    fn upsert(table: &str, columns: &[&str], conflict: &[&str]) -> String {
+        let insert = plain_insert(table, columns);
+        let updated = updated_columns(columns, conflict);
+        let set = listed(&updated, ", ", |_, c| format!("`{c}` = VALUES(`{c}`)"));
+        format!("{insert} ON DUPLICATE KEY UPDATE {set}")
+    }
+}
+
+/// `INSERT INTO <table> (<columns>) VALUES (<a placeholder each>)`.
+fn plain_insert(table: &str, columns: &[&str]) -> String {
+    let names = listed(columns, ", ", |_, c| format!("`{c}`"));
+    let values = listed(columns, ", ", |_, _| "?".to_owned());
+    format!("INSERT INTO `{table}` ({names}) VALUES ({values})")
+}
 
 impl EntityDatabase for MySql {
     /// `INSERT`, then the row read back by its token; a duplicate of the
@@ -29,7 +61,7 @@ impl EntityDatabase for MySql {
     where
         T: TokenEntity + EntityBind<MySql> + for<'r> FromRow<'r, Self::Row> + Send + Unpin,
     {
-        let insert = statements::insert::<MySql>(T::TABLE, T::COLUMNS);
+        let insert = Self::insert(T::TABLE, T::COLUMNS, T::TOKEN_COLUMN);
         let args = arguments::<MySql, T>(entity, T::COLUMNS)?;
         let token = entity
             .token()
@@ -58,24 +90,8 @@ impl EntityDatabase for MySql {
         T: EntityBind<MySql> + for<'r> FromRow<'r, Self::Row> + Send + Unpin,
     {
         check_conflict::<T>(conflict)?;
-        let mut updated: Vec<&str> = T::COLUMNS
-            .iter()
-            .copied()
-            .filter(|c| !conflict.contains(c))
-            .collect();
-        if updated.is_empty() {
-            updated.push(conflict[0]);
-        }
-        let set: Vec<String> = updated
-            .iter()
-            .map(|c| format!("{0} = VALUES({0})", statements::quote::<MySql>(c)))
-            .collect();
-        let upsert = format!(
-            "{} ON DUPLICATE KEY UPDATE {}",
-            statements::insert::<MySql>(T::TABLE, T::COLUMNS),
-            set.join(", ")
-        );
-        let select = statements::select_where::<MySql>(T::TABLE, conflict);
+        let upsert = Self::upsert(T::TABLE, T::COLUMNS, conflict);
+        let select = Self::select_where(T::TABLE, conflict);
         let mut attempt = 1;
         loop {
             match upsert_once(pool, entity, conflict, &upsert, &select).await {

@@ -1,18 +1,26 @@
-//! MySQL and MariaDB: their records statements, clock and migrations, the
-//! errors InnoDB answers with, and entity mode's statements ([`entity`]).
+//! MySQL and MariaDB, and all of their SQL: the statements on the records
+//! table ([`records`]), on the step journal ([`journal`]), on the outbox
+//! ([`outbox`]), an operator's reads ([`inventory`]) and entity mode's,
+//! with how they run without `RETURNING` ([`entity`]); here, their clock
+//! ([`NOW`]), their migrations and bookkeeping, the named lock that keeps
+//! migrators apart, the limits of a statement, and the errors InnoDB
+//! answers with ([`Dialect`]).
 
 use sqlx::mysql::{MySql, MySqlConnection, MySqlPoolOptions, MySqlQueryResult};
 
 use super::dialect::Dialect;
 use super::migrate::{self, Bookkeeping};
 use super::read_first::ReadFirst;
-use super::statements::{ClaimReturns, Param, Statement, Statements};
-use super::step_statements::StepStatements;
+use super::statements::{Param, Statement};
 use super::SqlStore;
 use idem_core::error::Error;
 use idem_core::record::BeginRequest;
 
 pub(crate) mod entity;
+mod inventory;
+mod journal;
+mod outbox;
+mod records;
 
 /// Records in a MySQL (8.0 or later) or MariaDB (10.5 or later) database
 /// through a sqlx pool.
@@ -131,10 +139,6 @@ ALTER TABLE `{table}_outbox` ADD COLUMN parked_at BIGINT NULL,
 "#,
 ];
 
-/// Deletes at most a batch of expired journal entries.
-const PURGE_STEPS: &str =
-    "DELETE FROM {steps} WHERE expires_at <= {now} ORDER BY expires_at LIMIT ?";
-
 /// The server-wide lock that serializes migrations across processes.
 const MIGRATION_LOCK: &str = "idem_migrations";
 /// How long a migration waits for that lock, in seconds.
@@ -159,53 +163,6 @@ const BOOKKEEPING: Bookkeeping = Bookkeeping {
 /// with the application's clock.
 const NOW: &str = "(TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000)";
 
-/// The claim. MySQL evaluates the assignments of `ON DUPLICATE KEY UPDATE`
-/// from left to right, each seeing the values written before it (MariaDB
-/// with `SIMULTANEOUS_ASSIGNMENT` evaluates them all on the old row). So
-/// the first assignment decides, from the old row, whether the key is
-/// `{free}`, and if so stores this attempt's token; every later column then
-/// asks `{ours}`: the token is ours (left to right) or the old row was free
-/// (all at once). Either way each column sees the same decision.
-///
-/// The attempt's values are one `VALUES` row, which the update reads back
-/// with `VALUES(column)`: its `created_at` is the database's clock at the
-/// statement's start (`UTC_TIMESTAMP` is fixed for a statement, so every
-/// `{now}` in it is the same instant). Selecting them from a derived table
-/// instead makes InnoDB materialize a temporary table for every claim.
-const CLAIM: &str = r#"INSERT INTO `{table}`
-        (scope, `key`, fingerprint, state, fence, lease_until, claim_token, created_at, expires_at)
-    VALUES (?, ?, ?, 'in_progress', 1, {now} + ?, ?, {now}, {now} + GREATEST(?, ?))
-    ON DUPLICATE KEY UPDATE
-        claim_token  = IF({free}, VALUES(claim_token), `{table}`.claim_token),
-        fence        = IF({ours}, `{table}`.fence + 1, `{table}`.fence),
-        outcome_kind = IF({ours}, NULL, `{table}`.outcome_kind),
-        outcome      = IF({ours}, NULL, `{table}`.outcome),
-        fingerprint  = IF({ours}, VALUES(fingerprint), `{table}`.fingerprint),
-        state        = IF({ours}, 'in_progress', `{table}`.state),
-        lease_until  = IF({ours}, VALUES(lease_until), `{table}`.lease_until),
-        created_at   = IF({ours}, VALUES(created_at), `{table}`.created_at),
-        expires_at   = IF({ours}, VALUES(expires_at), `{table}`.expires_at)"#;
-
-/// The key may be claimed: expired, or in progress with a lapsed lease and
-/// the same payload. `VALUES(created_at)` is the claim's "now".
-const FREE: &str = "(`{table}`.expires_at <= VALUES(created_at)
-            OR (`{table}`.state = 'in_progress'
-                AND `{table}`.lease_until <= VALUES(created_at)
-                AND `{table}`.fingerprint = VALUES(fingerprint)))";
-
-/// This attempt holds the key.
-const OURS: &str = "(`{table}`.claim_token = VALUES(claim_token) OR {free})";
-
-/// A record's columns and the database's clock.
-const COLUMNS: &str = "scope, `key`, fingerprint, state, fence, lease_until, outcome_kind,
-        outcome, claim_token, created_at, expires_at, {now} AS db_now";
-
-const SELECT: &str = "SELECT {columns} FROM `{table}` WHERE scope = ? AND `key` = ?";
-
-const RENEW: &str = "UPDATE `{table}`
-    SET lease_until = {now} + ?, expires_at = GREATEST(expires_at, {now} + ?)
-    WHERE scope = ? AND `key` = ? AND claim_token = ? AND state = 'in_progress'";
-
 /// What a completion's statement carries beside its SQL and outcomes
 /// (scope, key, token, numbers, packet headers), at most.
 const PACKET_SLACK: usize = 4096;
@@ -215,31 +172,8 @@ const PACKET_SLACK: usize = 4096;
 /// (MariaDB's default is 16 MiB, MySQL's 64 MiB).
 const PACKET_ASKED_FROM: usize = 256 * 1024;
 
-/// The outcome is written before `state`: MySQL assigns left to right, and
-/// the WHERE has already picked the row.
-const COMPLETE: &str = "UPDATE `{table}`
-    SET outcome_kind = ?, outcome = ?, lease_until = NULL, expires_at = {now} + ?,
-        state = 'completed'
-    WHERE scope = ? AND `key` = ? AND claim_token = ?
-      AND (state = 'in_progress'
-           OR (state = 'completed' AND outcome_kind = ? AND outcome = ?))";
-
-const RELEASE: &str = "DELETE FROM `{table}`
-    WHERE scope = ? AND `key` = ? AND claim_token = ? AND state = 'in_progress'";
-
-const FORGET: &str = "DELETE FROM `{table}` WHERE scope = ? AND `key` = ?";
-
-const PURGE: &str = "DELETE FROM `{table}` WHERE expires_at <= {now} ORDER BY expires_at LIMIT ?";
-
-use Param::*;
-
 impl Dialect for MySql {
-    const LOCK_SHARE: &'static str = " LOCK IN SHARE MODE";
-    const LOCK_UPDATE: &'static str = " FOR UPDATE";
-    const SKIP_LOCKED: &'static str = " FOR UPDATE SKIP LOCKED";
-    const OUTBOX_IGNORE_DUPLICATE: &'static str = "ON DUPLICATE KEY UPDATE message_id = message_id";
-    const OUTBOX_PURGE: &'static str = "DELETE FROM {outbox} \
-        WHERE relayed_at IS NOT NULL AND expires_at <= {now} ORDER BY seq LIMIT ?";
+    const BEGIN_WRITE: &'static str = "BEGIN";
     const TEXT_AS_BYTES: bool = true;
     // A read before the claim only while duplicates are common: the
     // claim's upsert answers the record holding the key (RETURNING), and
@@ -253,51 +187,9 @@ impl Dialect for MySql {
     const TABLE_EXISTS: &'static str = BOOKKEEPING.exists;
     type Wake = ();
 
-    const QUOTE: char = '`';
     fn param(n: usize) -> String {
         let _ = n;
         "?".to_owned()
-    }
-
-    fn statements(table: String) -> Statements {
-        let s = |sql: &str, params: &'static [Param]| Statement::new(sql, &table, NOW, params);
-        const CLAIM_PARAMS: &[Param] = &[Scope, Key, Fingerprint, Lease, Token, Lease, Ttl];
-        let claim = CLAIM.replace("{ours}", OURS).replace("{free}", FREE);
-        let select = SELECT.replace("{columns}", COLUMNS);
-        Statements {
-            // MariaDB (10.5+) answers the row as the claim left it, locked
-            // and latest: the caller's claim, or the record holding the
-            // key, in one round trip.
-            claim: s(&format!("{claim} RETURNING {COLUMNS}"), CLAIM_PARAMS),
-            claim_returns: ClaimReturns::Record,
-            claim_without_returning: Some(s(&claim, CLAIM_PARAMS)),
-            returning_refused: Default::default(),
-            // A locking read: it sees the latest committed row even inside
-            // a REPEATABLE READ transaction.
-            claimed: s(&format!("{select} FOR UPDATE"), &[Scope, Key]),
-            take_over: None,
-            select: s(&select, &[Scope, Key]),
-            look: s(&select, &[Scope, Key]),
-            renew: s(RENEW, &[Lease, Lease, Scope, Key, Token]),
-            complete: s(
-                COMPLETE,
-                &[
-                    OutcomeKind,
-                    Outcome,
-                    Ttl,
-                    Scope,
-                    Key,
-                    Token,
-                    OutcomeKind,
-                    Outcome,
-                ],
-            ),
-            release: s(RELEASE, &[Scope, Key, Token]),
-            forget: s(FORGET, &[Scope, Key]),
-            purge: s(PURGE, &[Batch]),
-            steps: StepStatements::new::<MySql>(&table, NOW, PURGE_STEPS),
-            table,
-        }
     }
 
     fn rows_affected(result: &MySqlQueryResult) -> u64 {
@@ -466,6 +358,7 @@ super::transactional_store!(MySql, MySqlConnection);
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::sql::statements::RecordsSql;
 
     #[test]
     fn claim_statement_has_no_placeholders_left() {

@@ -1,19 +1,26 @@
-//! PostgreSQL: its records statements, clock, migrations and listener
-//! ([`listener`]); entity mode runs its shared `ON CONFLICT` statements.
+//! PostgreSQL, and all of its SQL: the statements on the records table
+//! ([`records`]), on the step journal ([`journal`]), on the outbox
+//! ([`outbox`]), an operator's reads ([`inventory`]) and entity mode's
+//! ([`entity`]); here, its clock ([`NOW`]), its migrations and their
+//! bookkeeping, the advisory lock that keeps migrators apart, and its
+//! true differences ([`Dialect`]); and the listener that wakes waiters
+//! in other processes ([`listener`]).
 
 use sha2::{Digest, Sha256};
 use sqlx::postgres::{PgConnection, PgPoolOptions, PgQueryResult, Postgres};
 
 use super::dialect::Dialect;
-use super::entity::EntityDatabase;
 use super::migrate::{self, Bookkeeping};
-use super::statements::{ClaimReturns, Numbered, Statements};
-use super::step_statements::StepStatements;
 use super::SqlStore;
 use crate::store::sql::tx::TxConn;
 use idem_core::error::Error;
 
+mod entity;
+mod inventory;
+mod journal;
 mod listener;
+mod outbox;
+mod records;
 
 use listener::Listener;
 
@@ -135,12 +142,6 @@ ALTER TABLE "{table}_outbox" ADD COLUMN IF NOT EXISTS parked_at BIGINT,
 "#,
 ];
 
-/// Deletes at most a batch of expired journal entries, skipping rows a
-/// write holds.
-const PURGE_STEPS: &str = "DELETE FROM {steps} WHERE ctid = ANY(ARRAY(
-        SELECT ctid FROM {steps} WHERE expires_at <= {now} LIMIT ? FOR UPDATE SKIP LOCKED))
-      AND expires_at <= {now}";
-
 const BOOKKEEPING: Bookkeeping = Bookkeeping {
     create: "CREATE TABLE IF NOT EXISTS \"{migrations}\" (
             table_name TEXT   NOT NULL,
@@ -162,156 +163,8 @@ const NOW: &str = "(EXTRACT(EPOCH FROM clock_timestamp()) * 1000)::BIGINT";
 /// (`"idemmigr"` in ASCII).
 const MIGRATION_LOCK: i64 = 0x6964_656d_6d69_6772;
 
-/// Answers the record holding the key, or, when there is none, inserts a
-/// new record, in one round trip: a replay is this one statement, and
-/// costs one index lookup, as a plain read does (the insert runs only when
-/// the lookup found nothing).
-///
-/// `ON CONFLICT DO NOTHING` locks nothing, so a duplicate (even inside a
-/// caller's transaction) holds no lock the owner needs. The existing row
-/// is read with the statement's snapshot: a row committed after it began
-/// (the conflict waited for its inserter) is not in it, and the statement
-/// answers no row; the record is then read again. A free record (expired,
-/// or a lapsed lease) is taken over with [`TAKE_OVER`].
-const CLAIM: &str = r#"WITH c AS (SELECT {now} AS now),
-    held AS (
-        SELECT scope, key, fingerprint, state, fence, claim_token, lease_until,
-            outcome_kind, outcome, created_at, expires_at
-        FROM "{table}" WHERE scope = $1 AND key = $2),
-    ins AS (
-        INSERT INTO "{table}"
-            (scope, key, fingerprint, state, fence, claim_token, lease_until,
-             created_at, expires_at)
-        SELECT $1, $2, $3, 'in_progress', 1, $4, c.now + $5, c.now,
-               c.now + GREATEST($5, $6)
-        FROM c
-        WHERE NOT EXISTS (SELECT 1 FROM held)
-        ON CONFLICT (scope, key) DO NOTHING
-        RETURNING scope, key, fingerprint, state, fence, claim_token, lease_until,
-            outcome_kind, outcome, created_at, expires_at),
-    kept AS (
-        UPDATE "{table}_steps" AS j SET expires_at = c.now + GREATEST($5, $6)
-        FROM c
-        WHERE j.scope = $1 AND j.key = $2 AND EXISTS (SELECT 1 FROM ins)
-          AND j.expires_at > c.now AND j.expires_at < c.now + GREATEST($5, $6))
-    SELECT ins.*, c.now AS db_now FROM ins, c
-    UNION ALL
-    SELECT held.*, c.now AS db_now FROM held, c"#;
-
-const TAKE_OVER: &str = r#"WITH c AS (SELECT {now} AS now),
-    taken AS (
-    UPDATE "{table}" AS t SET
-        fingerprint = $3,
-        state = 'in_progress',
-        fence = t.fence + 1,
-        claim_token = $4,
-        lease_until = c.now + $5,
-        outcome_kind = NULL,
-        outcome = NULL,
-        created_at = c.now,
-        expires_at = c.now + GREATEST($5, $6)
-    FROM c
-    WHERE t.scope = $1 AND t.key = $2
-      AND (t.expires_at <= c.now
-           OR (t.state = 'in_progress'
-               AND t.lease_until <= c.now
-               AND t.fingerprint = $3))
-    RETURNING t.fence),
-    kept AS (
-        UPDATE "{table}_steps" AS j SET expires_at = c.now + GREATEST($5, $6)
-        FROM c
-        WHERE j.scope = $1 AND j.key = $2 AND EXISTS (SELECT 1 FROM taken)
-          AND j.expires_at > c.now AND j.expires_at < c.now + GREATEST($5, $6))
-    SELECT fence FROM taken"#;
-
-const SELECT: &str = r#"SELECT scope, key, fingerprint, state, fence, claim_token, lease_until,
-        outcome_kind, outcome, created_at, expires_at, {now} AS db_now
-    FROM "{table}" WHERE scope = $1 AND key = $2"#;
-
-/// The record as a waiter sees it when it starts to wait (registered in
-/// this process, listening), marking it `waited` while it is in progress,
-/// so that its completion or release notifies. Only the first waiter
-/// writes; the mark runs on the store's pool, never in a caller's
-/// transaction, and holds the row for its own commit only.
-///
-/// The row is the mark's when it marked (the latest version), else the
-/// statement's snapshot: marked already (every later completion
-/// notifies), or not in progress any more. In that last case a completion
-/// committed between the snapshot and the mark can show the record still
-/// in progress though nothing will notify: the waiter then looks again
-/// at its next poll (at most 500 ms later); waiters in the completing
-/// process are woken in process all the same. A row locked by a write
-/// still open (a transactional owner's takeover) is skipped, not waited
-/// for: the waiter then polls, within its own wait bound.
-const LOOK: &str = r#"WITH c AS (SELECT {now} AS now),
-    mark AS (
-        UPDATE "{table}" SET waited = true
-        WHERE ctid = (
-            SELECT ctid FROM "{table}"
-            WHERE scope = $1 AND key = $2 AND state = 'in_progress' AND NOT waited
-            FOR UPDATE SKIP LOCKED)
-          AND state = 'in_progress' AND NOT waited
-        RETURNING scope, key, fingerprint, state, fence, claim_token, lease_until,
-            outcome_kind, outcome, created_at, expires_at)
-    SELECT mark.*, c.now AS db_now FROM mark, c
-    UNION ALL
-    SELECT t.scope, t.key, t.fingerprint, t.state, t.fence, t.claim_token, t.lease_until,
-        t.outcome_kind, t.outcome, t.created_at, t.expires_at, c.now AS db_now
-    FROM "{table}" AS t, c
-    WHERE t.scope = $1 AND t.key = $2 AND NOT EXISTS (SELECT 1 FROM mark)"#;
-
-const RENEW: &str = r#"UPDATE "{table}" AS t
-    SET lease_until = c.now + $4, expires_at = GREATEST(t.expires_at, c.now + $4)
-    FROM (SELECT {now} AS now) AS c
-    WHERE t.scope = $1 AND t.key = $2 AND t.claim_token = $3
-      AND t.state = 'in_progress'"#;
-
-/// Completes, and in the same round trip, when a duplicate marked the
-/// record `waited`, tells the listeners of every process (`NOTIFY` on the
-/// table's channel, delivered when the transaction commits) that the key
-/// changed: the payload is the key, a space, then the scope (a key has no
-/// spaces; both are short enough for `NOTIFY`, as checked below). The
-/// statement answers one row per record written, notifying or not, so the
-/// fenced check counts the same as the bare `UPDATE`.
-const COMPLETE: &str = r#"WITH done AS (
-        UPDATE "{table}"
-        SET state = 'completed', outcome_kind = $1, outcome = $2,
-            lease_until = NULL, expires_at = {now} + $3
-        WHERE scope = $4 AND key = $5 AND claim_token = $6
-          AND (state = 'in_progress'
-               OR (state = 'completed' AND outcome_kind = $1 AND outcome = $2))
-        RETURNING waited)
-    SELECT CASE WHEN done.waited THEN pg_notify('{table}', $5 || ' ' || $4) END FROM done"#;
-
-// `NOTIFY` refuses payloads of 8000 bytes or more: the longest key, a
-// space and the longest stored scope stay far below.
-const _: () = assert!(idem_core::key::MAX_KEY_LEN + 1 + idem_core::key::MAX_SCOPE_LEN < 8000);
-
-/// Releases, and notifies as [`COMPLETE`] does.
-const RELEASE: &str = r#"WITH done AS (
-        DELETE FROM "{table}"
-        WHERE scope = $1 AND key = $2 AND claim_token = $3 AND state = 'in_progress'
-        RETURNING waited)
-    SELECT CASE WHEN done.waited THEN pg_notify('{table}', $2 || ' ' || $1) END FROM done"#;
-
-/// Forgets, and notifies as [`COMPLETE`] does.
-const FORGET: &str = r#"WITH done AS (
-        DELETE FROM "{table}" WHERE scope = $1 AND key = $2
-        RETURNING 1)
-    SELECT pg_notify('{table}', $2 || ' ' || $1) FROM done"#;
-
-/// Rows a claim is taking over right now are skipped, not waited for: the
-/// purge never queues behind, nor blocks, new claims.
-const PURGE: &str = r#"DELETE FROM "{table}"
-    WHERE ctid = ANY(ARRAY(
-        SELECT ctid FROM "{table}" WHERE expires_at <= {now}
-        LIMIT $1 FOR UPDATE SKIP LOCKED))
-      AND expires_at <= {now}"#;
-
 impl Dialect for Postgres {
-    const LOCK_SHARE: &'static str = " FOR SHARE";
-    const LOCK_UPDATE: &'static str = " FOR UPDATE";
-    const SKIP_LOCKED: &'static str = " FOR UPDATE SKIP LOCKED";
+    const BEGIN_WRITE: &'static str = "BEGIN";
     const PEEK_IN_CALLER: bool = true;
     const CLAIM_LOCKS_ONLY_ITS_OWN: bool = true;
     const CLAIM_KEEPS_JOURNAL: bool = true;
@@ -327,28 +180,6 @@ impl Dialect for Postgres {
 
     fn param(n: usize) -> String {
         format!("${n}")
-    }
-
-    fn statements(table: String) -> Statements {
-        // None of these statements locks a row it does not claim, so a
-        // duplicate never holds a lock the owner needs.
-        Numbered {
-            claim: CLAIM,
-            take_over: Some(TAKE_OVER),
-            select: SELECT,
-            look: Some(LOOK),
-            renew: RENEW,
-            complete: COMPLETE,
-            release: RELEASE,
-            forget: FORGET,
-            purge: PURGE,
-        }
-        .on(
-            table.clone(),
-            NOW,
-            ClaimReturns::Record,
-            StepStatements::new::<Postgres>(&table, NOW, PURGE_STEPS),
-        )
     }
 
     fn rows_affected(result: &PgQueryResult) -> u64 {
@@ -435,10 +266,6 @@ impl SqlStore<Postgres> {
         Ok(store)
     }
 }
-
-/// Entity mode with the shared `INSERT ... ON CONFLICT ... RETURNING *`
-/// statements.
-impl EntityDatabase for Postgres {}
 
 super::transactional_store!(Postgres, PgConnection);
 

@@ -1,5 +1,9 @@
-//! SQLite, the embedded default: its records statements, clock and
-//! migrations; entity mode runs its shared `ON CONFLICT` statements.
+//! SQLite, the embedded default, and all of its SQL: the statements on
+//! the records table ([`records`]), on the step journal ([`journal`]), on
+//! the outbox ([`outbox`]), an operator's reads ([`inventory`]) and entity
+//! mode's ([`entity`]); here, its clock ([`NOW`]), its migrations and
+//! their bookkeeping, and its true differences ([`Dialect`]): one write
+//! at a time, which `BEGIN IMMEDIATE` takes from the start.
 
 use std::str::FromStr;
 use std::time::Duration;
@@ -10,14 +14,17 @@ use sqlx::sqlite::{
 };
 
 use super::dialect::Dialect;
-use super::entity::EntityDatabase;
 use super::migrate::{self, Bookkeeping};
 use super::read_first::ReadFirst;
-use super::statements::{ClaimReturns, Numbered, Statements};
-use super::step_statements::StepStatements;
 use super::tx::{in_memory, TxConn};
 use super::SqlStore;
 use idem_core::error::Error;
+
+mod entity;
+mod inventory;
+mod journal;
+mod outbox;
+mod records;
 
 /// Records in a SQLite database through a sqlx pool.
 ///
@@ -114,10 +121,6 @@ ALTER TABLE "{table}_outbox" ADD COLUMN parked_reason TEXT;
 "#,
 ];
 
-/// Deletes at most a batch of expired journal entries.
-const PURGE_STEPS: &str = "DELETE FROM {steps} WHERE rowid IN
-    (SELECT rowid FROM {steps} WHERE expires_at <= {now} LIMIT ?)";
-
 const BOOKKEEPING: Bookkeeping = Bookkeeping {
     create: "CREATE TABLE IF NOT EXISTS \"{migrations}\" (
             table_name TEXT    NOT NULL,
@@ -136,50 +139,6 @@ const BOOKKEEPING: Bookkeeping = Bookkeeping {
 /// decided with it.
 const NOW: &str = "CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER)";
 
-const CLAIM: &str = r#"INSERT INTO "{table}"
-        (scope, key, fingerprint, state, fence, claim_token, lease_until,
-         created_at, expires_at)
-    SELECT ?1, ?2, ?3, 'in_progress', 1, ?4, c.now + ?5, c.now, c.now + max(?5, ?6)
-    FROM (SELECT {now} AS now) AS c WHERE true
-    ON CONFLICT (scope, key) DO UPDATE SET
-        fingerprint = excluded.fingerprint,
-        state = 'in_progress',
-        fence = "{table}".fence + 1,
-        claim_token = excluded.claim_token,
-        lease_until = excluded.lease_until,
-        outcome_kind = NULL,
-        outcome = NULL,
-        created_at = excluded.created_at,
-        expires_at = excluded.expires_at
-    WHERE "{table}".expires_at <= excluded.created_at
-       OR ("{table}".state = 'in_progress'
-           AND "{table}".lease_until <= excluded.created_at
-           AND "{table}".fingerprint = excluded.fingerprint)
-    RETURNING fence"#;
-
-const SELECT: &str = r#"SELECT scope, key, fingerprint, state, fence, claim_token, lease_until,
-        outcome_kind, outcome, created_at, expires_at, {now} AS db_now
-    FROM "{table}" WHERE scope = ?1 AND key = ?2"#;
-
-const RENEW: &str = r#"UPDATE "{table}"
-    SET lease_until = {now} + ?4, expires_at = max(expires_at, {now} + ?4)
-    WHERE scope = ?1 AND key = ?2 AND claim_token = ?3 AND state = 'in_progress'"#;
-
-const COMPLETE: &str = r#"UPDATE "{table}"
-    SET state = 'completed', outcome_kind = ?1, outcome = ?2,
-        lease_until = NULL, expires_at = {now} + ?3
-    WHERE scope = ?4 AND key = ?5 AND claim_token = ?6
-      AND (state = 'in_progress'
-           OR (state = 'completed' AND outcome_kind = ?1 AND outcome = ?2))"#;
-
-const RELEASE: &str = r#"DELETE FROM "{table}"
-    WHERE scope = ?1 AND key = ?2 AND claim_token = ?3 AND state = 'in_progress'"#;
-
-const FORGET: &str = r#"DELETE FROM "{table}" WHERE scope = ?1 AND key = ?2"#;
-
-const PURGE: &str = r#"DELETE FROM "{table}" WHERE rowid IN
-    (SELECT rowid FROM "{table}" WHERE expires_at <= {now} LIMIT ?1)"#;
-
 impl Dialect for Sqlite {
     const BEGIN_WRITE: &'static str = "BEGIN IMMEDIATE";
     const WRITES_IN_PARALLEL: bool = false;
@@ -195,29 +154,6 @@ impl Dialect for Sqlite {
 
     fn param(n: usize) -> String {
         format!("?{n}")
-    }
-
-    fn statements(table: String) -> Statements {
-        // `WHERE true` in the claim tells SQLite's parser that `ON
-        // CONFLICT` belongs to the upsert, not to the SELECT's join. The
-        // upsert also takes over a free record: no separate take-over.
-        Numbered {
-            claim: CLAIM,
-            take_over: None,
-            select: SELECT,
-            look: None,
-            renew: RENEW,
-            complete: COMPLETE,
-            release: RELEASE,
-            forget: FORGET,
-            purge: PURGE,
-        }
-        .on(
-            table.clone(),
-            NOW,
-            ClaimReturns::Fence,
-            StepStatements::new::<Sqlite>(&table, NOW, PURGE_STEPS),
-        )
     }
 
     fn rows_affected(result: &SqliteQueryResult) -> u64 {
@@ -311,10 +247,6 @@ impl SqlStore<Sqlite> {
         Ok(store)
     }
 }
-
-/// Entity mode with the shared `INSERT ... ON CONFLICT ... RETURNING *`
-/// statements.
-impl EntityDatabase for Sqlite {}
 
 super::transactional_store!(Sqlite, SqliteConnection);
 
