@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use tokio::sync::Barrier;
 
-use super::support::{call, charge, claim_directly, fresh_key, Charge, TestError};
+use super::support::{call, charge, claim_directly, fresh_key, stopped_owner, Charge, TestError};
 use crate::engine::run;
 use crate::policy::Policy;
 use crate::steps::{self, step, Step, StepKey};
@@ -63,6 +63,19 @@ fn journal<S: Store + ?Sized>(store: &S) -> &dyn Journal {
              forward `journal()`); a store without one says so: \
              `store_conformance!(name, make, journal = false)`",
     )
+}
+
+/// The request of step `seq`, `name`, of an operation on the payload of
+/// `fingerprint`: kept 60 s, and a start in doubt is not adopted.
+fn step_request<'a>(seq: u32, name: &'a str, fingerprint: &'a Fingerprint) -> StepRequest<'a> {
+    StepRequest {
+        seq,
+        name,
+        fingerprint,
+        ttl: Duration::from_secs(60),
+        adopt: false,
+        settle: Duration::ZERO,
+    }
 }
 
 /// A checkout of two steps (charge, then email), failing after both when
@@ -283,23 +296,8 @@ pub async fn a_step_journal_is_fenced<S: Store>(store: S) {
     let payload = charge(5);
     let (scope, k) = (Scope::new(SCOPE), Key::new(key.as_str()).unwrap());
     let fingerprint = Fingerprint::of(&payload).unwrap();
-    let zombie = claim_directly(
-        &store,
-        &scope,
-        &k,
-        &fingerprint,
-        Duration::from_millis(200),
-        Duration::from_secs(60),
-    )
-    .await;
-    let request = |seq, name| StepRequest {
-        seq,
-        name,
-        fingerprint: &fingerprint,
-        ttl: Duration::from_secs(60),
-        adopt: false,
-        settle: Duration::ZERO,
-    };
+    let zombie = stopped_owner(&store, &scope, &k, &fingerprint).await;
+    let request = |seq, name| step_request(seq, name, &fingerprint);
     assert_eq!(
         journal(&store)
             .begin_step(&zombie, &request(0, "charge"))
@@ -429,23 +427,8 @@ pub async fn a_clean_failure_takes_the_start_back<S: Store>(store: S) {
     let key = fresh_key("steps-clean-late");
     let (scope, k) = (Scope::new(SCOPE), Key::new(key.as_str()).unwrap());
     let fingerprint = Fingerprint::of(&payload).unwrap();
-    let zombie = claim_directly(
-        &store,
-        &scope,
-        &k,
-        &fingerprint,
-        Duration::from_millis(200),
-        Duration::from_secs(60),
-    )
-    .await;
-    let request = |name| StepRequest {
-        seq: 0,
-        name,
-        fingerprint: &fingerprint,
-        ttl: Duration::from_secs(60),
-        adopt: false,
-        settle: Duration::ZERO,
-    };
+    let zombie = stopped_owner(&store, &scope, &k, &fingerprint).await;
+    let request = |name| step_request(0, name, &fingerprint);
     assert_eq!(
         journal(&store)
             .begin_step(&zombie, &request("charge"))
@@ -487,23 +470,9 @@ pub async fn a_step_completion_sent_again_is_accepted<S: Store>(store: S) {
     let key = fresh_key("steps-again");
     let (scope, k) = (Scope::new(SCOPE), Key::new(key.as_str()).unwrap());
     let fingerprint = Fingerprint::of(&charge(1)).unwrap();
-    let claim = claim_directly(
-        &store,
-        &scope,
-        &k,
-        &fingerprint,
-        Duration::from_secs(10),
-        Duration::from_secs(60),
-    )
-    .await;
-    let request = StepRequest {
-        seq: 0,
-        name: "charge",
-        fingerprint: &fingerprint,
-        ttl: Duration::from_secs(60),
-        adopt: false,
-        settle: Duration::ZERO,
-    };
+    let (lease, ttl) = (Duration::from_secs(10), Duration::from_secs(60));
+    let claim = claim_directly(&store, &scope, &k, &fingerprint, lease, ttl).await;
+    let request = step_request(0, "charge", &fingerprint);
     journal(&store).begin_step(&claim, &request).await.unwrap();
     journal(&store)
         .complete_step(&claim, &request, b"\"ch_1\"")
@@ -622,7 +591,7 @@ pub async fn forget_and_purge_clear_the_journal<S: Store>(store: S) {
     assert_eq!(journal(&store).steps(&scope, &k).await.unwrap().len(), 1);
     tokio::time::sleep(Duration::from_millis(250)).await;
     let purged = store.purge_expired(100).await.unwrap();
-    super::assert_purged(&store, purged, 2);
+    super::support::assert_purged(&store, purged, 2);
     assert!(journal(&store).steps(&scope, &k).await.unwrap().is_empty());
 }
 
