@@ -2,11 +2,13 @@
 //!
 //! - [`flow`]: the flow every backend runs, written once: the claim →
 //!   read → decide loop, the fenced renewal, completion and release, row
-//!   decoding, purges, and the [`Store`](crate::store::Store) and
-//!   [`TransactionalStore`](crate::store::TransactionalStore)
-//!   implementations of [`SqlStore`];
+//!   decoding, purges, the waits of duplicates, and the
+//!   [`Store`](crate::store::Store) implementation of [`SqlStore`] (its
+//!   [`TransactionalStore`](crate::store::TransactionalStore) ones are
+//!   written by the macro below);
 //! - [`journal`]: the step journal's flow, on the statements of
-//!   [`step_statements`];
+//!   [`step_statements`], and the [`Journal`](crate::store::Journal)
+//!   implementation of [`SqlStore`];
 //! - [`tx`]: transactions a dropped caller cannot leave open, and the
 //!   store's own short ones;
 //! - [`migrate`]: the migrations' bookkeeping (`idem_migrations` by default);
