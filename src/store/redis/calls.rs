@@ -184,6 +184,15 @@ impl RedisStore {
         }
     }
 
+    /// Nothing when the write (`what`) was `acknowledged` by as many
+    /// replicas as asked for; else the store error that says it was not.
+    pub(super) fn replicated(&self, acknowledged: bool, what: &str) -> Result<(), Error> {
+        match acknowledged {
+            true => Ok(()),
+            false => Err(self.not_replicated(what)),
+        }
+    }
+
     pub(super) fn not_replicated(&self, what: &str) -> Error {
         let (replicas, timeout) = self.replicas.unwrap_or_default();
         Error::store(format!(

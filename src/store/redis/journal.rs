@@ -182,9 +182,7 @@ impl Journal for RedisStore {
             .invoke_replicated(invocation)
             .await
             .map_err(unrecorded_as_store)?;
-        if !acknowledged {
-            return Err(self.not_replicated("step's resolution"));
-        }
+        self.replicated(acknowledged, "step's resolution")?;
         Ok(int(&value) == Some(1))
     }
 }

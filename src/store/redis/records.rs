@@ -8,7 +8,7 @@ use redis::Value;
 
 use super::calls::millis;
 use super::replies::{array, corrupt, int, now_and_record, parse_record, status};
-use super::scripts::{Invocation, SCRIPTS};
+use super::scripts::{Invocation, Lua, SCRIPTS};
 use super::{Keys, RedisStore};
 use crate::store::{Capabilities, Journal, Store};
 use idem_core::error::Error;
@@ -125,9 +125,7 @@ impl Store for RedisStore {
             )
             .await?;
         self.shared.waiters.wake(scope, key);
-        if !acknowledged {
-            return Err(self.not_replicated("forget"));
-        }
+        self.replicated(acknowledged, "forget")?;
         Ok(int(&value) == Some(1))
     }
 
@@ -150,6 +148,16 @@ impl Store for RedisStore {
 }
 
 impl RedisStore {
+    /// A call of `lua`, a script that ends `claim` on the record at `keys`
+    /// and publishes on its channel: the record, then how to publish, the
+    /// channel and the claim's token.
+    fn fenced_call<'a>(&self, lua: &'a Lua, keys: &Keys, claim: &Claim) -> Invocation<'a> {
+        lua.on(&keys.record)
+            .arg(self.publish())
+            .arg(&keys.channel)
+            .arg(&claim.token.as_bytes()[..])
+    }
+
     /// The completion script, and `WAIT` if asked for.
     pub(super) async fn complete_once(
         &self,
@@ -161,12 +169,7 @@ impl RedisStore {
             .await?;
         let (value, acknowledged) = self
             .invoke_replicated(
-                SCRIPTS
-                    .complete
-                    .on(&keys.record)
-                    .arg(self.publish())
-                    .arg(&keys.channel)
-                    .arg(&claim.token.as_bytes()[..])
+                self.fenced_call(&SCRIPTS.complete, keys, claim)
                     .arg(outcome.kind.code())
                     .arg(&outcome.body[..])
                     .arg(millis(claim.ttl)),
@@ -175,10 +178,7 @@ impl RedisStore {
         if int(&value) != Some(1) {
             return Err(Error::LeaseLost);
         }
-        if !acknowledged {
-            return Err(self.not_replicated("completion"));
-        }
-        Ok(())
+        self.replicated(acknowledged, "completion")
     }
 
     /// The release of `claim`, then `WAIT` for `replicas` if asked for.
@@ -193,23 +193,12 @@ impl RedisStore {
     ) -> Result<(), Error> {
         let keys = self.keys(&claim.scope, &claim.key);
         let (value, acknowledged) = self
-            .invoke_then(
-                SCRIPTS
-                    .release
-                    .on(&keys.record)
-                    .arg(self.publish())
-                    .arg(&keys.channel)
-                    .arg(&claim.token.as_bytes()[..]),
-                replicas,
-            )
+            .invoke_then(self.fenced_call(&SCRIPTS.release, &keys, claim), replicas)
             .await?;
         if int(&value) != Some(1) {
             return Err(Error::LeaseLost);
         }
         self.shared.waiters.wake(&claim.scope, &claim.key);
-        if !acknowledged {
-            return Err(self.not_replicated("release"));
-        }
-        Ok(())
+        self.replicated(acknowledged, "release")
     }
 }
