@@ -156,22 +156,29 @@ impl<DB: Backend> SqlStore<DB> {
         }
     }
 
-    /// [`Journal::undo_step`](crate::store::Journal::undo_step) on a connection.
-    pub(crate) async fn undo_step_on(
+    /// Runs the one-statement form of a journal write (`sql`, fenced by
+    /// the claim) on a connection of the pool, and answers whether it
+    /// wrote its row. Not written (it changed nothing; the entry was there
+    /// already, where `found_is_known`; it failed on a kept connection the
+    /// server closed since): the caller's transaction, on a connection the
+    /// pool tests, reads and decides whatever the statement did.
+    async fn written_at_once(
         &self,
-        conn: &mut DB::Connection,
-        claim: &Claim,
-        step: &StepRequest<'_>,
+        sql: &str,
+        values: Values<'_>,
+        found_is_known: bool,
     ) -> Result<bool, Error> {
-        let values = vec![
-            Value::Text(claim.scope.as_str()),
-            Value::Text(claim.key.as_str()),
-            Value::Int(i64::from(step.seq)),
-            Value::Text(step.name),
-            Value::Bytes(&claim.token.as_bytes()[..]),
-        ];
-        let done = DB::execute(conn, &self.step_sql().undo, values).await?;
-        Ok(DB::rows_affected(&done) > 0)
+        let (mut conn, kept) = self.warm.lend().await?;
+        match DB::execute(&mut conn, sql, values).await {
+            Ok(done) if DB::rows_affected(&done) > 0 => {
+                self.warm.keep(conn);
+                Ok(true)
+            }
+            Ok(_) => Ok(false),
+            Err(err) if found_is_known && is_unique_violation(&err) => Ok(false),
+            Err(_) if kept => Ok(false),
+            Err(err) => Err(err.into()),
+        }
     }
 
     /// [`Journal::keep_steps`](crate::store::Journal::keep_steps) on a given connection.
@@ -208,21 +215,11 @@ impl<DB: Backend> Journal for SqlStore<DB> {
         let mut values = inserted(claim, step);
         values.extend(owned(claim));
         let _turn = self.gate.enter().await;
-        let (mut conn, kept) = self.warm.lend().await?;
-        match DB::execute(&mut conn, &self.step_sql().insert_fenced, values).await {
-            Ok(done) if DB::rows_affected(&done) > 0 => {
-                self.warm.keep(conn);
-                return Ok(StepBegin::Run(StepRun::Fresh));
-            }
-            Ok(_) => {}
-            Err(err) if is_unique_violation(&err) => {}
-            // A kept connection the server closed since: the transaction
-            // below, on a connection the pool tests, reads and decides
-            // whatever the failed statement did.
-            Err(_) if kept => {}
-            Err(err) => return Err(err.into()),
+        let insert = &self.step_sql().insert_fenced;
+        // An entry there already is decided in the transaction.
+        if self.written_at_once(insert, values, true).await? {
+            return Ok(StepBegin::Run(StepRun::Fresh));
         }
-        drop(conn);
         in_transaction!(self, |conn| self.begin_step_on(conn, claim, step))
     }
 
@@ -237,26 +234,28 @@ impl<DB: Backend> Journal for SqlStore<DB> {
         let mut values = completed(claim, step, output);
         values.extend(owned(claim));
         let _turn = self.gate.enter().await;
-        let (mut conn, kept) = self.warm.lend().await?;
-        match DB::execute(&mut conn, &self.step_sql().complete_fenced, values).await {
-            Ok(done) if DB::rows_affected(&done) > 0 => {
-                self.warm.keep(conn);
-                return Ok(());
-            }
-            Ok(_) => {}
-            // A kept connection the server closed since: the transaction
-            // below says what the failed statement did.
-            Err(_) if kept => {}
-            Err(err) => return Err(err.into()),
+        let complete = &self.step_sql().complete_fenced;
+        if self.written_at_once(complete, values, false).await? {
+            return Ok(());
         }
-        drop(conn);
         in_transaction!(self, |conn| self
             .complete_step_on(conn, claim, step, output))
     }
 
     async fn undo_step(&self, claim: &Claim, step: &StepRequest<'_>) -> Result<bool, Error> {
+        let values = vec![
+            Value::Text(claim.scope.as_str()),
+            Value::Text(claim.key.as_str()),
+            Value::Int(i64::from(step.seq)),
+            Value::Text(step.name),
+            Value::Bytes(&claim.token.as_bytes()[..]),
+        ];
+        let undo = &self.step_sql().undo;
         let _turn = self.gate.enter().await;
-        on_pool!(self, |conn| self.undo_step_on(&mut conn, claim, step))
+        let done = on_pool!(self, |conn| async {
+            Ok::<_, Error>(DB::execute(&mut conn, undo, values.clone()).await?)
+        })?;
+        Ok(DB::rows_affected(&done) > 0)
     }
 
     async fn steps(&self, scope: &Scope, key: &Key) -> Result<Vec<StepRecord>, Error> {
