@@ -106,16 +106,27 @@ async fn checkout<S: Store + ?Sized>(
     .await
 }
 
+/// A fresh key (`tag`) whose first checkout of `payload` failed after
+/// both its steps completed, and the downstream that counted their calls.
+async fn failed_once<S: Store + ?Sized>(
+    store: &S,
+    tag: &str,
+    payload: &Charge,
+) -> (String, Downstream) {
+    let key = fresh_key(tag);
+    let downstream = Downstream::default();
+    let first = checkout(store, &key, payload, &downstream, true).await;
+    assert_eq!(first, Err(TestError::Transient));
+    (key, downstream)
+}
+
 /// An attempt whose body fails after its steps completed is released; the
 /// retry runs the body again, and each step replays its journaled output
 /// instead of running: each downstream call happens once. The journal
 /// lists both steps, completed.
 pub async fn steps_replay_after_a_failed_attempt<S: Store>(store: S) {
-    let key = fresh_key("steps-replay");
-    let downstream = Downstream::default();
     let payload = charge(7);
-    let first = checkout(&store, &key, &payload, &downstream, true).await;
-    assert_eq!(first, Err(TestError::Transient));
+    let (key, downstream) = failed_once(&store, "steps-replay", &payload).await;
     let second = checkout(&store, &key, &payload, &downstream, false)
         .await
         .unwrap();
@@ -298,21 +309,13 @@ pub async fn a_step_journal_is_fenced<S: Store>(store: S) {
     let fingerprint = Fingerprint::of(&payload).unwrap();
     let zombie = stopped_owner(&store, &scope, &k, &fingerprint).await;
     let request = |seq, name| step_request(seq, name, &fingerprint);
-    assert_eq!(
-        journal(&store)
-            .begin_step(&zombie, &request(0, "charge"))
-            .await
-            .unwrap(),
-        StepBegin::Run(StepRun::Fresh)
-    );
-    // Sent again (its answer lost): still this attempt's.
-    assert_eq!(
-        journal(&store)
-            .begin_step(&zombie, &request(0, "charge"))
-            .await
-            .unwrap(),
-        StepBegin::Run(StepRun::Again)
-    );
+    // The start, then the same start sent again (its answer lost): still
+    // this attempt's.
+    for run in [StepRun::Fresh, StepRun::Again] {
+        let charge = request(0, "charge");
+        let begun = journal(&store).begin_step(&zombie, &charge).await;
+        assert_eq!(begun.unwrap(), StepBegin::Run(run));
+    }
     tokio::time::sleep(Duration::from_millis(300)).await;
     let policy = Policy::new().lease(Duration::from_secs(5));
     let keys = Arc::new(Mutex::new(Vec::new()));
@@ -514,11 +517,8 @@ pub async fn a_step_completion_sent_again_is_accepted<S: Store>(store: S) {
 /// (or under other names) is refused with `StepMismatch`, before the
 /// mismatched step runs.
 pub async fn steps_called_in_another_order_are_refused<S: Store>(store: S) {
-    let key = fresh_key("steps-order");
-    let downstream = Downstream::default();
     let payload = charge(4);
-    let first = checkout(&store, &key, &payload, &downstream, true).await;
-    assert_eq!(first, Err(TestError::Transient));
+    let (key, downstream) = failed_once(&store, "steps-order", &payload).await;
     let policy = Policy::new();
     let downstream = &downstream;
     let swapped: Result<String, TestError> =
