@@ -1,6 +1,7 @@
-//! The waits of duplicates on the Redis store ([`Wake`]): a waiter
-//! subscribes to its record's channel ([`subscriptions`](super::subscriptions))
-//! before it looks, and a completion or release publishes there.
+//! The waits of duplicates on the Redis store ([`Wake`](crate::store::Wake)):
+//! a waiter subscribes to its record's channel
+//! ([`subscriptions`](super::subscriptions)) before it looks, and a
+//! completion or release publishes there.
 
 use std::sync::atomic::Ordering;
 

@@ -20,9 +20,10 @@ use idem_core::record::{decide, Begin, BeginRequest, Claim, Millis, Record};
 const CLAIM_ROUNDS: usize = 64;
 
 impl<DB: Backend> SqlStore<DB> {
-    /// [`Store::begin`] on a given connection (the pool's, or the caller's
-    /// open transaction). Inside a transaction, a claim by another open
-    /// transaction makes the claim wait for it to end.
+    /// [`Store::begin`](crate::store::Store::begin) on a given connection
+    /// (the pool's, or the caller's open transaction). Inside a
+    /// transaction, a claim by another open transaction makes the claim
+    /// wait for it to end.
     pub async fn begin_on(
         &self,
         conn: &mut DB::Connection,
@@ -190,7 +191,7 @@ impl<DB: Backend> SqlStore<DB> {
         Err(err)
     }
 
-    /// [`Store::peek`] on a given connection.
+    /// [`Store::peek`](crate::store::Store::peek) on a given connection.
     pub async fn peek_on(
         &self,
         conn: &mut DB::Connection,

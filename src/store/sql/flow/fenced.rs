@@ -9,14 +9,15 @@ use idem_core::error::Error;
 use idem_core::record::{Claim, Outcome};
 
 impl<DB: Backend> SqlStore<DB> {
-    /// [`Store::renew`] on a given connection.
+    /// [`Store::renew`](crate::store::Store::renew) on a given connection.
     pub async fn renew_on(&self, conn: &mut DB::Connection, claim: &Claim) -> Result<(), Error> {
         self.fenced(conn, &self.sql.renew, &Bound::claim(claim, None))
             .await
     }
 
-    /// [`Store::complete`] on a given connection. Waiters in other
-    /// processes are told when the connection's transaction commits.
+    /// [`Store::complete`](crate::store::Store::complete) on a given
+    /// connection. Waiters in other processes are told when the
+    /// connection's transaction commits.
     pub async fn complete_on(
         &self,
         conn: &mut DB::Connection,
@@ -32,8 +33,9 @@ impl<DB: Backend> SqlStore<DB> {
         .await
     }
 
-    /// [`Store::release`] on a given connection. Waiters in other processes
-    /// are told when the connection's transaction commits.
+    /// [`Store::release`](crate::store::Store::release) on a given
+    /// connection. Waiters in other processes are told when the
+    /// connection's transaction commits.
     pub async fn release_on(&self, conn: &mut DB::Connection, claim: &Claim) -> Result<(), Error> {
         self.fenced(conn, &self.sql.release, &Bound::claim(claim, None))
             .await

@@ -11,7 +11,7 @@ use idem_core::key::{Key, Scope};
 use idem_core::record::{ClaimToken, Millis, Outcome, OutcomeKind, Record, State};
 
 impl<DB: Backend> SqlStore<DB> {
-    /// [`Store::get`] on a given connection.
+    /// [`Store::get`](crate::store::Store::get) on a given connection.
     pub async fn get_on(
         &self,
         conn: &mut DB::Connection,
@@ -25,7 +25,7 @@ impl<DB: Backend> SqlStore<DB> {
             .map(|(record, _)| record))
     }
 
-    /// [`Store::purge_expired`], telling `progress` how many records and
+    /// [`Store::purge_expired`](crate::store::Store::purge_expired), telling `progress` how many records and
     /// journal entries each batch deleted.
     pub(crate) async fn purge_reporting(
         &self,

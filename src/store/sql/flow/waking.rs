@@ -1,6 +1,6 @@
-//! The waits of duplicates on the SQL stores ([`Wake`]): woken in this
-//! process by its [`Waiters`](crate::store::Waiters), and from other
-//! processes where the backend can (PostgreSQL's `LISTEN`).
+//! The waits of duplicates on the SQL stores ([`Wake`](crate::store::Wake)):
+//! woken in this process by its [`Waiters`](crate::store::Waiters), and
+//! from other processes where the backend can (PostgreSQL's `LISTEN`).
 
 use super::bound::Bound;
 use super::{on_pool, Backend, SqlStore};
