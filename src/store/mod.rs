@@ -45,4 +45,4 @@ pub use idem_core::store::{
 };
 pub use memory::MemoryStore;
 pub use pass_through::PassThroughStore;
-pub(crate) use waiters::{Look, Waiters};
+pub(crate) use waiters::{wake_by_waiting, Look, Waiters};

@@ -394,6 +394,70 @@ impl Drop for Cleanup<'_> {
     }
 }
 
+/// Implements [`Wake`](crate::store::Wake) for a store whose duplicates
+/// wait through its [`Waiters`], from one `wait_on`: the store's wait on
+/// `(scope, key)` for a claim of the payload of `fingerprint` (of any
+/// payload: `None`), for at most `timeout`, answering the outcome handed
+/// over by that claim's completion, if any ([`Waiters::wait`]). Both
+/// waits of the trait are that one; `across`, when given, says whether
+/// other processes wake the store now.
+///
+/// ```ignore
+/// wake_by_waiting!(Shared, |store, scope, key, fingerprint, timeout| {
+///     store.waiters.wait(scope, key, timeout, || store.look(..)).await
+/// });
+/// ```
+macro_rules! wake_by_waiting {
+    (
+        $store:ty $(where $($generic:ident: $bound:path),*)?,
+        |$this:ident, $scope:ident, $key:ident, $fingerprint:ident, $timeout:ident| $wait:block
+        $(, across: $across:expr)? $(,)?
+    ) => {
+        impl$(<$($generic: $bound),*>)? $store {
+            async fn wait_on(
+                &self,
+                $scope: &$crate::key::Scope,
+                $key: &$crate::key::Key,
+                $fingerprint: Option<&$crate::Fingerprint>,
+                $timeout: ::std::time::Duration,
+            ) -> Result<Option<$crate::record::Outcome>, $crate::Error> {
+                let $this = self;
+                $wait
+            }
+        }
+
+        #[::async_trait::async_trait]
+        impl$(<$($generic: $bound),*>)? $crate::store::Wake for $store {
+            async fn wait_for_change(
+                &self,
+                scope: &$crate::key::Scope,
+                key: &$crate::key::Key,
+                timeout: ::std::time::Duration,
+            ) -> Result<(), $crate::Error> {
+                self.wait_on(scope, key, None, timeout).await.map(drop)
+            }
+
+            async fn wait_for_outcome(
+                &self,
+                request: &$crate::record::BeginRequest<'_>,
+                timeout: ::std::time::Duration,
+            ) -> Result<Option<$crate::record::Begin>, $crate::Error> {
+                let handed = self
+                    .wait_on(request.scope, request.key, Some(request.fingerprint), timeout)
+                    .await?;
+                Ok(handed.map($crate::record::Begin::Replay))
+            }
+
+            $(
+                fn wakes_across_processes(&self) -> bool {
+                    ($across)(self)
+                }
+            )?
+        }
+    };
+}
+pub(crate) use wake_by_waiting;
+
 #[cfg(test)]
 mod tests {
     use super::*;

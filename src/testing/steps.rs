@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use tokio::sync::Barrier;
 
-use super::support::{call, charge, claim_directly, fresh_key, Charge, TestError};
+use super::support::{call, charge, claim_directly, fresh_key, stopped_owner, Charge, TestError};
 use crate::engine::run;
 use crate::policy::Policy;
 use crate::steps::{self, step, Step, StepKey};
@@ -65,6 +65,19 @@ fn journal<S: Store + ?Sized>(store: &S) -> &dyn Journal {
     )
 }
 
+/// The request of step `seq`, `name`, of an operation on the payload of
+/// `fingerprint`: kept 60 s, and a start in doubt is not adopted.
+fn step_request<'a>(seq: u32, name: &'a str, fingerprint: &'a Fingerprint) -> StepRequest<'a> {
+    StepRequest {
+        seq,
+        name,
+        fingerprint,
+        ttl: Duration::from_secs(60),
+        adopt: false,
+        settle: Duration::ZERO,
+    }
+}
+
 /// A checkout of two steps (charge, then email), failing after both when
 /// `fail` says so.
 async fn checkout<S: Store + ?Sized>(
@@ -93,16 +106,27 @@ async fn checkout<S: Store + ?Sized>(
     .await
 }
 
+/// A fresh key (`tag`) whose first checkout of `payload` failed after
+/// both its steps completed, and the downstream that counted their calls.
+async fn failed_once<S: Store + ?Sized>(
+    store: &S,
+    tag: &str,
+    payload: &Charge,
+) -> (String, Downstream) {
+    let key = fresh_key(tag);
+    let downstream = Downstream::default();
+    let first = checkout(store, &key, payload, &downstream, true).await;
+    assert_eq!(first, Err(TestError::Transient));
+    (key, downstream)
+}
+
 /// An attempt whose body fails after its steps completed is released; the
 /// retry runs the body again, and each step replays its journaled output
 /// instead of running: each downstream call happens once. The journal
 /// lists both steps, completed.
 pub async fn steps_replay_after_a_failed_attempt<S: Store>(store: S) {
-    let key = fresh_key("steps-replay");
-    let downstream = Downstream::default();
     let payload = charge(7);
-    let first = checkout(&store, &key, &payload, &downstream, true).await;
-    assert_eq!(first, Err(TestError::Transient));
+    let (key, downstream) = failed_once(&store, "steps-replay", &payload).await;
     let second = checkout(&store, &key, &payload, &downstream, false)
         .await
         .unwrap();
@@ -283,38 +307,15 @@ pub async fn a_step_journal_is_fenced<S: Store>(store: S) {
     let payload = charge(5);
     let (scope, k) = (Scope::new(SCOPE), Key::new(key.as_str()).unwrap());
     let fingerprint = Fingerprint::of(&payload).unwrap();
-    let zombie = claim_directly(
-        &store,
-        &scope,
-        &k,
-        &fingerprint,
-        Duration::from_millis(200),
-        Duration::from_secs(60),
-    )
-    .await;
-    let request = |seq, name| StepRequest {
-        seq,
-        name,
-        fingerprint: &fingerprint,
-        ttl: Duration::from_secs(60),
-        adopt: false,
-        settle: Duration::ZERO,
-    };
-    assert_eq!(
-        journal(&store)
-            .begin_step(&zombie, &request(0, "charge"))
-            .await
-            .unwrap(),
-        StepBegin::Run(StepRun::Fresh)
-    );
-    // Sent again (its answer lost): still this attempt's.
-    assert_eq!(
-        journal(&store)
-            .begin_step(&zombie, &request(0, "charge"))
-            .await
-            .unwrap(),
-        StepBegin::Run(StepRun::Again)
-    );
+    let zombie = stopped_owner(&store, &scope, &k, &fingerprint).await;
+    let request = |seq, name| step_request(seq, name, &fingerprint);
+    // The start, then the same start sent again (its answer lost): still
+    // this attempt's.
+    for run in [StepRun::Fresh, StepRun::Again] {
+        let charge = request(0, "charge");
+        let begun = journal(&store).begin_step(&zombie, &charge).await;
+        assert_eq!(begun.unwrap(), StepBegin::Run(run));
+    }
     tokio::time::sleep(Duration::from_millis(300)).await;
     let policy = Policy::new().lease(Duration::from_secs(5));
     let keys = Arc::new(Mutex::new(Vec::new()));
@@ -429,23 +430,8 @@ pub async fn a_clean_failure_takes_the_start_back<S: Store>(store: S) {
     let key = fresh_key("steps-clean-late");
     let (scope, k) = (Scope::new(SCOPE), Key::new(key.as_str()).unwrap());
     let fingerprint = Fingerprint::of(&payload).unwrap();
-    let zombie = claim_directly(
-        &store,
-        &scope,
-        &k,
-        &fingerprint,
-        Duration::from_millis(200),
-        Duration::from_secs(60),
-    )
-    .await;
-    let request = |name| StepRequest {
-        seq: 0,
-        name,
-        fingerprint: &fingerprint,
-        ttl: Duration::from_secs(60),
-        adopt: false,
-        settle: Duration::ZERO,
-    };
+    let zombie = stopped_owner(&store, &scope, &k, &fingerprint).await;
+    let request = |name| step_request(0, name, &fingerprint);
     assert_eq!(
         journal(&store)
             .begin_step(&zombie, &request("charge"))
@@ -487,23 +473,9 @@ pub async fn a_step_completion_sent_again_is_accepted<S: Store>(store: S) {
     let key = fresh_key("steps-again");
     let (scope, k) = (Scope::new(SCOPE), Key::new(key.as_str()).unwrap());
     let fingerprint = Fingerprint::of(&charge(1)).unwrap();
-    let claim = claim_directly(
-        &store,
-        &scope,
-        &k,
-        &fingerprint,
-        Duration::from_secs(10),
-        Duration::from_secs(60),
-    )
-    .await;
-    let request = StepRequest {
-        seq: 0,
-        name: "charge",
-        fingerprint: &fingerprint,
-        ttl: Duration::from_secs(60),
-        adopt: false,
-        settle: Duration::ZERO,
-    };
+    let (lease, ttl) = (Duration::from_secs(10), Duration::from_secs(60));
+    let claim = claim_directly(&store, &scope, &k, &fingerprint, lease, ttl).await;
+    let request = step_request(0, "charge", &fingerprint);
     journal(&store).begin_step(&claim, &request).await.unwrap();
     journal(&store)
         .complete_step(&claim, &request, b"\"ch_1\"")
@@ -545,11 +517,8 @@ pub async fn a_step_completion_sent_again_is_accepted<S: Store>(store: S) {
 /// (or under other names) is refused with `StepMismatch`, before the
 /// mismatched step runs.
 pub async fn steps_called_in_another_order_are_refused<S: Store>(store: S) {
-    let key = fresh_key("steps-order");
-    let downstream = Downstream::default();
     let payload = charge(4);
-    let first = checkout(&store, &key, &payload, &downstream, true).await;
-    assert_eq!(first, Err(TestError::Transient));
+    let (key, downstream) = failed_once(&store, "steps-order", &payload).await;
     let policy = Policy::new();
     let downstream = &downstream;
     let swapped: Result<String, TestError> =
@@ -622,7 +591,7 @@ pub async fn forget_and_purge_clear_the_journal<S: Store>(store: S) {
     assert_eq!(journal(&store).steps(&scope, &k).await.unwrap().len(), 1);
     tokio::time::sleep(Duration::from_millis(250)).await;
     let purged = store.purge_expired(100).await.unwrap();
-    super::assert_purged(&store, purged, 2);
+    super::support::assert_purged(&store, purged, 2);
     assert!(journal(&store).steps(&scope, &k).await.unwrap().is_empty());
 }
 

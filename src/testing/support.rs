@@ -2,11 +2,13 @@
 //! and its receipt), its error type, a counter of body runs, fresh keys,
 //! and a claim taken straight from the store.
 
+use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
+use tokio::sync::oneshot;
 
 use crate::engine::{run, Call};
 use crate::policy::Policy;
@@ -14,7 +16,7 @@ use crate::store::{BeginRequest, Store};
 use idem_core::error::Error;
 use idem_core::fingerprint::Fingerprint;
 use idem_core::key::{Key, Scope};
-use idem_core::record::{now_millis, Begin, Claim, ClaimToken};
+use idem_core::record::{now_millis, Begin, Claim, ClaimToken, Outcome};
 
 /// The error type of the operations under test.
 #[derive(Debug, Serialize, Deserialize, PartialEq)]
@@ -102,6 +104,11 @@ impl Runs {
     }
 }
 
+/// The scope and the key a payment under `key` is recorded at.
+pub(super) fn payment(key: &str) -> (Scope, Key) {
+    (Scope::new("payments.charge"), Key::new(key).unwrap())
+}
+
 /// Charges `payload` under `key` in the scope `payments.charge`.
 pub(super) async fn pay<S: Store + ?Sized>(
     store: &S,
@@ -159,4 +166,78 @@ pub(super) async fn claim_directly<S: Store>(
         Begin::Claimed(claim) => claim,
         other => panic!("not claimed: {other:?}"),
     }
+}
+
+/// That `purged` records (and entries) are at least the `expired` ones a
+/// case left, or none on a store that leaves expiry to its database.
+pub(super) fn assert_purged<S: Store + ?Sized>(store: &S, purged: u64, expired: usize) {
+    if store.capabilities().deletes_expired_itself {
+        assert_eq!(
+            purged, 0,
+            "a store that deletes expired records itself purged some"
+        );
+    } else {
+        assert!(
+            purged >= expired as u64,
+            "purged {purged}, expected at least {expired}"
+        );
+    }
+}
+
+/// An owner that stopped: a claim of `fingerprint` taken straight from
+/// the store ([`claim_directly`]), its lease of 200 ms never renewed, its
+/// ttl 60 s.
+pub(super) async fn stopped_owner<S: Store>(
+    store: &S,
+    scope: &Scope,
+    key: &Key,
+    fingerprint: &Fingerprint,
+) -> Claim {
+    let (lease, ttl) = (Duration::from_millis(200), Duration::from_secs(60));
+    claim_directly(store, scope, key, fingerprint, lease, ttl).await
+}
+
+/// [`pay`] in `scope`, with a body held until it is let go: answers the
+/// call, the receiver told when the body runs, and the sender that lets
+/// it finish.
+pub(super) fn pay_held<'a, S: Store + ?Sized>(
+    store: &'a S,
+    scope: &'a str,
+    key: &'a str,
+    payload: &'a Charge,
+    policy: Policy,
+    runs: &'a Runs,
+) -> (
+    impl Future<Output = Result<Receipt, TestError>> + 'a,
+    oneshot::Receiver<()>,
+    oneshot::Sender<()>,
+) {
+    let (started_tx, started_rx) = oneshot::channel();
+    let (finish_tx, finish_rx) = oneshot::channel::<()>();
+    let amount = payload.amount;
+    let held = run(store, call(scope, key, payload, policy), async move {
+        let n = runs.next();
+        started_tx.send(()).unwrap();
+        finish_rx.await.unwrap();
+        Ok(Receipt { run: n, amount })
+    });
+    (held, started_rx, finish_tx)
+}
+
+/// That every write a claim that is not the record's any more presents
+/// (its completion with `outcome`, a renewal, a release) is refused with
+/// [`Error::LeaseLost`]; `who` names its owner.
+pub(super) async fn assert_fenced_out<S: Store + ?Sized>(
+    store: &S,
+    claim: &Claim,
+    outcome: &Outcome,
+    who: &str,
+) {
+    let lost = |r: Result<(), Error>| matches!(r, Err(Error::LeaseLost));
+    let completed = store.complete(claim, outcome).await;
+    assert!(lost(completed), "{who}'s completion was accepted");
+    let renewed = store.renew(claim).await;
+    assert!(lost(renewed), "{who}'s renewal was accepted");
+    let released = store.release(claim).await;
+    assert!(lost(released), "{who}'s release was accepted");
 }

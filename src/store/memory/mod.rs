@@ -8,7 +8,9 @@ use async_trait::async_trait;
 
 mod records;
 
-use super::{BeginRequest, Capabilities, Detach, Immediate, Journal, Look, Store, Waiters, Wake};
+use super::{
+    wake_by_waiting, BeginRequest, Capabilities, Detach, Immediate, Journal, Look, Store, Waiters,
+};
 use idem_core::error::Error;
 use idem_core::fingerprint::Fingerprint;
 use idem_core::journal::{
@@ -279,19 +281,6 @@ impl Shared {
         Ok(())
     }
 
-    /// Waits on `(scope, key)` as [`Waiters::wait`] does, for a claim of
-    /// the payload of `fingerprint` (of any payload: `None`).
-    async fn wait_on(
-        &self,
-        scope: &Scope,
-        key: &Key,
-        fingerprint: Option<&Fingerprint>,
-        timeout: Duration,
-    ) -> Result<Option<Outcome>, Error> {
-        let look = || async { Ok::<_, Error>(self.look(scope, key, fingerprint)) };
-        self.waiters.wait(scope, key, timeout, look).await
-    }
-
     /// Whether a live claim of the payload of `fingerprint` (of any
     /// payload: `None`) holds `(scope, key)` now, and which.
     fn look(&self, scope: &Scope, key: &Key, fingerprint: Option<&Fingerprint>) -> Look {
@@ -550,27 +539,11 @@ impl Journal for Shared {
     }
 }
 
-#[async_trait]
-impl Wake for Shared {
-    async fn wait_for_change(
-        &self,
-        scope: &Scope,
-        key: &Key,
-        timeout: Duration,
-    ) -> Result<(), Error> {
-        self.wait_on(scope, key, None, timeout).await.map(drop)
-    }
-
-    async fn wait_for_outcome(
-        &self,
-        req: &BeginRequest<'_>,
-        timeout: Duration,
-    ) -> Result<Option<Begin>, Error> {
-        let handed = self
-            .wait_on(req.scope, req.key, Some(req.fingerprint), timeout)
-            .await?;
-        Ok(handed.map(Begin::Replay))
-    }
-}
+// Duplicates wait through the store's waiters, and look at the record
+// under its lock.
+wake_by_waiting!(Shared, |store, scope, key, fingerprint, timeout| {
+    let look = || async { Ok::<_, Error>(store.look(scope, key, fingerprint)) };
+    store.waiters.wait(scope, key, timeout, look).await
+});
 
 // `detach` is `MemoryStore`'s, which holds the `Arc` of this.

@@ -6,7 +6,9 @@ use async_trait::async_trait;
 use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
 use redis::Value;
 
-use super::{array, int, parse_record, store_error, text, Conn, RedisStore};
+use super::calls::store_error;
+use super::replies::{array, int, parse_record, text};
+use super::{Conn, RedisStore};
 use crate::admin::{Inventory, ScopeStats, Stats, StepStats};
 use crate::store::Journal;
 use idem_core::error::Error;
@@ -285,7 +287,7 @@ impl Inventory for RedisStore {
                     Some(StepState::Started) => steps.started += 1,
                     Some(StepState::Completed) => steps.completed += 1,
                     Some(StepState::RerunAllowed) => steps.rerun_allowed += 1,
-                    None => return Err(super::corrupt("a journal entry's state")),
+                    None => return Err(super::replies::corrupt("a journal entry's state")),
                 }
                 if expiries
                     .get(&seq)

@@ -4,8 +4,9 @@
 
 use std::future::Future;
 
+use super::replies::{array, int, status};
 use super::scripts::SCRIPTS;
-use super::{array, int, status, RedisStore};
+use super::RedisStore;
 use idem_core::error::Error;
 use idem_core::record::{BeginRequest, Claim, Outcome};
 
@@ -28,7 +29,7 @@ impl RedisStore {
     ) -> Result<(), Error> {
         let keys = self.keys(request.scope, request.key);
         let (value, _) = self
-            .invoke_replicated(super::claim_call(&keys, request))
+            .invoke_replicated(super::records::claim_call(&keys, request))
             .await?;
         let items = array(value)?;
         if status(&items)? != "claimed" {
@@ -49,7 +50,7 @@ impl RedisStore {
     pub async fn reference_replay(&self, request: &BeginRequest<'_>) -> Result<(), Error> {
         let keys = self.keys(request.scope, request.key);
         let value = self.invoke(SCRIPTS.peek.on(&keys.record)).await?;
-        match super::now_and_record(value)? {
+        match super::replies::now_and_record(value)? {
             (_, Some(_)) => Ok(()),
             (_, None) => Err(Error::store("the reference's record is gone")),
         }

@@ -438,3 +438,35 @@ else
 end
 return 1
 "#;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each transition has a script of its own: no two fields of
+    /// `SCRIPTS` hold the same code (a copy-paste slip would make one
+    /// transition run another's script).
+    #[test]
+    fn every_transition_has_its_own_script() {
+        let s = &*SCRIPTS;
+        let all = [
+            &s.claim,
+            &s.peek,
+            &s.look,
+            &s.renew,
+            &s.complete,
+            &s.release,
+            &s.forget,
+            &s.begin_step,
+            &s.abandon_step,
+            &s.complete_step,
+            &s.resolve_step,
+            &s.keep_steps,
+        ];
+        let hashes: std::collections::HashSet<_> = all
+            .iter()
+            .map(|lua| lua.on("k").evalsha().get_packed_command())
+            .collect();
+        assert_eq!(hashes.len(), all.len());
+    }
+}

@@ -15,11 +15,16 @@
 //! retries).
 #![allow(unreachable_pub)] // named by the sealed `Dialect`'s statements, so `pub`; unnameable outside
 
+use std::time::Duration;
+
+use async_trait::async_trait;
+
 use super::exec::Value;
-use super::flow::Columns;
+use super::flow::{on_pool, Columns};
 use super::statements::StepStatements;
 use super::tx::in_transaction;
 use super::{Backend, SqlStore};
+use crate::store::Journal;
 use idem_core::error::Error;
 use idem_core::journal::{
     decide_step, StepBegin, StepDecision, StepRecord, StepRequest, StepResolution, StepRun,
@@ -151,40 +156,76 @@ impl<DB: Backend> SqlStore<DB> {
         }
     }
 
-    /// [`Journal::begin_step`](crate::store::Journal::begin_step) on the pool. A
-    /// step met for the first time (the common case) is started with one
-    /// statement; anything else (an entry there, a fence that does not
-    /// hold) is read and decided in a transaction.
-    pub(crate) async fn begin_step_in_transaction(
+    /// Runs the one-statement form of a journal write (`sql`, fenced by
+    /// the claim) on a connection of the pool, and answers whether it
+    /// wrote its row. Not written (it changed nothing; the entry was there
+    /// already, where `found_is_known`; it failed on a kept connection the
+    /// server closed since): the caller's transaction, on a connection the
+    /// pool tests, reads and decides whatever the statement did.
+    async fn written_at_once(
         &self,
-        claim: &Claim,
-        step: &StepRequest<'_>,
-    ) -> Result<StepBegin, Error> {
+        sql: &str,
+        values: Values<'_>,
+        found_is_known: bool,
+    ) -> Result<bool, Error> {
+        let (mut conn, kept) = self.warm.lend().await?;
+        match DB::execute(&mut conn, sql, values).await {
+            Ok(done) if DB::rows_affected(&done) > 0 => {
+                self.warm.keep(conn);
+                Ok(true)
+            }
+            Ok(_) => Ok(false),
+            Err(err) if found_is_known && is_unique_violation(&err) => Ok(false),
+            Err(_) if kept => Ok(false),
+            Err(err) => Err(err.into()),
+        }
+    }
+
+    /// [`Journal::keep_steps`](crate::store::Journal::keep_steps) on a given connection.
+    pub(crate) async fn keep_steps_on(
+        &self,
+        conn: &mut DB::Connection,
+        scope: &Scope,
+        key: &Key,
+        ttl: Duration,
+    ) -> Result<(), Error> {
+        let ttl = duration_millis(ttl);
+        let values = vec![
+            Value::Int(ttl),
+            Value::Text(scope.as_str()),
+            Value::Text(key.as_str()),
+            Value::Int(ttl),
+        ];
+        DB::execute(conn, &self.sql.steps.keep, values).await?;
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl<DB: Backend> Journal for SqlStore<DB> {
+    async fn keep_steps(&self, scope: &Scope, key: &Key, ttl: Duration) -> Result<(), Error> {
+        let _turn = self.gate.enter().await;
+        on_pool!(self, |conn| self.keep_steps_on(&mut conn, scope, key, ttl))
+    }
+
+    /// A step met for the first time (the common case) is started with
+    /// one statement; anything else (an entry there, a fence that does not
+    /// hold) is read and decided in a transaction.
+    async fn begin_step(&self, claim: &Claim, step: &StepRequest<'_>) -> Result<StepBegin, Error> {
         let mut values = inserted(claim, step);
         values.extend(owned(claim));
         let _turn = self.gate.enter().await;
-        let (mut conn, kept) = self.warm.lend().await?;
-        match DB::execute(&mut conn, &self.step_sql().insert_fenced, values).await {
-            Ok(done) if DB::rows_affected(&done) > 0 => {
-                self.warm.keep(conn);
-                return Ok(StepBegin::Run(StepRun::Fresh));
-            }
-            Ok(_) => {}
-            Err(err) if is_unique_violation(&err) => {}
-            // A kept connection the server closed since: the transaction
-            // below, on a connection the pool tests, reads and decides
-            // whatever the failed statement did.
-            Err(_) if kept => {}
-            Err(err) => return Err(err.into()),
+        let insert = &self.step_sql().insert_fenced;
+        // An entry there already is decided in the transaction.
+        if self.written_at_once(insert, values, true).await? {
+            return Ok(StepBegin::Run(StepRun::Fresh));
         }
-        drop(conn);
         in_transaction!(self, |conn| self.begin_step_on(conn, claim, step))
     }
 
-    /// [`Journal::complete_step`](crate::store::Journal::complete_step) on the pool:
-    /// one statement, or, when it changes nothing (a completion sent
+    /// One statement, or, when it changes nothing (a completion sent
     /// again, a fence that does not hold), a transaction that says why.
-    pub(crate) async fn complete_step_in_transaction(
+    async fn complete_step(
         &self,
         claim: &Claim,
         step: &StepRequest<'_>,
@@ -193,28 +234,31 @@ impl<DB: Backend> SqlStore<DB> {
         let mut values = completed(claim, step, output);
         values.extend(owned(claim));
         let _turn = self.gate.enter().await;
-        let (mut conn, kept) = self.warm.lend().await?;
-        match DB::execute(&mut conn, &self.step_sql().complete_fenced, values).await {
-            Ok(done) if DB::rows_affected(&done) > 0 => {
-                self.warm.keep(conn);
-                return Ok(());
-            }
-            Ok(_) => {}
-            // A kept connection the server closed since: the transaction
-            // below says what the failed statement did.
-            Err(_) if kept => {}
-            Err(err) => return Err(err.into()),
+        let complete = &self.step_sql().complete_fenced;
+        if self.written_at_once(complete, values, false).await? {
+            return Ok(());
         }
-        drop(conn);
         in_transaction!(self, |conn| self
             .complete_step_on(conn, claim, step, output))
     }
 
-    pub(crate) async fn list_steps(
-        &self,
-        scope: &Scope,
-        key: &Key,
-    ) -> Result<Vec<StepRecord>, Error> {
+    async fn undo_step(&self, claim: &Claim, step: &StepRequest<'_>) -> Result<bool, Error> {
+        let values = vec![
+            Value::Text(claim.scope.as_str()),
+            Value::Text(claim.key.as_str()),
+            Value::Int(i64::from(step.seq)),
+            Value::Text(step.name),
+            Value::Bytes(&claim.token.as_bytes()[..]),
+        ];
+        let undo = &self.step_sql().undo;
+        let _turn = self.gate.enter().await;
+        let done = on_pool!(self, |conn| async {
+            Ok::<_, Error>(DB::execute(&mut conn, undo, values.clone()).await?)
+        })?;
+        Ok(DB::rows_affected(&done) > 0)
+    }
+
+    async fn steps(&self, scope: &Scope, key: &Key) -> Result<Vec<StepRecord>, Error> {
         let mut conn = self.pool.acquire().await?;
         let values = vec![Value::Text(scope.as_str()), Value::Text(key.as_str())];
         let rows = DB::fetch_all(&mut conn, &self.step_sql().list, values).await?;
@@ -223,25 +267,7 @@ impl<DB: Backend> SqlStore<DB> {
             .collect()
     }
 
-    /// [`Journal::undo_step`](crate::store::Journal::undo_step) on a connection.
-    pub(crate) async fn undo_step_on(
-        &self,
-        conn: &mut DB::Connection,
-        claim: &Claim,
-        step: &StepRequest<'_>,
-    ) -> Result<bool, Error> {
-        let values = vec![
-            Value::Text(claim.scope.as_str()),
-            Value::Text(claim.key.as_str()),
-            Value::Int(i64::from(step.seq)),
-            Value::Text(step.name),
-            Value::Bytes(&claim.token.as_bytes()[..]),
-        ];
-        let done = DB::execute(conn, &self.step_sql().undo, values).await?;
-        Ok(DB::rows_affected(&done) > 0)
-    }
-
-    pub(crate) async fn resolve_step_now(
+    async fn resolve_step(
         &self,
         scope: &Scope,
         key: &Key,
@@ -268,6 +294,10 @@ impl<DB: Backend> SqlStore<DB> {
         let mut conn = self.pool.acquire().await?;
         let done = DB::execute(&mut conn, statement, values).await?;
         Ok(DB::rows_affected(&done) > 0)
+    }
+
+    fn writes_beside(&self) -> bool {
+        DB::WRITES_IN_PARALLEL
     }
 }
 

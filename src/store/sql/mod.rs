@@ -31,14 +31,19 @@
 //! The skeleton every backend runs, written once:
 //!
 //! - [`flow`]: the records' flow: the claim → read → decide loop, the
-//!   fenced renewal, completion and release, row decoding, purges, and
-//!   the [`Store`](crate::store::Store) and
-//!   [`TransactionalStore`](crate::store::TransactionalStore)
-//!   implementations of [`SqlStore`];
-//! - [`journal`], [`outbox`], [`inventory`]: the step journal's, the
-//!   outbox's and the inventory's flows;
+//!   fenced renewal, completion and release, row decoding, purges, the
+//!   waits of duplicates, and the [`Store`](crate::store::Store)
+//!   implementation of [`SqlStore`] (its
+//!   [`TransactionalStore`](crate::store::TransactionalStore) ones are
+//!   written by the macro below);
+//! - [`journal`]: the step journal's flow, and the
+//!   [`Journal`](crate::store::Journal) implementation of [`SqlStore`];
+//! - [`outbox`], [`inventory`]: the outbox's and the inventory's flows;
 //! - [`entity`]: entity mode's model, and the flow of its statements
 //!   where the database answers the rows it writes;
+//! - [`entity_rows`]: entity mode's side of a call (the engine's
+//!   `Rows`): the row found by its token, checked, and inserted with the
+//!   claim's completion in one transaction;
 //! - [`tx`]: transactions a dropped caller cannot leave open, and the
 //!   store's own short ones;
 //! - [`migrate`]: the migrations' bookkeeping (`idem_migrations` by

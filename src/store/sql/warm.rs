@@ -213,19 +213,35 @@ mod tests {
             .unwrap()
     }
 
+    /// Three connections, lent one after the other by `lend`, and held.
+    #[cfg(feature = "sqlite")]
+    async fn three<C, E, F>(lend: impl Fn() -> F) -> Vec<C>
+    where
+        E: std::fmt::Debug,
+        F: std::future::Future<Output = Result<C, E>>,
+    {
+        let mut held = Vec::new();
+        for _ in 0..3 {
+            held.push(lend().await.unwrap());
+        }
+        held
+    }
+
+    /// A pool of `max` connections, and the store's kept ones of it.
+    #[cfg(feature = "sqlite")]
+    async fn warm(max: u32) -> (Pool<sqlx::Sqlite>, Arc<Warm<sqlx::Sqlite>>) {
+        let pool = pool(max).await;
+        let warm = Arc::new(Warm::new(pool.clone()));
+        (pool, warm)
+    }
+
     /// A finished statement's connection is kept while the pool has some
     /// to spare, up to a quarter of it, and lent to the next statement.
     #[cfg(feature = "sqlite")]
     #[tokio::test]
     async fn connections_are_kept_up_to_a_quarter_of_the_pool() {
-        let pool = pool(8).await;
-        let warm = Arc::new(Warm::new(pool.clone()));
-        let taken = [
-            warm.take().await.unwrap(),
-            warm.take().await.unwrap(),
-            warm.take().await.unwrap(),
-        ];
-        for conn in taken {
+        let (pool, warm) = warm(8).await;
+        for conn in three(|| warm.take()).await {
             warm.keep(conn);
         }
         assert_eq!(warm.kept().len(), 2, "at most a quarter of 8");
@@ -243,13 +259,8 @@ mod tests {
     #[cfg(feature = "sqlite")]
     #[tokio::test]
     async fn nothing_is_kept_from_a_pool_with_none_to_spare() {
-        let pool = pool(4).await;
-        let warm = Arc::new(Warm::new(pool.clone()));
-        let held = [
-            pool.acquire().await.unwrap(),
-            pool.acquire().await.unwrap(),
-            pool.acquire().await.unwrap(),
-        ];
+        let (pool, warm) = warm(4).await;
+        let held = three(|| pool.acquire()).await;
         let last = warm.take().await.unwrap();
         assert_eq!(pool.size(), 4);
         warm.keep(last);
@@ -268,8 +279,7 @@ mod tests {
     #[cfg(feature = "sqlite")]
     #[tokio::test]
     async fn idle_connections_go_back_and_the_pool_closes() {
-        let pool = pool(8).await;
-        let warm = Arc::new(Warm::new(pool.clone()));
+        let (pool, warm) = warm(8).await;
         let conn = warm.take().await.unwrap();
         warm.keep(conn);
         assert_eq!(warm.kept().len(), 1);
@@ -291,8 +301,7 @@ mod tests {
     fn a_store_dropped_without_a_runtime_closes_what_it_kept() {
         let runtime = tokio::runtime::Runtime::new().unwrap();
         let (pool, warm) = runtime.block_on(async {
-            let pool = pool(8).await;
-            let warm = Arc::new(Warm::new(pool.clone()));
+            let (pool, warm) = warm(8).await;
             let conn = warm.take().await.unwrap();
             warm.keep(conn);
             (pool, warm)
