@@ -6,13 +6,12 @@
 //! locks), as the database receives it but for the table's name
 //! (`{table}`) and the clock (`{now}`):
 //!
-//! - `records.rs`: on the records table: the claim, the reads, the fenced
-//!   renewal, completion and release, the forget and the purge;
-//! - `journal.rs`: on the step journal (`<table>_steps`);
-//! - `outbox.rs`: on the outbox (`<table>_outbox`);
-//! - `inventory.rs`: an operator's reads over a whole table;
-//! - `entity.rs`: entity mode's, built for each entity, whose table and
-//!   column names are known only at run time;
+//! - `sql.rs`: every statement but the migrations, in sections: on the
+//!   records table (the claim, the reads, the fenced renewal, completion
+//!   and release, the forget and the purge), on the step journal
+//!   (`<table>_steps`), on the outbox (`<table>_outbox`), an operator's
+//!   reads over a whole table, and entity mode's, built for each entity,
+//!   whose table and column names are known only at run time;
 //! - `mod.rs`: the clock (`NOW`), the migrations and their bookkeeping,
 //!   how migrators are kept apart, and how a transaction that writes
 //!   opens; PostgreSQL's `listener.rs` listens for other processes'

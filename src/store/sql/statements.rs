@@ -2,8 +2,7 @@
 //! placeholders are bound: on the records table ([`Statements`]), the
 //! step journal ([`StepStatements`]), the outbox ([`OutboxStatements`])
 //! and an operator's inventory ([`InventoryStatements`]). The text of
-//! each is its backend's, in `<backend>/records.rs`, `journal.rs`,
-//! `outbox.rs` and `inventory.rs`; this file holds none.
+//! each is its backend's, in `<backend>/sql.rs`; this file holds none.
 //!
 //! Placeholders are written as the backend numbers them: SQLite's `?N`
 //! and PostgreSQL's `$N` may repeat a value, MySQL's `?` are bound in
@@ -63,26 +62,26 @@ pub(crate) fn filled_on_one_line(sql: &str, table: &str, now: &str) -> String {
     filled(&one_line, table, now)
 }
 
-/// The statements a backend writes in `<backend>/records.rs`.
+/// The statements a backend writes in `<backend>/sql.rs`.
 pub trait RecordsSql {
     /// The statements on the records table `table`, and the journal's
     /// beside it ([`JournalSql`]).
     fn statements(table: String) -> Statements;
 }
 
-/// The statements a backend writes in `<backend>/journal.rs`.
+/// The statements a backend writes in `<backend>/sql.rs`.
 pub trait JournalSql {
     /// The statements on the journal beside the records table `table`.
     fn journal(table: &str) -> StepStatements;
 }
 
-/// The statements a backend writes in `<backend>/outbox.rs`.
+/// The statements a backend writes in `<backend>/sql.rs`.
 pub trait OutboxSql {
     /// The statements on the outbox beside the records table `table`.
     fn outbox(table: &str) -> OutboxStatements;
 }
 
-/// The statements a backend writes in `<backend>/inventory.rs`.
+/// The statements a backend writes in `<backend>/sql.rs`.
 pub trait InventorySql {
     /// The statements of an operator's inventory of the records table
     /// `table` and its journal.

@@ -1,10 +1,12 @@
-//! MySQL and MariaDB, and all of their SQL: the statements on the records
-//! table ([`records`]), on the step journal ([`journal`]), on the outbox
-//! ([`outbox`]), an operator's reads ([`inventory`]) and entity mode's,
-//! with how they run without `RETURNING` ([`entity`]); here, their clock
+//! MySQL and MariaDB, and all of their SQL: every statement on the
+//! records table, the step journal, the outbox, an operator's reads and
+//! entity mode's, with how entity mode's run without `RETURNING`
+//! ([`sql`]); here, their clock
 //! ([`NOW`]), their migrations and bookkeeping, the named lock that keeps
 //! migrators apart, the limits of a statement, and the errors InnoDB
 //! answers with ([`Dialect`]).
+
+mod sql;
 
 use sqlx::mysql::{MySql, MySqlConnection, MySqlPoolOptions, MySqlQueryResult};
 
@@ -15,12 +17,6 @@ use super::statements::{Param, Statement};
 use super::SqlStore;
 use idem_core::error::Error;
 use idem_core::record::BeginRequest;
-
-pub(crate) mod entity;
-mod inventory;
-mod journal;
-mod outbox;
-mod records;
 
 /// Records in a MySQL (8.0 or later) or MariaDB (10.5 or later) database
 /// through a sqlx pool.
@@ -88,7 +84,7 @@ CREATE TABLE IF NOT EXISTS `{table}` (
     CHECK (state = 'in_progress' OR (outcome IS NOT NULL AND outcome_kind IS NOT NULL))
 ) ENGINE = InnoDB ROW_FORMAT = DYNAMIC
 "#,
-    // The step journal (see `backend/journal.rs`).
+    // The step journal (see `sql.rs`).
     r#"
 CREATE TABLE IF NOT EXISTS `{table}_steps` (
     scope       VARBINARY(1024) NOT NULL,
@@ -108,7 +104,7 @@ CREATE TABLE IF NOT EXISTS `{table}_steps` (
     CHECK (state <> 'completed' OR output IS NOT NULL)
 ) ENGINE = InnoDB ROW_FORMAT = DYNAMIC
 "#,
-    // The outbox (see `backend/outbox.rs`).
+    // The outbox (see `sql.rs`).
     r#"
 CREATE TABLE IF NOT EXISTS `{table}_outbox` (
     seq         BIGINT          NOT NULL AUTO_INCREMENT,

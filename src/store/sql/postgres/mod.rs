@@ -1,7 +1,6 @@
-//! PostgreSQL, and all of its SQL: the statements on the records table
-//! ([`records`]), on the step journal ([`journal`]), on the outbox
-//! ([`outbox`]), an operator's reads ([`inventory`]) and entity mode's
-//! ([`entity`]); here, its clock ([`NOW`]), its migrations and their
+//! PostgreSQL and all of its SQL: every statement on the records table,
+//! the step journal, the outbox, an operator's reads and entity mode's
+//! ([`sql`]); here, its clock ([`NOW`]), its migrations and their
 //! bookkeeping, the advisory lock that keeps migrators apart, and its
 //! true differences ([`Dialect`]); and the listener that wakes waiters
 //! in other processes ([`listener`]).
@@ -15,12 +14,8 @@ use super::SqlStore;
 use crate::store::sql::tx::TxConn;
 use idem_core::error::Error;
 
-mod entity;
-mod inventory;
-mod journal;
 mod listener;
-mod outbox;
-mod records;
+mod sql;
 
 use listener::Listener;
 
@@ -96,7 +91,7 @@ CREATE INDEX IF NOT EXISTS "{index}" ON "{table}" (expires_at);
     // at a time). Once set it stays set for the row.
     r#"ALTER TABLE "{table}" ADD COLUMN IF NOT EXISTS waited BOOLEAN NOT NULL DEFAULT false;
 "#,
-    // The step journal (see `backend/journal.rs`).
+    // The step journal (see `sql.rs`).
     r#"
 CREATE TABLE IF NOT EXISTS "{table}_steps" (
     scope       TEXT   COLLATE "C" NOT NULL,
@@ -114,7 +109,7 @@ CREATE TABLE IF NOT EXISTS "{table}_steps" (
 );
 CREATE INDEX IF NOT EXISTS "{table}_steps_expires_at" ON "{table}_steps" (expires_at);
 "#,
-    // The outbox (see `backend/outbox.rs`).
+    // The outbox (see `sql.rs`).
     r#"
 CREATE TABLE IF NOT EXISTS "{table}_outbox" (
     seq         BIGINT   GENERATED ALWAYS AS IDENTITY PRIMARY KEY,

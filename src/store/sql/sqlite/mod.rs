@@ -1,9 +1,10 @@
-//! SQLite, the embedded default, and all of its SQL: the statements on
-//! the records table ([`records`]), on the step journal ([`journal`]), on
-//! the outbox ([`outbox`]), an operator's reads ([`inventory`]) and entity
-//! mode's ([`entity`]); here, its clock ([`NOW`]), its migrations and
+//! SQLite, the embedded default, and all of its SQL: every statement on the records table,
+//! the step journal, the outbox, an operator's reads and entity mode's
+//! ([`sql`]); here, its clock ([`NOW`]), its migrations and
 //! their bookkeeping, and its true differences ([`Dialect`]): one write
 //! at a time, which `BEGIN IMMEDIATE` takes from the start.
+
+mod sql;
 
 use std::str::FromStr;
 use std::time::Duration;
@@ -19,12 +20,6 @@ use super::read_first::ReadFirst;
 use super::tx::{in_memory, TxConn};
 use super::SqlStore;
 use idem_core::error::Error;
-
-mod entity;
-mod inventory;
-mod journal;
-mod outbox;
-mod records;
 
 /// Records in a SQLite database through a sqlx pool.
 ///
@@ -74,7 +69,7 @@ CREATE INDEX IF NOT EXISTS "{table}_expires_at" ON "{table}" (expires_at);
     // written before it existed: they can only lapse and be taken over).
     r#"ALTER TABLE "{table}" ADD COLUMN claim_token BLOB;
 "#,
-    // The step journal (see `backend/journal.rs`).
+    // The step journal (see `sql.rs`).
     r#"
 CREATE TABLE IF NOT EXISTS "{table}_steps" (
     scope       TEXT    NOT NULL,
@@ -92,7 +87,7 @@ CREATE TABLE IF NOT EXISTS "{table}_steps" (
 );
 CREATE INDEX IF NOT EXISTS "{table}_steps_expires_at" ON "{table}_steps" (expires_at);
 "#,
-    // The outbox (see `backend/outbox.rs`). AUTOINCREMENT: a purged row's
+    // The outbox (see `sql.rs`). AUTOINCREMENT: a purged row's
     // number is never given again, so the order of rows is the order they
     // were written in.
     r#"
