@@ -238,28 +238,24 @@ pub(crate) fn replayed(scope: &Scope, started: Instant) {
     );
 }
 
-pub(crate) fn key_reused(scope: &Scope) {
-    count(scope, Metric::KeyReused);
+/// A counter's function per decision: `name(scope)` counts one `metric`.
+macro_rules! counters {
+    ($($name:ident => $metric:ident),* $(,)?) => {
+        $(
+            pub(crate) fn $name(scope: &Scope) {
+                count(scope, Metric::$metric);
+            }
+        )*
+    };
 }
 
-pub(crate) fn in_progress(scope: &Scope) {
-    count(scope, Metric::InProgress);
-}
-
-pub(crate) fn taken_over(scope: &Scope) {
-    count(scope, Metric::Takeovers);
-}
-
-pub(crate) fn lease_lost(scope: &Scope) {
-    count(scope, Metric::LeaseLost);
-}
-
-pub(crate) fn store_retried(scope: &Scope) {
-    count(scope, Metric::StoreRetries);
-}
-
-pub(crate) fn unprotected(scope: &Scope) {
-    count(scope, Metric::Unprotected);
+counters! {
+    key_reused => KeyReused,
+    in_progress => InProgress,
+    taken_over => Takeovers,
+    lease_lost => LeaseLost,
+    store_retried => StoreRetries,
+    unprotected => Unprotected,
 }
 
 /// `what` became of an abandoned call's claim: `released`, `saved` or

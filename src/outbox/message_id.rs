@@ -1,14 +1,13 @@
 //! A message's id ([`MessageId`]): derived from its operation and from the
 //! message itself, the same in every attempt, process and takeover.
 
-use std::fmt;
-
 use sha2::{Digest, Sha256};
 
 use idem_core::fingerprint::Fingerprint;
-use idem_core::key::{AsKey, Key, KeyError, Scope};
+use idem_core::key::{Key, Scope};
 
 use super::message::Message;
+use crate::steps::hex_id;
 
 /// A message's id: the same for the same operation (scope, key and
 /// payload) and the same message (topic, key, payload and headers), in any
@@ -76,34 +75,14 @@ impl MessageId {
         }
         MessageId(Fingerprint::from_digest(hash.finalize().into()).to_hex())
     }
-
-    /// The id's text.
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
 }
 
-impl fmt::Display for MessageId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl fmt::Debug for MessageId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "MessageId({})", self.0)
-    }
-}
-
-impl AsKey for MessageId {
-    fn to_key(&self) -> Result<Key, KeyError> {
-        Key::new(self.0.as_str())
-    }
-}
+hex_id!(MessageId, "The id's text.");
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use idem_core::key::AsKey;
 
     #[test]
     fn ids_follow_the_documented_derivation() {

@@ -163,6 +163,8 @@ pub use builder::{Failed, InDoubt, NoReconcile, Reconcile, Step};
 pub use counters::{STEPS, STEPS_IN_DOUBT};
 pub use resolve::resolve;
 pub use running::step;
+#[cfg(feature = "_sql")]
+pub(crate) use step_key::hex_id;
 pub use step_key::{StepKey, MAX_STEP_NAME_LEN};
 
 pub(crate) use operation::{Operation, StepsAs};

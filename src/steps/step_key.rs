@@ -1,13 +1,45 @@
 //! A step's name, and the key derived from it for the downstream call:
 //! the same in every attempt, process and takeover.
 
-use std::fmt;
-
 use sha2::{Digest, Sha256};
 
 use idem_core::error::Error;
 use idem_core::fingerprint::Fingerprint;
-use idem_core::key::{AsKey, Key, KeyError, Scope};
+use idem_core::key::{Key, Scope};
+
+/// The text, `Display`, `Debug` and [`AsKey`] of an id that is the hex
+/// of a digest (a step's key, an outbox message's id): a newtype over its
+/// `String`.
+macro_rules! hex_id {
+    ($id:ident, $text:literal) => {
+        impl $id {
+            #[doc = $text]
+            pub fn as_str(&self) -> &str {
+                &self.0
+            }
+        }
+
+        impl std::fmt::Display for $id {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(&self.0)
+            }
+        }
+
+        impl std::fmt::Debug for $id {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                write!(f, "{}({})", stringify!($id), self.0)
+            }
+        }
+
+        impl idem_core::key::AsKey for $id {
+            fn to_key(&self) -> Result<idem_core::key::Key, idem_core::key::KeyError> {
+                idem_core::key::Key::new(self.0.as_str())
+            }
+        }
+    };
+}
+#[cfg(feature = "_sql")]
+pub(crate) use hex_id;
 
 /// The longest step name.
 pub const MAX_STEP_NAME_LEN: usize = 64;
@@ -57,34 +89,13 @@ impl StepKey {
         hash.update(format!("|{occurrence}").as_bytes());
         StepKey(Fingerprint::from_digest(hash.finalize().into()).to_hex())
     }
-
-    /// The key's text.
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
 }
 
-impl fmt::Display for StepKey {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl fmt::Debug for StepKey {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "StepKey({})", self.0)
-    }
-}
+hex_id!(StepKey, "The key's text.");
 
 impl AsRef<str> for StepKey {
     fn as_ref(&self) -> &str {
         &self.0
-    }
-}
-
-impl AsKey for StepKey {
-    fn to_key(&self) -> Result<Key, KeyError> {
-        Key::new(self.0.as_str())
     }
 }
 
@@ -108,6 +119,7 @@ pub(super) fn check_name(name: &str) -> Result<(), Error> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use idem_core::key::AsKey;
 
     #[test]
     fn keys_are_stable_printable_and_distinct() {
