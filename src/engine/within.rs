@@ -75,78 +75,84 @@ where
 {
     let claims = rows.claims().await?;
     let (checked, outcomes) = claim.check(Instant::now())?;
-    let request = checked.request();
-    // From here on, a dropped caller hands back whatever it holds.
-    let mut guard = Guard::new(&claims, &request);
-    // Duplicates poll: a store's wake-up could come as the completion is
-    // written, before the transaction that writes it with the row commits,
-    // and a duplicate would then look for a row not yet visible.
-    let mut records = Pooled {
-        store: &claims,
-        polling: true,
-    };
-    let claim = match claimed::<_, _, Entry<T>, E, _>(
-        &mut records,
-        &checked,
-        &request,
-        &outcomes,
-        &mut guard,
-    )
-    .await
-    {
-        Ok(claim) => claim,
-        // The claim was completed by another call: its row is stored.
-        Err(Ok(_)) => return Ok(Entry::Stored),
-        Err(Err(err)) => return Err(err),
-    };
-    // Once the claim is won: look for the row again, run the body and
-    // write its row (the lease renewed all along), then settle the claim:
-    // completed with the row, or completed here, or handed back.
-    guard.running(claim.clone());
-    let operation = Operation::on(&claims, claim.clone(), checked.steps_as());
-    guard.journal_first(operation.clone());
-    let completion = Completion::new(&claim);
-    let work = async {
-        // An owner before this one may have inserted its row, then stopped
-        // before its claim was completed.
-        if let Some(found) = rows.find(&asked.key).await? {
-            return Ok(Entry::Found(found));
-        }
-        // The body's outbox messages wait for the row's transaction.
-        steps::hold_messages();
-        let value = body.await?;
-        // The body's journal writes land first, as they do before record
-        // mode completes a claim.
-        steps::flush_journal().await;
-        let held = steps::held_messages();
-        Ok(Entry::Saved(
-            rows.write(&claims, value, asked, &completion, held).await?,
-        ))
-    };
-    let work = std::pin::pin!(operation.scope(work));
-    let result = renewing(&claims, &claim, Some(&checked), Some(&completion), work).await;
-    if completion.is_committed() {
-        guard.disarm();
-        return result;
-    }
-    if result.is_err() {
-        // Nothing to store: hand the key back. Should that fail, the guard
-        // hands it back in the background as it drops.
-        if release(&mut records, &claim).await {
+    // The claim's own span (its per-table scope), inside the operation's.
+    let span = checked.span();
+    async move {
+        let request = checked.request();
+        // From here on, a dropped caller hands back whatever it holds.
+        let mut guard = Guard::new(&claims, &request);
+        // Duplicates poll: a store's wake-up could come as the completion is
+        // written, before the transaction that writes it with the row commits,
+        // and a duplicate would then look for a row not yet visible.
+        let mut records = Pooled {
+            store: &claims,
+            polling: true,
+        };
+        let claim = match claimed::<_, _, Entry<T>, E, _>(
+            &mut records,
+            &checked,
+            &request,
+            &outcomes,
+            &mut guard,
+        )
+        .await
+        {
+            Ok(claim) => claim,
+            // The claim was completed by another call: its row is stored.
+            Err(Ok(_)) => return Ok(Entry::Stored),
+            Err(Err(err)) => return Err(err),
+        };
+        // Once the claim is won: look for the row again, run the body and
+        // write its row (the lease renewed all along), then settle the claim:
+        // completed with the row, or completed here, or handed back.
+        guard.running(claim.clone());
+        let operation = Operation::on(&claims, claim.clone(), checked.steps_as());
+        guard.journal_first(operation.clone());
+        let completion = Completion::new(&claim);
+        let work = async {
+            // An owner before this one may have inserted its row, then stopped
+            // before its claim was completed.
+            if let Some(found) = rows.find(&asked.key).await? {
+                return Ok(Entry::Found(found));
+            }
+            // The body's outbox messages wait for the row's transaction.
+            steps::hold_messages();
+            let value = body.await?;
+            // The body's journal writes land first, as they do before record
+            // mode completes a claim.
+            steps::flush_journal().await;
+            let held = steps::held_messages();
+            Ok(Entry::Saved(
+                rows.write(&claims, value, asked, &completion, held).await?,
+            ))
+        };
+        let work = std::pin::pin!(operation.scope(work));
+        let result = renewing(&claims, &claim, Some(&checked), Some(&completion), work).await;
+        if completion.is_committed() {
             guard.disarm();
+            return result;
         }
-        return result;
+        if result.is_err() {
+            // Nothing to store: hand the key back. Should that fail, the guard
+            // hands it back in the background as it drops.
+            if release(&mut records, &claim).await {
+                guard.disarm();
+            }
+            return result;
+        }
+        // A row found under the claim, or written while the claim was taken
+        // over: the claim is completed here, as record mode completes one.
+        let stored = guard.saving(Completion::outcome());
+        match save(&claims, &claim, stored, SaveFor::Caller).await {
+            // Still not stored: the guard keeps trying in the background as
+            // it drops. The caller gets its row now.
+            Saved::NotYet => {}
+            Saved::Stored | Saved::Lost => guard.disarm(),
+        }
+        result
     }
-    // A row found under the claim, or written while the claim was taken
-    // over: the claim is completed here, as record mode completes one.
-    let stored = guard.saving(Completion::outcome());
-    match save(&claims, &claim, stored, SaveFor::Caller).await {
-        // Still not stored: the guard keeps trying in the background as
-        // it drops. The caller gets its row now.
-        Saved::NotYet => {}
-        Saved::Stored | Saved::Lost => guard.disarm(),
-    }
-    result
+    .instrument(span)
+    .await
 }
 
 /// The call's key and fingerprint, checked; its scope must name no
