@@ -102,11 +102,6 @@ pub(super) async fn keep_renewed<S: Store + ?Sized>(
     loop {
         tokio::time::sleep_until(next).await;
         let sent = Instant::now();
-        // Completed with the body's rows: the claim is settled.
-        if completion.is_some_and(|c| c.is_committed()) {
-            next = sent + period;
-            continue;
-        }
         let renewed = match within(period, store.renew(claim)).await {
             // Completed with the body's rows while the renewal waited for
             // the record's lock: not lost. (Had that transaction rolled

@@ -45,14 +45,13 @@ where
     Fut: Future<Output = Result<T, E>>,
 {
     let asked = asked(&call)?;
-    let claim = claim_call(call, rows, &asked);
     let span = tracing::info_span!("idem", scope = %asked.scope, key = %asked.key, mode = "entity");
     async move {
         let entry = match rows.find(&asked.key).await? {
             Some(found) => Entry::Found(found),
             // The claimed flow on the heap: a call answered by its row
             // neither carries nor copies it.
-            None => Box::pin(claimed_flow(claim, rows, &asked, body)).await?,
+            None => Box::pin(claimed_flow(call, rows, &asked, body)).await?,
         };
         Ok(answer(rows, &asked, entry).await?)
     }
@@ -63,7 +62,7 @@ where
 /// The key claimed (or a duplicate's answer), the body run under the
 /// claim and its row written, the claim settled.
 async fn claimed_flow<R, T, E, Fut>(
-    claim: Call<OkOnly<Marker>>,
+    call: Call,
     rows: &R,
     asked: &Asked,
     body: Fut,
@@ -74,7 +73,7 @@ where
     Fut: Future<Output = Result<T, E>>,
 {
     let claims = rows.claims().await?;
-    let (checked, outcomes) = claim.check(Instant::now())?;
+    let (checked, outcomes) = claim_call(call, rows, asked).check(Instant::now())?;
     // The claim's own span (its per-table scope), inside the operation's.
     let span = checked.span();
     async move {
