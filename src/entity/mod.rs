@@ -116,11 +116,10 @@ use sqlx::{FromRow, Pool};
 use crate::engine::within::run_within;
 use crate::engine::Call;
 pub use crate::store::sql::entity::{
-    is_unique_violation, Entity, EntityBind, EntityDatabase, RequestHash, TokenEntity,
+    find, is_unique_violation, Entity, EntityBind, EntityDatabase, RequestHash, TokenEntity,
 };
 use crate::store::sql::entity_rows::EntityRows;
 use idem_core::error::Error;
-use idem_core::key::Key;
 /// The sqlx this crate is built with: the version whose types an entity's
 /// code and the SQL stores' pools are of, which `#[derive(Entity)]`'s code
 /// names.
@@ -142,15 +141,6 @@ where
 {
     let rows = EntityRows::<DB, T>::new(pool)?;
     run_within(call, &rows, body).await
-}
-
-/// The row whose token is `token`, if any.
-pub async fn find<DB, T>(pool: &Pool<DB>, token: &Key) -> Result<Option<T>, Error>
-where
-    DB: EntityDatabase,
-    T: TokenEntity + for<'r> FromRow<'r, DB::Row> + Send + Unpin,
-{
-    DB::find_entity(pool, token).await
 }
 
 /// Inserts `entity`, or updates the row it collides with on the UNIQUE

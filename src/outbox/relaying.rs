@@ -56,11 +56,9 @@ impl<DB: Backend> Outbox<DB> {
     /// [`Error::Store`]: they stay leased, and are produced again after
     /// the lease.
     pub async fn mark_relayed(&self, seqs: &[i64]) -> Result<u64, Error> {
-        let mut marked = 0;
-        for seqs in seqs.chunks(MAX_LEASE_BATCH) {
-            marked += self.store.outbox_mark(&self.sql, seqs).await?;
-        }
-        Ok(marked)
+        (self.store)
+            .outbox_on_seqs(&self.sql.mark, None, seqs, MAX_LEASE_BATCH)
+            .await
     }
 
     /// Gives the messages `seqs` of `lease` back, for the next lease (a
@@ -71,14 +69,10 @@ impl<DB: Backend> Outbox<DB> {
     ///
     /// [`Error::Store`]: they are given back when the lease ends.
     pub async fn release(&self, lease: &Lease, seqs: &[i64]) -> Result<u64, Error> {
-        let mut released = 0;
-        for seqs in seqs.chunks(MAX_LEASE_BATCH) {
-            released += self
-                .store
-                .outbox_release(&self.sql, &lease.token, seqs)
-                .await?;
-        }
-        Ok(released)
+        let token = Some(&lease.token);
+        (self.store)
+            .outbox_on_seqs(&self.sql.release, token, seqs, MAX_LEASE_BATCH)
+            .await
     }
 
     /// Deletes at most `batch` relayed messages kept past their time (see
@@ -158,11 +152,9 @@ impl<DB: Backend> Outbox<DB> {
     ///
     /// [`Error::Store`].
     pub async fn unpark(&self, seqs: &[i64]) -> Result<u64, Error> {
-        let mut unparked = 0;
-        for seqs in seqs.chunks(MAX_LEASE_BATCH) {
-            unparked += self.store.outbox_unpark(&self.sql, seqs).await?;
-        }
-        Ok(unparked)
+        (self.store)
+            .outbox_on_seqs(&self.sql.unpark, None, seqs, MAX_LEASE_BATCH)
+            .await
     }
 }
 

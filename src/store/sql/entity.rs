@@ -207,38 +207,6 @@ pub trait EntityDatabase: Backend + EntitySql {
         }
     }
 
-    /// The row whose token is `token`, if any.
-    #[doc(hidden)]
-    fn find_entity<T>(
-        pool: &Pool<Self>,
-        token: &Key,
-    ) -> impl Future<Output = Result<Option<T>, Error>>
-    where
-        T: TokenEntity + for<'r> FromRow<'r, Self::Row> + Send + Unpin,
-    {
-        async move {
-            let mut conn = pool.acquire().await?;
-            Self::find_entity_on(&mut conn, token).await
-        }
-    }
-
-    /// [`find_entity`](Self::find_entity) on a given connection.
-    #[doc(hidden)]
-    fn find_entity_on<'c, T>(
-        conn: &'c mut Self::Connection,
-        token: &'c Key,
-    ) -> impl Future<Output = Result<Option<T>, Error>> + 'c
-    where
-        T: TokenEntity + for<'r> FromRow<'r, Self::Row> + Send + Unpin,
-    {
-        async move {
-            check_token_names::<T>()?;
-            let find = Self::select_where(T::TABLE, &[T::TOKEN_COLUMN]);
-            let row = Self::fetch_row(conn, &find, vec![Value::Text(token.as_str())]).await?;
-            Ok(row.map(|row| T::from_row(&row)).transpose()?)
-        }
-    }
-
     /// Inserts the entity on `conn` and answers the row as stored, or
     /// `None` when a row holds its token already, with the backend's
     /// [`insert`](EntitySql::insert), which answers both (SQLite,
@@ -285,6 +253,31 @@ pub trait EntityDatabase: Backend + EntitySql {
 
 /// The name of the table holding entity mode's claims.
 pub(crate) const CLAIMS_TABLE: &str = crate::admin::ENTITY_CLAIMS_TABLE;
+
+/// The row whose token is `token`, if any.
+pub async fn find<DB, T>(pool: &Pool<DB>, token: &Key) -> Result<Option<T>, Error>
+where
+    DB: EntityDatabase,
+    T: TokenEntity + for<'r> FromRow<'r, DB::Row> + Send + Unpin,
+{
+    let mut conn = pool.acquire().await?;
+    find_on::<DB, T>(&mut conn, token).await
+}
+
+/// The row whose token is `token`, if any, read on `conn`.
+pub(crate) async fn find_on<DB, T>(
+    conn: &mut DB::Connection,
+    token: &Key,
+) -> Result<Option<T>, Error>
+where
+    DB: EntityDatabase,
+    T: TokenEntity + for<'r> FromRow<'r, DB::Row> + Send + Unpin,
+{
+    check_token_names::<T>()?;
+    let find = DB::select_where(T::TABLE, &[T::TOKEN_COLUMN]);
+    let row = DB::fetch_row(conn, &find, vec![Value::Text(token.as_str())]).await?;
+    Ok(row.map(|row| T::from_row(&row)).transpose()?)
+}
 
 /// Runs `migrate` once per database in this process, keyed by `database`
 /// (the backend and its connect options). First calls wait for each other

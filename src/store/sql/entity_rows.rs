@@ -58,7 +58,7 @@ where
     }
 
     async fn find(&self, key: &Key) -> Result<Option<T>, Error> {
-        DB::find_entity::<T>(self.pool, key).await
+        super::entity::find::<DB, T>(self.pool, key).await
     }
 
     fn answers(&self, found: &T, asked: &Asked) -> Result<(), Error> {
@@ -114,7 +114,7 @@ where
                 // A row holds the token: written by code that did not
                 // claim, or by this very insert whose answer was lost.
                 Ok(None) => {
-                    let winner = DB::find_entity(self.pool, &asked.key).await?;
+                    let winner = super::entity::find(self.pool, &asked.key).await?;
                     return self.lost_race(winner, asked);
                 }
                 Err(err) if is_transient(&err) => {

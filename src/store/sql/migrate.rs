@@ -4,6 +4,7 @@
 //! safe to call at every start. Keeping migrators apart (a lock) is the
 //! backend's.
 
+use super::dialect::Refusal;
 use super::exec::Value;
 use super::Backend;
 use idem_core::error::Error;
@@ -55,7 +56,7 @@ pub(crate) async fn apply<DB: Backend>(
         let sql = rename(migration.replace("{table}", table));
         if let Err(err) = DB::execute_script(conn, &sql).await {
             let err = Error::from(err);
-            if !DB::column_exists_already(&err) {
+            if DB::refusal(&err) != Some(Refusal::ColumnExists) {
                 return Err(err);
             }
             tracing::info!(table, version, "the migration had run; recording it");

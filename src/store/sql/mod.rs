@@ -119,6 +119,27 @@ pub(crate) mod dialect {
     use super::*;
     use idem_core::record::Outcome;
 
+    /// A refusal of the database that the shared flow answers in its own
+    /// way ([`Dialect::refusal`]).
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub enum Refusal {
+        /// The database rolled a statement back to break a deadlock: on
+        /// the pool, the statement runs again.
+        Deadlock,
+        /// The database refused a claim because the caller's snapshot is
+        /// older than the record (MariaDB's `innodb_snapshot_isolation`):
+        /// the claim answers from a read beside the transaction.
+        ChangedSinceRead,
+        /// The server refused the claim's `RETURNING` clause: the claim
+        /// without it is used from then on.
+        Returning,
+        /// A migration's `ADD COLUMN` found the column there: the
+        /// migration ran, and its record did not (MySQL's DDL commits at
+        /// once, and MySQL, unlike MariaDB, has no `ADD COLUMN IF NOT
+        /// EXISTS`).
+        ColumnExists,
+    }
+
     /// A backend's statements, one trait for each file of its folder that
     /// holds them ([`RecordsSql`], [`JournalSql`], [`OutboxSql`],
     /// [`InventorySql`]), and its true differences.
@@ -179,33 +200,12 @@ pub(crate) mod dialect {
             Ok(())
         }
 
-        /// The database refused a claim because the caller's snapshot is
-        /// older than the record (MariaDB's `innodb_snapshot_isolation`).
-        fn changed_since_read(err: &Error) -> bool {
+        /// What the database's error `err` means to the shared flow, when
+        /// it is one of the refusals the flow answers in its own way.
+        /// None by default.
+        fn refusal(err: &Error) -> Option<Refusal> {
             let _ = err;
-            false
-        }
-
-        /// Whether the server refused the claim's `RETURNING` clause, so
-        /// that the claim without it is used from then on.
-        fn refuses_returning(err: &Error) -> bool {
-            let _ = err;
-            false
-        }
-
-        /// The database rolled a statement back to break a deadlock: on the
-        /// pool, it runs again.
-        fn is_deadlock(err: &Error) -> bool {
-            let _ = err;
-            false
-        }
-
-        /// A migration's `ADD COLUMN` found the column there: the migration
-        /// ran, and its record did not (MySQL's DDL commits at once, and
-        /// MySQL, unlike MariaDB, has no `ADD COLUMN IF NOT EXISTS`).
-        fn column_exists_already(err: &Error) -> bool {
-            let _ = err;
-            false
+            None
         }
 
         /// The most bytes of outcome one completion can carry, all its

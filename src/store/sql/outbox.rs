@@ -217,26 +217,6 @@ impl<DB: Backend> SqlStore<DB> {
         })
     }
 
-    /// Marks the rows `seqs` relayed; returns how many were not yet.
-    pub(crate) async fn outbox_mark(
-        &self,
-        sql: &OutboxStatements,
-        seqs: &[i64],
-    ) -> Result<u64, Error> {
-        self.outbox_on_seqs(&sql.mark, Vec::new(), seqs).await
-    }
-
-    /// Gives the rows `seqs` leased under `token` back, for the next lease.
-    pub(crate) async fn outbox_release(
-        &self,
-        sql: &OutboxStatements,
-        token: &ClaimToken,
-        seqs: &[i64],
-    ) -> Result<u64, Error> {
-        self.outbox_on_seqs(&sql.release, vec![Value::Bytes(token.as_bytes())], seqs)
-            .await
-    }
-
     /// Deletes at most `batch` relayed rows kept past their time.
     pub(crate) async fn outbox_purge(
         &self,
@@ -306,32 +286,31 @@ impl<DB: Backend> SqlStore<DB> {
             .collect()
     }
 
-    /// Unparks the rows `seqs`: they wait to be relayed again.
-    pub(crate) async fn outbox_unpark(
-        &self,
-        sql: &OutboxStatements,
-        seqs: &[i64],
-    ) -> Result<u64, Error> {
-        self.outbox_on_seqs(&sql.unpark, Vec::new(), seqs).await
-    }
-
-    /// Runs the write `prefix` (ended by `seq IN `) on the rows `seqs`,
-    /// after the values `leading`; returns how many rows it changed.
-    async fn outbox_on_seqs(
+    /// Runs the write `prefix` (ended by `seq IN `) on the rows `seqs`, a
+    /// statement for each `batch` of them, after the lease's `token` where
+    /// the statement takes one (a give-back); returns how many rows it
+    /// changed. The outbox marks, gives back and unparks rows this way.
+    pub(crate) async fn outbox_on_seqs(
         &self,
         prefix: &str,
-        mut leading: Vec<Value<'_>>,
+        token: Option<&ClaimToken>,
         seqs: &[i64],
+        batch: usize,
     ) -> Result<u64, Error> {
-        if seqs.is_empty() {
-            return Ok(0);
+        let mut changed = 0;
+        for seqs in seqs.chunks(batch.max(1)) {
+            let mut values: Vec<Value<'_>> = token
+                .map(|token| Value::Bytes(token.as_bytes()))
+                .into_iter()
+                .collect();
+            let statement = with_list::<DB>(prefix, values.len(), seqs.len());
+            values.extend(seqs.iter().map(|seq| Value::Int(*seq)));
+            let _turn = self.gate.enter().await;
+            let mut conn = self.pool.acquire().await?;
+            let done = DB::execute(&mut conn, &statement, values).await?;
+            changed += DB::rows_affected(&done);
         }
-        let statement = with_list::<DB>(prefix, leading.len(), seqs.len());
-        leading.extend(seqs.iter().map(|seq| Value::Int(*seq)));
-        let _turn = self.gate.enter().await;
-        let mut conn = self.pool.acquire().await?;
-        let done = DB::execute(&mut conn, &statement, leading).await?;
-        Ok(DB::rows_affected(&done))
+        Ok(changed)
     }
 }
 

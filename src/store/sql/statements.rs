@@ -297,9 +297,9 @@ pub struct OutboxStatements {
     /// The rows a lease holds: token.
     pub(super) leased: String,
     /// Marks rows relayed: the sequence numbers.
-    pub(super) mark: String,
+    pub(crate) mark: String,
     /// Gives leased rows back: token, then the sequence numbers.
-    pub(super) release: String,
+    pub(crate) release: String,
     /// Deletes at most a batch of relayed rows past their time: batch.
     pub(super) purge: String,
     /// How many rows wait to be relayed (parked rows do not).
@@ -311,7 +311,7 @@ pub struct OutboxStatements {
     /// How many rows are parked.
     pub(super) parked_count: String,
     /// Unparks rows: the sequence numbers.
-    pub(super) unpark: String,
+    pub(crate) unpark: String,
 }
 
 /// A backend's statements for an operator's [`Inventory`](crate::admin::Inventory)

@@ -122,7 +122,8 @@ macro_rules! in_transaction {
             match result {
                 Err(err)
                     if attempt < $crate::store::sql::tx::DEADLOCK_ATTEMPTS
-                        && DB::is_deadlock(&err) =>
+                        && DB::refusal(&err)
+                            == Some($crate::store::sql::dialect::Refusal::Deadlock) =>
                 {
                     drop(pooled);
                     tokio::time::sleep(std::time::Duration::from_millis(u64::from(attempt) * 2))

@@ -10,6 +10,7 @@ use std::time::Duration;
 use super::bound::Bound;
 use super::rows::decode_read;
 use super::{Backend, SqlStore};
+use crate::store::sql::dialect::Refusal;
 use crate::store::sql::statements::{ClaimReturns, Statement};
 use idem_core::error::Error;
 use idem_core::record::{decide, Begin, BeginRequest, Claim, Millis, Record};
@@ -131,7 +132,7 @@ impl<DB: Backend> SqlStore<DB> {
                     Ok(Claimed::Found(record, now))
                 }
                 Ok(None) => Ok(Claimed::Unknown),
-                Err(err) if DB::refuses_returning(&err) => {
+                Err(err) if DB::refusal(&err) == Some(Refusal::Returning) => {
                     let Some(plain) = &sql.claim_without_returning else {
                         return Err(err);
                     };
@@ -174,7 +175,7 @@ impl<DB: Backend> SqlStore<DB> {
         req: &BeginRequest<'_>,
         on_pool: bool,
     ) -> Result<Begin, Error> {
-        if !on_pool && DB::is_deadlock(&err) {
+        if !on_pool && DB::refusal(&err) == Some(Refusal::Deadlock) {
             tracing::info!(
                 error = %err,
                 "the claim in the caller's transaction was a deadlock's victim; retry the transaction"
@@ -183,7 +184,7 @@ impl<DB: Backend> SqlStore<DB> {
                 retry_after: Duration::from_secs(1),
             });
         }
-        if DB::changed_since_read(&err) {
+        if DB::refusal(&err) == Some(Refusal::ChangedSinceRead) {
             if let Some(answer) = self.peek_beside(req).await? {
                 return Ok(answer);
             }

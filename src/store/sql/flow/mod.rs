@@ -114,7 +114,7 @@ macro_rules! on_pool {
                     tracing::debug!(error = %err, "a kept connection failed; running again");
                     drop($conn);
                 }
-                Err(err) if attempt < $crate::store::sql::flow::DEADLOCK_ATTEMPTS && DB::is_deadlock(&err) => {
+                Err(err) if attempt < $crate::store::sql::flow::DEADLOCK_ATTEMPTS && DB::refusal(&err) == Some($crate::store::sql::dialect::Refusal::Deadlock) => {
                     tracing::debug!(attempt, "deadlock on the idempotency table; running again");
                     drop($conn);
                     tokio::time::sleep(::std::time::Duration::from_millis(u64::from(attempt) * 2)).await;
@@ -188,6 +188,27 @@ impl<DB: Backend> SqlStore<DB> {
     /// The records table.
     pub fn table_name(&self) -> &str {
         &self.sql.table
+    }
+
+    /// A store on `pool`, its records table migrated: how each backend's
+    /// `connect` ends.
+    #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
+    pub(crate) async fn migrated(pool: sqlx::Pool<DB>) -> Result<Self, Error> {
+        let store = SqlStore::new(pool);
+        store.migrate().await?;
+        Ok(store)
+    }
+
+    /// Connects a pool to the server at `url` with sqlx's pool settings
+    /// and the service's logging ([`service_logging`](super::service_logging)),
+    /// and migrates the default table: PostgreSQL's and MySQL's `connect`.
+    #[cfg(any(feature = "postgres", feature = "mysql"))]
+    pub(crate) async fn connect_to_server(url: &str) -> Result<Self, Error> {
+        let options: <DB::Connection as sqlx::Connection>::Options = url.parse()?;
+        let pool = sqlx::pool::PoolOptions::<DB>::new()
+            .connect_with(super::service_logging(options))
+            .await?;
+        Self::migrated(pool).await
     }
 
     /// Creates or upgrades the records table. Safe to call at every start,

@@ -8,9 +8,9 @@
 
 mod sql;
 
-use sqlx::mysql::{MySql, MySqlConnection, MySqlPoolOptions, MySqlQueryResult};
+use sqlx::mysql::{MySql, MySqlConnection, MySqlQueryResult};
 
-use super::dialect::Dialect;
+use super::dialect::{Dialect, Refusal};
 use super::migrate::{self, Bookkeeping};
 use super::read_first::ReadFirst;
 use super::statements::{Param, Statement};
@@ -278,47 +278,31 @@ impl Dialect for MySql {
         Ok(())
     }
 
-    /// InnoDB refused a locking read or write of a row changed since the
-    /// transaction's snapshot (MariaDB's `innodb_snapshot_isolation`:
-    /// error 1020, "Record has changed since last read"). The claim then
-    /// answers from a read beside the transaction instead of failing.
-    fn changed_since_read(err: &Error) -> bool {
-        database_error(err)
-            .and_then(|e| e.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>())
-            .is_some_and(|e| e.number() == 1020)
+    /// InnoDB's refusals: a deadlock's victim rolled back (SQLSTATE
+    /// 40001; error 1213); a locking read or write of a row changed since
+    /// the transaction's snapshot (MariaDB's `innodb_snapshot_isolation`:
+    /// error 1020, "Record has changed since last read"); a statement the
+    /// server cannot parse (ER_PARSE_ERROR, 1064: MySQL, and MariaDB
+    /// before 10.5, have no `INSERT ... RETURNING`); a column added twice
+    /// (ER_DUP_FIELDNAME, 1060).
+    fn refusal(err: &Error) -> Option<Refusal> {
+        let Error::Store(source) = err else {
+            return None;
+        };
+        let database = source.downcast_ref::<sqlx::Error>()?.as_database_error()?;
+        if database.code().is_some_and(|code| code == "40001") {
+            return Some(Refusal::Deadlock);
+        }
+        match database
+            .try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>()?
+            .number()
+        {
+            1020 => Some(Refusal::ChangedSinceRead),
+            1064 => Some(Refusal::Returning),
+            1060 => Some(Refusal::ColumnExists),
+            _ => None,
+        }
     }
-
-    /// InnoDB rolled the statement back to break a deadlock (error 1213,
-    /// SQLSTATE 40001).
-    fn refuses_returning(err: &Error) -> bool {
-        // ER_PARSE_ERROR: MySQL, and MariaDB before 10.5, have no
-        // `INSERT ... RETURNING`.
-        database_error(err)
-            .and_then(|e| e.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>())
-            .is_some_and(|e| e.number() == 1064)
-    }
-
-    fn is_deadlock(err: &Error) -> bool {
-        database_error(err)
-            .and_then(|e| e.code())
-            .is_some_and(|code| code == "40001")
-    }
-
-    /// ER_DUP_FIELDNAME (1060).
-    fn column_exists_already(err: &Error) -> bool {
-        database_error(err)
-            .and_then(|e| e.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>())
-            .is_some_and(|e| e.number() == 1060)
-    }
-}
-
-fn database_error(err: &Error) -> Option<&dyn sqlx::error::DatabaseError> {
-    let Error::Store(source) = err else {
-        return None;
-    };
-    source
-        .downcast_ref::<sqlx::Error>()
-        .and_then(|e| e.as_database_error())
 }
 
 impl SqlStore<MySql> {
@@ -328,11 +312,7 @@ impl SqlStore<MySql> {
     /// The pool logs its statements at TRACE, and one slower than a
     /// second at INFO (sqlx's defaults are DEBUG and WARN).
     pub async fn connect(url: &str) -> Result<Self, Error> {
-        let options = super::service_logging(url.parse::<sqlx::mysql::MySqlConnectOptions>()?);
-        let pool = MySqlPoolOptions::new().connect_with(options).await?;
-        let store = SqlStore::new(pool);
-        store.migrate().await?;
-        Ok(store)
+        Self::connect_to_server(url).await
     }
 }
 
@@ -377,12 +357,12 @@ mod tests {
             .execute(&pool)
             .await
             .unwrap_err();
-        assert!(MySql::refuses_returning(&Error::from(err)));
+        assert_eq!(MySql::refusal(&Error::from(err)), Some(Refusal::Returning));
         let err = sqlx::query("SELECT * FROM no_such_table_here")
             .execute(&pool)
             .await
             .unwrap_err();
-        assert!(!MySql::refuses_returning(&Error::from(err)));
+        assert_ne!(MySql::refusal(&Error::from(err)), Some(Refusal::Returning));
     }
 
     #[test]

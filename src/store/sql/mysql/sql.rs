@@ -12,8 +12,9 @@ use sqlx::mysql::{MySql, MySqlConnection, MySqlPool};
 use sqlx::FromRow;
 
 use super::NOW;
+use crate::store::sql::dialect::{Dialect, Refusal};
 use crate::store::sql::entity::{
-    arguments, check_conflict, is_unique_violation, listed, updated_columns, EntityBind,
+    arguments, check_conflict, find_on, is_unique_violation, listed, updated_columns, EntityBind,
     EntityDatabase, EntitySql, TokenEntity,
 };
 use crate::store::sql::statements::{
@@ -409,8 +410,6 @@ impl InventorySql for MySql {
 // [`crate::entity::run`]'s; claims live in the records table
 // [`CLAIMS_TABLE`](crate::entity::CLAIMS_TABLE) of the same database.
 
-/// InnoDB's deadlock error.
-const ER_LOCK_DEADLOCK: u16 = 1213;
 /// How often an upsert picked as a deadlock victim runs.
 const UPSERT_ATTEMPTS: u32 = 5;
 
@@ -462,14 +461,14 @@ impl EntityDatabase for MySql {
             Ok(_) => {}
             Err(err) if is_unique_violation(&err) => {
                 // The token's row, or another unique key's collision.
-                return match Self::find_entity_on::<T>(conn, &token).await? {
+                return match find_on::<MySql, T>(conn, &token).await? {
                     Some(_) => Ok(None),
                     None => Err(err.into()),
                 };
             }
             Err(err) => return Err(err.into()),
         }
-        Self::find_entity_on(conn, &token)
+        find_on::<MySql, T>(conn, &token)
             .await?
             .map(Some)
             .ok_or_else(|| {
@@ -487,7 +486,10 @@ impl EntityDatabase for MySql {
         let mut attempt = 1;
         loop {
             match upsert_once(pool, entity, conflict, &upsert, &select).await {
-                Err(err) if attempt < UPSERT_ATTEMPTS && is_deadlock(&err) => {
+                Err(err)
+                    if attempt < UPSERT_ATTEMPTS
+                        && MySql::refusal(&err) == Some(Refusal::Deadlock) =>
+                {
                     tracing::debug!(attempt, "the upsert was a deadlock victim; trying again");
                     tokio::time::sleep(Duration::from_millis(5 * u64::from(attempt))).await;
                     attempt += 1;
@@ -524,14 +526,4 @@ where
     tx.commit().await?;
     conn.ended();
     Ok(row)
-}
-
-fn is_deadlock(err: &Error) -> bool {
-    let Error::Store(err) = err else {
-        return false;
-    };
-    err.downcast_ref::<sqlx::Error>()
-        .and_then(|err| err.as_database_error())
-        .and_then(|db| db.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>())
-        .is_some_and(|db| db.number() == ER_LOCK_DEADLOCK)
 }

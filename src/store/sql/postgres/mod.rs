@@ -6,7 +6,7 @@
 //! in other processes ([`listener`]).
 
 use sha2::{Digest, Sha256};
-use sqlx::postgres::{PgConnection, PgPoolOptions, PgQueryResult, Postgres};
+use sqlx::postgres::{PgConnection, PgQueryResult, Postgres};
 
 use super::dialect::Dialect;
 use super::migrate::{self, Bookkeeping};
@@ -254,11 +254,7 @@ impl SqlStore<Postgres> {
     /// The pool logs its statements at TRACE, and one slower than a
     /// second at INFO (sqlx's defaults are DEBUG and WARN).
     pub async fn connect(url: &str) -> Result<Self, Error> {
-        let options = super::service_logging(url.parse::<sqlx::postgres::PgConnectOptions>()?);
-        let pool = PgPoolOptions::new().connect_with(options).await?;
-        let store = SqlStore::new(pool);
-        store.migrate().await?;
-        Ok(store)
+        Self::connect_to_server(url).await
     }
 }
 

@@ -237,9 +237,7 @@ impl SqlStore<Sqlite> {
                 .connect_with(options.journal_mode(SqliteJournalMode::Wal))
                 .await?
         };
-        let store = SqlStore::new(pool);
-        store.migrate().await?;
-        Ok(store)
+        Self::migrated(pool).await
     }
 }
 
