@@ -12,7 +12,7 @@ use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
 use idem::admin::Inventory;
-use idem::journal::{StepRecord, StepResolution, StepState};
+use idem::journal::{StepAt, StepRecord, StepResolution, StepState};
 use idem::record::Record;
 use idem::{Key, Scope};
 use serde_json::{json, Value};
@@ -492,7 +492,15 @@ async fn resolve(
         confirm(&what)?;
     }
     if !journal(store)?
-        .resolve_step(&scope, &key, seq, &step.name, &resolution)
+        .resolve_step(
+            &StepAt {
+                scope: &scope,
+                key: &key,
+                seq,
+                name: &step.name,
+            },
+            &resolution,
+        )
         .await?
     {
         return refused(

@@ -221,6 +221,23 @@ fn settled_at(entry: &StepRecord, request: &StepRequest<'_>) -> Millis {
         .saturating_add(crate::record::duration_millis(request.settle))
 }
 
+/// A step's place in the journal: the operation `(scope, key)`, and the
+/// step's `seq` and `name` in it. What an operator names when settling
+/// a step ([`Journal::resolve_step`](crate::store::Journal::resolve_step)),
+/// as listed by [`Journal::steps`](crate::store::Journal::steps).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StepAt<'a> {
+    /// The operation's scope.
+    pub scope: &'a Scope,
+    /// The operation's key.
+    pub key: &'a Key,
+    /// The step's place in the operation, from 0.
+    pub seq: u32,
+    /// The step's name: a step found there under another name is not
+    /// this one, and is left alone.
+    pub name: &'a str,
+}
+
 /// How an operator settles a step in doubt
 /// ([`Journal::resolve_step`](crate::store::Journal::resolve_step)).
 #[derive(Clone, Debug, PartialEq, Eq)]

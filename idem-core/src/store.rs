@@ -16,7 +16,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use crate::error::Error;
-use crate::journal::{StepBegin, StepRecord, StepRequest, StepResolution};
+use crate::journal::{StepAt, StepBegin, StepRecord, StepRequest, StepResolution};
 use crate::key::{Key, Scope};
 use crate::record::{Begin, BeginRequest, Claim, Outcome, Record};
 
@@ -240,20 +240,12 @@ pub trait Journal: Send + Sync {
     /// the steps that completed.
     async fn keep_steps(&self, scope: &Scope, key: &Key, ttl: Duration) -> Result<(), Error>;
 
-    /// An operator settles step `seq` (named `name`) of the operation
-    /// `(scope, key)`, which is started and has no outcome (in doubt, or
-    /// still running): with its output, replayed by the next attempt, or by
-    /// allowing the next attempt to run it again. Returns whether there was
-    /// such a step. A step still running when it is resolved may then fail
-    /// to journal its own output.
-    async fn resolve_step(
-        &self,
-        scope: &Scope,
-        key: &Key,
-        seq: u32,
-        name: &str,
-        resolution: &StepResolution,
-    ) -> Result<bool, Error>;
+    /// An operator settles the step at `step`, which is started and has
+    /// no outcome (in doubt, or still running): with its output, replayed
+    /// by the next attempt, or by allowing the next attempt to run it
+    /// again. Returns whether there was such a step. A step still running
+    /// when it is resolved may then fail to journal its own output.
+    async fn resolve_step(&self, step: &StepAt<'_>, to: &StepResolution) -> Result<bool, Error>;
 
     /// Whether the journal writes of a step may run beside the step's own
     /// call and behind the body, off their path (`idem::steps`): `true`

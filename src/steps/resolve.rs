@@ -5,7 +5,7 @@ use serde::Serialize;
 
 use crate::store::{journal_of, Store};
 use idem_core::error::Error;
-use idem_core::journal::StepResolution;
+use idem_core::journal::{StepAt, StepResolution};
 use idem_core::key::{Key, Scope};
 
 use super::counters::in_doubt;
@@ -41,7 +41,15 @@ where
         None => (StepResolution::Rerun, "operator_rerun"),
     };
     let resolved = journal_of(store)?
-        .resolve_step(scope, key, seq, name, &resolution)
+        .resolve_step(
+            &StepAt {
+                scope,
+                key,
+                seq,
+                name,
+            },
+            &resolution,
+        )
         .await?;
     if resolved {
         tracing::info!(%scope, %key, seq, step = name, resolution = label, "step resolved by an operator");

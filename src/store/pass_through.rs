@@ -4,7 +4,7 @@ use async_trait::async_trait;
 
 use super::{BeginRequest, Capabilities, Detach, Immediate, Journal, Store};
 use idem_core::error::Error;
-use idem_core::journal::{StepBegin, StepRecord, StepRequest, StepResolution, StepRun};
+use idem_core::journal::{StepAt, StepBegin, StepRecord, StepRequest, StepResolution, StepRun};
 use idem_core::key::{Key, Scope};
 use idem_core::record::{Begin, Claim, Outcome, Record};
 
@@ -127,14 +127,7 @@ impl Journal for PassThroughStore {
         Ok(())
     }
 
-    async fn resolve_step(
-        &self,
-        _scope: &Scope,
-        _key: &Key,
-        _seq: u32,
-        _name: &str,
-        _resolution: &StepResolution,
-    ) -> Result<bool, Error> {
+    async fn resolve_step(&self, _step: &StepAt<'_>, _to: &StepResolution) -> Result<bool, Error> {
         Ok(false)
     }
 }

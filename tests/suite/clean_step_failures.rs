@@ -303,15 +303,10 @@ impl<S: Store + Clone + 'static> Journal for Decorated<S> {
     }
     async fn resolve_step(
         &self,
-        scope: &idem::Scope,
-        key: &idem::Key,
-        seq: u32,
-        name: &str,
-        resolution: &idem::journal::StepResolution,
+        step: &idem::journal::StepAt<'_>,
+        to: &idem::journal::StepResolution,
     ) -> Result<bool, Error> {
-        journal_of(&self.inner)
-            .resolve_step(scope, key, seq, name, resolution)
-            .await
+        journal_of(&self.inner).resolve_step(step, to).await
     }
     async fn keep_steps(
         &self,

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use idem::journal::{StepBegin, StepRecord, StepRequest, StepResolution, StepState};
+use idem::journal::{StepAt, StepBegin, StepRecord, StepRequest, StepResolution, StepState};
 use idem::record::{Begin, Claim, Outcome, Record};
 use idem::steps::Step;
 use idem::store::BeginRequest;
@@ -107,18 +107,9 @@ impl<S: Store> Journal for Killable<S> {
         self.alive().await;
         journal_of(&self.inner).keep_steps(scope, key, ttl).await
     }
-    async fn resolve_step(
-        &self,
-        scope: &Scope,
-        key: &Key,
-        seq: u32,
-        name: &str,
-        resolution: &StepResolution,
-    ) -> Result<bool, Error> {
+    async fn resolve_step(&self, step: &StepAt<'_>, to: &StepResolution) -> Result<bool, Error> {
         self.alive().await;
-        journal_of(&self.inner)
-            .resolve_step(scope, key, seq, name, resolution)
-            .await
+        journal_of(&self.inner).resolve_step(step, to).await
     }
     fn writes_beside(&self) -> bool {
         journal_of(&self.inner).writes_beside()

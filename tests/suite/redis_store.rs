@@ -493,7 +493,7 @@ async fn an_unreplicated_claim_runs_nothing(redis: Redis) {
 /// operator's resolution (`wait_for_replicas` lists them). A step's start
 /// not acknowledged is put back as the entry was: a fresh one is gone.
 async fn unreplicated_writes_fail(redis: Redis) {
-    use idem::journal::{StepBegin, StepRequest, StepResolution, StepRun};
+    use idem::journal::{StepAt, StepBegin, StepRequest, StepResolution, StepRun};
     use idem::record::{Begin, ClaimToken};
     use idem::store::BeginRequest;
     use idem::Fingerprint;
@@ -579,7 +579,15 @@ async fn unreplicated_writes_fail(redis: Redis) {
     unreplicated(
         "an operator's resolution",
         journal_of(&durable)
-            .resolve_step(&scope, &key, 1, "email", &StepResolution::Rerun)
+            .resolve_step(
+                &StepAt {
+                    scope: &scope,
+                    key: &key,
+                    seq: 1,
+                    name: "email",
+                },
+                &StepResolution::Rerun,
+            )
             .await
             .map(drop),
     );

@@ -19,7 +19,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use idem::journal::{StepBegin, StepRecord, StepRequest, StepResolution};
+use idem::journal::{StepAt, StepBegin, StepRecord, StepRequest, StepResolution};
 use idem::record::{Begin, Claim, Outcome, Record};
 use idem::steps::step;
 use idem::store::BeginRequest;
@@ -86,17 +86,8 @@ impl Journal for SlowJournal {
     async fn steps(&self, scope: &Scope, key: &Key) -> Result<Vec<StepRecord>, Error> {
         journal_of(&self.0).steps(scope, key).await
     }
-    async fn resolve_step(
-        &self,
-        scope: &Scope,
-        key: &Key,
-        seq: u32,
-        name: &str,
-        resolution: &StepResolution,
-    ) -> Result<bool, Error> {
-        journal_of(&self.0)
-            .resolve_step(scope, key, seq, name, resolution)
-            .await
+    async fn resolve_step(&self, step: &StepAt<'_>, to: &StepResolution) -> Result<bool, Error> {
+        journal_of(&self.0).resolve_step(step, to).await
     }
     fn writes_beside(&self) -> bool {
         true

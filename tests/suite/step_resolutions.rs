@@ -132,7 +132,7 @@ async fn resolve_lands_on_a_live_rerun<S: Store>(store: S) {
 /// attempt that took the key over did not start the step (its start is
 /// not the one in doubt), so holding the key does not make the step run.
 async fn resolve_while_another_attempt_holds_the_key<S: Store>(store: S) {
-    use idem::journal::{StepRequest, StepResolution};
+    use idem::journal::{StepAt, StepRequest, StepResolution};
     use idem::record::{Begin, ClaimToken};
     use idem::store::BeginRequest;
     use idem::Fingerprint;
@@ -172,7 +172,15 @@ async fn resolve_while_another_attempt_holds_the_key<S: Store>(store: S) {
     let _holder = claim(Duration::from_secs(30)).await;
     assert!(
         journal_of(&store)
-            .resolve_step(&scope, &key, 0, "charge", &StepResolution::Rerun)
+            .resolve_step(
+                &StepAt {
+                    scope: &scope,
+                    key: &key,
+                    seq: 0,
+                    name: "charge"
+                },
+                &StepResolution::Rerun
+            )
             .await
             .unwrap(),
         "the step of an attempt that is gone was not settled while another attempt holds the key"

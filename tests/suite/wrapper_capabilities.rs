@@ -29,7 +29,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use idem::journal::{StepBegin, StepRecord, StepRequest, StepResolution};
+use idem::journal::{StepAt, StepBegin, StepRecord, StepRequest, StepResolution};
 use idem::record::{Begin, Claim, Outcome, Record, State};
 use idem::steps::step;
 use idem::store::{BeginRequest, Capabilities, Detach, Journal};
@@ -196,17 +196,8 @@ impl<S: Store + 'static> Journal for Counting<S> {
     async fn keep_steps(&self, scope: &Scope, key: &Key, ttl: Duration) -> Result<(), Error> {
         journal_of(&self.inner).keep_steps(scope, key, ttl).await
     }
-    async fn resolve_step(
-        &self,
-        scope: &Scope,
-        key: &Key,
-        seq: u32,
-        name: &str,
-        resolution: &StepResolution,
-    ) -> Result<bool, Error> {
-        journal_of(&self.inner)
-            .resolve_step(scope, key, seq, name, resolution)
-            .await
+    async fn resolve_step(&self, step: &StepAt<'_>, to: &StepResolution) -> Result<bool, Error> {
+        journal_of(&self.inner).resolve_step(step, to).await
     }
     fn writes_beside(&self) -> bool {
         journal_of(&self.inner).writes_beside()

@@ -14,7 +14,8 @@ use super::{
 use idem_core::error::Error;
 use idem_core::fingerprint::Fingerprint;
 use idem_core::journal::{
-    decide_step, StepBegin, StepDecision, StepRecord, StepRequest, StepResolution, StepState,
+    decide_step, StepAt, StepBegin, StepDecision, StepRecord, StepRequest, StepResolution,
+    StepState,
 };
 use idem_core::key::{Key, Scope};
 use idem_core::record::{
@@ -498,28 +499,21 @@ impl Journal for Shared {
             .unwrap_or_default())
     }
 
-    async fn resolve_step(
-        &self,
-        scope: &Scope,
-        key: &Key,
-        seq: u32,
-        name: &str,
-        resolution: &StepResolution,
-    ) -> Result<bool, Error> {
+    async fn resolve_step(&self, step: &StepAt<'_>, to: &StepResolution) -> Result<bool, Error> {
         let records = self.records();
         let now = self.clock.now();
         let mut journal = self.steps_map();
         // The attempt that started the step, if it still holds the
         // operation: its step is running, not in doubt.
         let running = records
-            .get(scope, key)
+            .get(step.scope, step.key)
             .filter(|r| r.state == State::InProgress && r.lease_until.is_some_and(|l| l > now))
             .and_then(|r| r.token);
         let Some(entry) = journal
-            .get_mut(&Slot::of(scope, key))
-            .and_then(|steps| steps.get_mut(&seq))
+            .get_mut(&Slot::of(step.scope, step.key))
+            .and_then(|steps| steps.get_mut(&step.seq))
             .filter(|entry| {
-                entry.name == name
+                entry.name == step.name
                     && entry.state != StepState::Completed
                     && entry.expires_at > now
                     && running != Some(entry.token)
@@ -527,7 +521,7 @@ impl Journal for Shared {
         else {
             return Ok(false);
         };
-        match resolution {
+        match to {
             StepResolution::Completed(output) => {
                 entry.state = StepState::Completed;
                 entry.output = Some(output.clone());

@@ -15,7 +15,7 @@ use crate::store::Journal;
 use idem_core::error::Error;
 use idem_core::fingerprint::Fingerprint;
 use idem_core::journal::{
-    decide_step, StepBegin, StepDecision, StepRecord, StepRequest, StepResolution, StepRun,
+    decide_step, StepAt, StepBegin, StepDecision, StepRecord, StepRequest, StepResolution, StepRun,
     StepState,
 };
 use idem_core::key::{Key, Scope};
@@ -154,22 +154,15 @@ impl Journal for RedisStore {
             .collect()
     }
 
-    async fn resolve_step(
-        &self,
-        scope: &Scope,
-        key: &Key,
-        seq: u32,
-        name: &str,
-        resolution: &StepResolution,
-    ) -> Result<bool, Error> {
-        let keys = self.keys(scope, key);
+    async fn resolve_step(&self, step: &StepAt<'_>, to: &StepResolution) -> Result<bool, Error> {
+        let keys = self.keys(step.scope, step.key);
         let invocation = SCRIPTS
             .resolve_step
             .on(&keys.record)
             .key(&keys.journal)
-            .arg(seq)
-            .arg(name);
-        let invocation = match resolution {
+            .arg(step.seq)
+            .arg(step.name);
+        let invocation = match to {
             StepResolution::Completed(output) => {
                 self.check_length(&keys.record, output.len(), "a step's output")
                     .await

@@ -27,7 +27,7 @@ use super::{Backend, SqlStore};
 use crate::store::Journal;
 use idem_core::error::Error;
 use idem_core::journal::{
-    decide_step, StepBegin, StepDecision, StepRecord, StepRequest, StepResolution, StepRun,
+    decide_step, StepAt, StepBegin, StepDecision, StepRecord, StepRequest, StepResolution, StepRun,
     StepState,
 };
 use idem_core::key::{Key, Scope};
@@ -267,17 +267,10 @@ impl<DB: Backend> Journal for SqlStore<DB> {
             .collect()
     }
 
-    async fn resolve_step(
-        &self,
-        scope: &Scope,
-        key: &Key,
-        seq: u32,
-        name: &str,
-        resolution: &StepResolution,
-    ) -> Result<bool, Error> {
+    async fn resolve_step(&self, step: &StepAt<'_>, to: &StepResolution) -> Result<bool, Error> {
         let sql = self.step_sql();
         let mut values = Vec::with_capacity(5);
-        let statement = match resolution {
+        let statement = match to {
             StepResolution::Completed(output) => {
                 values.push(Value::Bytes(output));
                 &sql.resolve_completed
@@ -285,10 +278,10 @@ impl<DB: Backend> Journal for SqlStore<DB> {
             StepResolution::Rerun => &sql.resolve_rerun,
         };
         values.extend([
-            Value::Text(scope.as_str()),
-            Value::Text(key.as_str()),
-            Value::Int(i64::from(seq)),
-            Value::Text(name),
+            Value::Text(step.scope.as_str()),
+            Value::Text(step.key.as_str()),
+            Value::Int(i64::from(step.seq)),
+            Value::Text(step.name),
         ]);
         let _turn = self.gate.enter().await;
         let mut conn = self.pool.acquire().await?;

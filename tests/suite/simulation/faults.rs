@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use idem::journal::{StepBegin, StepRecord, StepRequest, StepResolution};
+use idem::journal::{StepAt, StepBegin, StepRecord, StepRequest, StepResolution};
 use idem::record::{Begin, Claim, Outcome, Record};
 use idem::store::BeginRequest;
 use idem::{Error, Key, Scope, Store};
@@ -380,17 +380,8 @@ impl<S: Store> Journal for Faulty<S> {
             )
             .await
     }
-    async fn resolve_step(
-        &self,
-        scope: &Scope,
-        key: &Key,
-        seq: u32,
-        name: &str,
-        resolution: &StepResolution,
-    ) -> Result<bool, Error> {
-        journal_of(&self.current())
-            .resolve_step(scope, key, seq, name, resolution)
-            .await
+    async fn resolve_step(&self, step: &StepAt<'_>, to: &StepResolution) -> Result<bool, Error> {
+        journal_of(&self.current()).resolve_step(step, to).await
     }
     fn writes_beside(&self) -> bool {
         journal_of(&self.current()).writes_beside()
