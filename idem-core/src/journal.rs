@@ -32,7 +32,7 @@ use std::time::Duration;
 
 use crate::fingerprint::Fingerprint;
 use crate::key::{Key, Scope};
-use crate::record::{ClaimToken, Millis};
+use crate::record::{Claim, ClaimToken, Millis};
 
 /// Where a journal entry is in its life.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -94,9 +94,14 @@ pub struct StepRecord {
     pub expires_at: Millis,
 }
 
-/// What an attempt asks of [`Journal::begin_step`](crate::store::Journal::begin_step).
+/// What an attempt asks of [`Journal::begin_step`](crate::store::Journal::begin_step),
+/// and names the step by in the journal's other writes.
 #[derive(Clone, Copy, Debug)]
 pub struct StepRequest<'a> {
+    /// The claim of the attempt that asks, which holds the operation
+    /// (`claim.scope`, `claim.key`): every write of the journal is fenced
+    /// by it.
+    pub claim: &'a Claim,
     /// The step's place in the operation, from 0.
     pub seq: u32,
     /// The step's name.
@@ -173,11 +178,10 @@ pub enum StepDecision {
     Start(StepRun),
 }
 
-/// The journal's answer to an attempt (holding `token`) that begins step
-/// `request` and finds `entry` at `now` (the database's time).
+/// The journal's answer to the attempt of `request.claim` that begins
+/// step `request` and finds `entry` at `now` (the database's time).
 pub fn decide_step(
     request: &StepRequest<'_>,
-    token: ClaimToken,
     entry: Option<&StepRecord>,
     now: Millis,
 ) -> StepDecision {
@@ -196,7 +200,7 @@ pub fn decide_step(
         StepState::Completed => {
             StepDecision::Answer(StepBegin::Replay(entry.output.clone().unwrap_or_default()))
         }
-        StepState::Started if entry.token == token => {
+        StepState::Started if entry.token == request.claim.token => {
             StepDecision::Answer(StepBegin::Run(StepRun::Again))
         }
         StepState::Started if now < settled_at(entry, request) => {
@@ -254,6 +258,18 @@ pub enum StepResolution {
 mod tests {
     use super::*;
 
+    /// The claim of the attempt holding `token`.
+    fn claim(token: ClaimToken) -> Claim {
+        Claim {
+            scope: Scope::new("op"),
+            key: Key::new("k").unwrap(),
+            fence: 1,
+            token,
+            lease: Duration::from_secs(30),
+            ttl: Duration::from_secs(60),
+        }
+    }
+
     fn entry(state: StepState, token: ClaimToken, fp: Fingerprint) -> StepRecord {
         StepRecord {
             scope: Scope::new("op"),
@@ -276,7 +292,9 @@ mod tests {
     fn a_step_in_flight_waits_out_its_settle_window() {
         let fp = Fingerprint::of_bytes(b"a");
         let (mine, theirs) = (ClaimToken::new(), ClaimToken::new());
+        let attempt = claim(mine);
         let request = |adopt| StepRequest {
+            claim: &attempt,
             seq: 0,
             name: "charge",
             fingerprint: &fp,
@@ -288,23 +306,23 @@ mod tests {
         let started = entry(StepState::Started, theirs, fp);
         for adopt in [false, true] {
             assert_eq!(
-                decide_step(&request(adopt), mine, Some(&started), 600),
+                decide_step(&request(adopt), Some(&started), 600),
                 StepDecision::Answer(StepBegin::InFlight {
                     retry_after: Duration::from_millis(200)
                 })
             );
         }
         assert_eq!(
-            decide_step(&request(false), mine, Some(&started), 800),
+            decide_step(&request(false), Some(&started), 800),
             StepDecision::Answer(StepBegin::InDoubt { since: 500 })
         );
         assert_eq!(
-            decide_step(&request(true), mine, Some(&started), 800),
+            decide_step(&request(true), Some(&started), 800),
             StepDecision::Start(StepRun::Adopted)
         );
         let own = entry(StepState::Started, mine, fp);
         assert_eq!(
-            decide_step(&request(true), mine, Some(&own), 600),
+            decide_step(&request(true), Some(&own), 600),
             StepDecision::Answer(StepBegin::Run(StepRun::Again))
         );
     }
@@ -313,7 +331,9 @@ mod tests {
     fn decisions() {
         let fp = Fingerprint::of_bytes(b"a");
         let (mine, theirs) = (ClaimToken::new(), ClaimToken::new());
+        let attempt = claim(mine);
         let request = |name, adopt| StepRequest {
+            claim: &attempt,
             seq: 0,
             name,
             fingerprint: &fp,
@@ -322,7 +342,7 @@ mod tests {
             settle: Duration::ZERO,
         };
         let decide = |request: &StepRequest<'_>, entry: Option<&StepRecord>, now| {
-            decide_step(request, mine, entry, now)
+            decide_step(request, entry, now)
         };
         let charge = request("charge", false);
         assert_eq!(

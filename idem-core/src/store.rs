@@ -194,27 +194,22 @@ impl std::fmt::Debug for Capabilities<'_> {
 /// belong to.
 #[async_trait]
 pub trait Journal: Send + Sync {
-    /// Begins step `step` of the operation that `claim` holds, as one
+    /// Begins step `step` of the operation that `step.claim` holds, as one
     /// atomic step fenced by the claim: the journal entry at `step.seq` is
     /// read and answered with [`decide_step`](crate::journal::decide_step),
     /// and marked started by this attempt when the decision says so. Fails
     /// with [`Error::LeaseLost`] unless the operation's record is in
     /// progress under the claim's token.
-    async fn begin_step(&self, claim: &Claim, step: &StepRequest<'_>) -> Result<StepBegin, Error>;
+    async fn begin_step(&self, step: &StepRequest<'_>) -> Result<StepBegin, Error>;
 
-    /// Journals the output of step `step` (begun by this claim, in doubt
+    /// Journals the output of step `step` (begun by `step.claim`, in doubt
     /// and reconciled, or never started because that write failed),
     /// fenced by the claim as [`begin_step`](Journal::begin_step) is. Sent
     /// again after its answer was lost, it succeeds when the entry holds
     /// this very output.
-    async fn complete_step(
-        &self,
-        claim: &Claim,
-        step: &StepRequest<'_>,
-        output: &[u8],
-    ) -> Result<(), Error>;
+    async fn complete_step(&self, step: &StepRequest<'_>, output: &[u8]) -> Result<(), Error>;
 
-    /// Takes back the start of step `step` that `claim` wrote, because the
+    /// Takes back the start of step `step` that `step.claim` wrote, because the
     /// step's call failed cleanly (it had no effect downstream): the entry
     /// is deleted if it is still started under the claim's token and named
     /// `step.name`, and left as it is otherwise (completed, resolved, or
@@ -222,8 +217,8 @@ pub trait Journal: Send + Sync {
     /// step as one never started. Returns whether the entry was deleted.
     /// The default deletes nothing (`false`): the step is then in doubt
     /// at the next attempt, which is safe, only slower.
-    async fn undo_step(&self, claim: &Claim, step: &StepRequest<'_>) -> Result<bool, Error> {
-        let _ = (claim, step);
+    async fn undo_step(&self, step: &StepRequest<'_>) -> Result<bool, Error> {
+        let _ = step;
         Ok(false)
     }
 
@@ -406,11 +401,10 @@ pub trait TransactionalStore<C: Send + ?Sized>: Store {
     async fn complete_step_on(
         &self,
         conn: &mut C,
-        claim: &Claim,
         step: &StepRequest<'_>,
         output: &[u8],
     ) -> Result<(), Error> {
-        let _ = (conn, claim, step, output);
+        let _ = (conn, step, output);
         Err(no_journal())
     }
     /// Whether the journal writes of a step whose rows commit with its
@@ -430,10 +424,9 @@ pub trait TransactionalStore<C: Send + ?Sized>: Store {
     async fn begin_step_on(
         &self,
         conn: &mut C,
-        claim: &Claim,
         step: &StepRequest<'_>,
     ) -> Result<StepBegin, Error> {
-        let _ = (conn, claim, step);
+        let _ = (conn, step);
         Err(no_journal())
     }
     /// Whether [`begin_on`](TransactionalStore::begin_on) locks no record
@@ -491,11 +484,10 @@ macro_rules! forward_transactional_store {
             async fn complete_step_on(
                 &self,
                 conn: &mut C,
-                claim: &Claim,
                 step: &StepRequest<'_>,
                 output: &[u8],
             ) -> Result<(), Error> {
-                (**self).complete_step_on(conn, claim, step, output).await
+                (**self).complete_step_on(conn, step, output).await
             }
             async fn journals_on(&self, conn: &mut C) -> Result<bool, Error> {
                 (**self).journals_on(conn).await
@@ -503,10 +495,9 @@ macro_rules! forward_transactional_store {
             async fn begin_step_on(
                 &self,
                 conn: &mut C,
-                claim: &Claim,
                 step: &StepRequest<'_>,
             ) -> Result<StepBegin, Error> {
-                (**self).begin_step_on(conn, claim, step).await
+                (**self).begin_step_on(conn, step).await
             }
             fn claim_locks_only_its_own(&self) -> bool {
                 (**self).claim_locks_only_its_own()

@@ -342,7 +342,10 @@ pub async fn the_journal_replays_and_fences<S: Store>(store: S) {
     let (scope, key) = fresh("journal");
     let fp = fingerprint("charge 100");
     let step_fp = fingerprint("step charge");
+    let short = Duration::from_millis(150);
+    let first = claimed(&store, &request(&scope, &key, &fp, short, LONG)).await;
     let step = StepRequest {
+        claim: &first,
         seq: 0,
         name: "charge",
         fingerprint: &step_fp,
@@ -350,34 +353,31 @@ pub async fn the_journal_replays_and_fences<S: Store>(store: S) {
         adopt: false,
         settle: Duration::ZERO,
     };
-    let short = Duration::from_millis(150);
-    let first = claimed(&store, &request(&scope, &key, &fp, short, LONG)).await;
     assert_eq!(
-        journal.begin_step(&first, &step).await.unwrap(),
+        journal.begin_step(&step).await.unwrap(),
         StepBegin::Run(StepRun::Fresh)
     );
-    journal
-        .complete_step(&first, &step, b"\"ch_1\"")
-        .await
-        .unwrap();
-    journal
-        .complete_step(&first, &step, b"\"ch_1\"")
-        .await
-        .unwrap();
+    journal.complete_step(&step, b"\"ch_1\"").await.unwrap();
+    journal.complete_step(&step, b"\"ch_1\"").await.unwrap();
     // The attempt dies; the next one takes the key over and replays.
     tokio::time::sleep(Duration::from_millis(400)).await;
     let second = claimed(&store, &request(&scope, &key, &fp, LONG, LONG)).await;
+    let replayed = StepRequest {
+        claim: &second,
+        ..step
+    };
     assert_eq!(
-        journal.begin_step(&second, &step).await.unwrap(),
+        journal.begin_step(&replayed).await.unwrap(),
         StepBegin::Replay(b"\"ch_1\"".to_vec())
     );
+    // `step` is still the first attempt's.
     let next = StepRequest {
         seq: 1,
         name: "email",
         ..step
     };
     assert!(
-        lost(journal.begin_step(&first, &next).await),
+        lost(journal.begin_step(&next).await),
         "an attempt that lost the key began a step"
     );
     let entries = journal.steps(&scope, &key).await.unwrap();

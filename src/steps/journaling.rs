@@ -11,7 +11,6 @@ use std::time::Duration;
 use crate::store::{journal_of, Store};
 use idem_core::error::Error;
 use idem_core::journal::{StepBegin, StepRequest};
-use idem_core::record::Claim;
 
 use super::counters::counted;
 use super::operation::{flush_journal, lock, Current, Operation, OPERATION};
@@ -43,12 +42,11 @@ async fn flushed<F: Future>(body: F) -> F::Output {
 /// (the store recognizes the attempt's own entry).
 pub(super) async fn begin(
     journal: &dyn Store,
-    claim: &Claim,
     request: &StepRequest<'_>,
 ) -> Result<StepBegin, Error> {
     let mut attempt = 1;
     loop {
-        match journal_of(journal)?.begin_step(claim, request).await {
+        match journal_of(journal)?.begin_step(request).await {
             Err(Error::Store(err)) if attempt < JOURNAL_ATTEMPTS => {
                 tracing::warn!(error = %err, step = request.name, "beginning a step failed; trying again");
                 tokio::time::sleep(Duration::from_millis(10 * u64::from(attempt))).await;
@@ -71,10 +69,7 @@ pub(super) async fn journal_output(
 ) -> Result<(), Error> {
     let mut attempt = 1;
     loop {
-        match journal_of(journal)?
-            .complete_step(&current.claim, request, bytes)
-            .await
-        {
+        match journal_of(journal)?.complete_step(request, bytes).await {
             Ok(()) => return Ok(()),
             Err(Error::Store(err)) if attempt < JOURNAL_ATTEMPTS => {
                 tracing::warn!(error = %err, step = request.name, "journaling a step failed; trying again");
@@ -157,10 +152,7 @@ async fn take_back() {
     let Some(journal) = store.journal() else {
         return;
     };
-    match journal
-        .undo_step(&current.claim, &current.request(name))
-        .await
-    {
+    match journal.undo_step(&current.request(name)).await {
         Ok(true) => counted(name, "failed_cleanly", &current),
         Ok(false) => tracing::debug!(
             step = name,

@@ -249,6 +249,7 @@ impl Current {
     /// The journal request for this step, named `name`.
     pub(super) fn request<'a>(&'a self, name: &'a str) -> StepRequest<'a> {
         StepRequest {
+            claim: &self.claim,
             seq: self.seq,
             name,
             fingerprint: &self.fingerprint,

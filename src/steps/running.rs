@@ -105,8 +105,7 @@ impl<R> Step<R> {
                 let marker = {
                     let (journal, current) = (journal.clone(), (*current).clone());
                     async move {
-                        let _ = sent
-                            .send(begin(&*journal, &current.claim, &current.request(name)).await);
+                        let _ = sent.send(begin(&*journal, &current.request(name)).await);
                     }
                 };
                 behind(marker).await;
@@ -223,10 +222,7 @@ impl<R> Step<R> {
             Started::Run(current, _) => current,
             // Not asked for (`start(false)`); started as any other.
             Started::Beside { current, journal } => {
-                match on
-                    .begin(&*journal, &current.claim, &current.request(name))
-                    .await?
-                {
+                match on.begin(&*journal, &current.request(name)).await? {
                     StepBegin::Run(_) => current,
                     other => return Err(changed(name, &other).into()),
                 }
@@ -237,7 +233,7 @@ impl<R> Step<R> {
         if current.journal.is_some() {
             let bytes = idem_core::canonical::to_vec(&output).map_err(Error::from)?;
             store
-                .complete_step_on(conn, &current.claim, &current.request(name), &bytes)
+                .complete_step_on(conn, &current.request(name), &bytes)
                 .await?;
             counted(name, "ran", &current);
         }

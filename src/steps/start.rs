@@ -12,7 +12,6 @@ use serde::Serialize;
 use crate::store::{Store, TransactionalStore};
 use idem_core::error::Error;
 use idem_core::journal::{StepBegin, StepRequest, StepRun};
-use idem_core::record::Claim;
 
 use super::builder::{InDoubt, Reconcile, Step};
 use super::counters::{counted, in_doubt};
@@ -76,7 +75,7 @@ impl<R> Step<R> {
             InDoubt::Reconcile => settle.unwrap_or(current.claim.lease),
             InDoubt::Refuse => Duration::ZERO,
         };
-        let run = match on.begin(&*journal, &current.claim, &request).await? {
+        let run = match on.begin(&*journal, &request).await? {
             StepBegin::Run(run) => run,
             StepBegin::Replay(bytes) => {
                 counted(name, "replayed", &current);
@@ -133,7 +132,7 @@ impl<R> Step<R> {
                     return Ok(Started::Done(output));
                 }
                 request.adopt = true;
-                match on.begin(&*journal, &current.claim, &request).await? {
+                match on.begin(&*journal, &request).await? {
                     StepBegin::Run(_) => {
                         in_doubt(&current.claim.scope, name, "reconciled_none");
                         StepRun::Fresh
@@ -170,7 +169,6 @@ pub(super) trait StartOn {
     async fn begin(
         &mut self,
         journal: &dyn Store,
-        claim: &Claim,
         request: &StepRequest<'_>,
     ) -> Result<StepBegin, Error>;
     /// Journals the output a reconciliation found.
@@ -190,10 +188,9 @@ impl StartOn for ThroughStore {
     async fn begin(
         &mut self,
         journal: &dyn Store,
-        claim: &Claim,
         request: &StepRequest<'_>,
     ) -> Result<StepBegin, Error> {
-        begin(journal, claim, request).await
+        begin(journal, request).await
     }
     async fn complete(
         &mut self,
@@ -223,15 +220,14 @@ where
     async fn begin(
         &mut self,
         journal: &dyn Store,
-        claim: &Claim,
         request: &StepRequest<'_>,
     ) -> Result<StepBegin, Error> {
         if self.on_conn {
             // No retry here: a failed statement may have aborted the
             // caller's transaction, which is the caller's to roll back.
-            return self.store.begin_step_on(self.conn, claim, request).await;
+            return self.store.begin_step_on(self.conn, request).await;
         }
-        begin(journal, claim, request).await
+        begin(journal, request).await
     }
     async fn complete(
         &mut self,
@@ -241,10 +237,7 @@ where
         bytes: &[u8],
     ) -> Result<(), Error> {
         if self.on_conn {
-            return self
-                .store
-                .complete_step_on(self.conn, &current.claim, request, bytes)
-                .await;
+            return self.store.complete_step_on(self.conn, request, bytes).await;
         }
         journal_output(journal, current, request, bytes).await
     }

@@ -97,20 +97,11 @@ impl Detach for PassThroughStore {
 /// Every step runs: nothing is journaled.
 #[async_trait]
 impl Journal for PassThroughStore {
-    async fn begin_step(
-        &self,
-        _claim: &Claim,
-        _step: &StepRequest<'_>,
-    ) -> Result<StepBegin, Error> {
+    async fn begin_step(&self, _step: &StepRequest<'_>) -> Result<StepBegin, Error> {
         Ok(StepBegin::Run(StepRun::Fresh))
     }
 
-    async fn complete_step(
-        &self,
-        _claim: &Claim,
-        _step: &StepRequest<'_>,
-        _output: &[u8],
-    ) -> Result<(), Error> {
+    async fn complete_step(&self, _step: &StepRequest<'_>, _output: &[u8]) -> Result<(), Error> {
         Ok(())
     }
 

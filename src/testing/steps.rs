@@ -16,6 +16,7 @@ use idem_core::error::Error;
 use idem_core::fingerprint::Fingerprint;
 use idem_core::journal::{StepBegin, StepRequest, StepRun, StepState};
 use idem_core::key::{Key, Scope};
+use idem_core::record::Claim;
 
 const SCOPE: &str = "payments.checkout";
 
@@ -65,10 +66,17 @@ fn journal<S: Store + ?Sized>(store: &S) -> &dyn Journal {
     )
 }
 
-/// The request of step `seq`, `name`, of an operation on the payload of
-/// `fingerprint`: kept 60 s, and a start in doubt is not adopted.
-fn step_request<'a>(seq: u32, name: &'a str, fingerprint: &'a Fingerprint) -> StepRequest<'a> {
+/// The request of step `seq`, `name`, of the attempt of `claim` on the
+/// payload of `fingerprint`: kept 60 s, and a start in doubt is not
+/// adopted.
+fn step_request<'a>(
+    claim: &'a Claim,
+    seq: u32,
+    name: &'a str,
+    fingerprint: &'a Fingerprint,
+) -> StepRequest<'a> {
     StepRequest {
+        claim,
         seq,
         name,
         fingerprint,
@@ -308,12 +316,12 @@ pub async fn a_step_journal_is_fenced<S: Store>(store: S) {
     let (scope, k) = (Scope::new(SCOPE), Key::new(key.as_str()).unwrap());
     let fingerprint = Fingerprint::of(&payload).unwrap();
     let zombie = stopped_owner(&store, &scope, &k, &fingerprint).await;
-    let request = |seq, name| step_request(seq, name, &fingerprint);
+    let request = |seq, name| step_request(&zombie, seq, name, &fingerprint);
     // The start, then the same start sent again (its answer lost): still
     // this attempt's.
     for run in [StepRun::Fresh, StepRun::Again] {
         let charge = request(0, "charge");
-        let begun = journal(&store).begin_step(&zombie, &charge).await;
+        let begun = journal(&store).begin_step(&charge).await;
         assert_eq!(begun.unwrap(), StepBegin::Run(run));
     }
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -324,13 +332,11 @@ pub async fn a_step_journal_is_fenced<S: Store>(store: S) {
         let lost = |r: Result<(), Error>| matches!(r, Err(Error::LeaseLost));
         assert!(lost(
             journal(&store)
-                .complete_step(&zombie, &request(0, "charge"), b"1")
+                .complete_step(&request(0, "charge"), b"1")
                 .await
         ));
         assert!(matches!(
-            journal(&store)
-                .begin_step(&zombie, &request(1, "email"))
-                .await,
+            journal(&store).begin_step(&request(1, "email")).await,
             Err(Error::LeaseLost)
         ));
         let charged: u64 = step("charge", |key| {
@@ -431,35 +437,26 @@ pub async fn a_clean_failure_takes_the_start_back<S: Store>(store: S) {
     let (scope, k) = (Scope::new(SCOPE), Key::new(key.as_str()).unwrap());
     let fingerprint = Fingerprint::of(&payload).unwrap();
     let zombie = stopped_owner(&store, &scope, &k, &fingerprint).await;
-    let request = |name| step_request(0, name, &fingerprint);
+    let request = |name| step_request(&zombie, 0, name, &fingerprint);
     assert_eq!(
         journal(&store)
-            .begin_step(&zombie, &request("charge"))
+            .begin_step(&request("charge"))
             .await
             .unwrap(),
         StepBegin::Run(StepRun::Fresh)
     );
-    assert!(!journal(&store)
-        .undo_step(&zombie, &request("refund"))
-        .await
-        .unwrap());
+    assert!(!journal(&store).undo_step(&request("refund")).await.unwrap());
     tokio::time::sleep(Duration::from_millis(300)).await;
     let charged = run(&store, call(SCOPE, &key, &payload, policy), async {
         let charged: u64 = step("charge", |_| async { Ok::<_, TestError>(42) }).await?;
         // The stopped owner's call answers now, declined, and it takes
         // its start back: the successor adopted the entry.
-        assert!(!journal(&store)
-            .undo_step(&zombie, &request("charge"))
-            .await
-            .unwrap());
+        assert!(!journal(&store).undo_step(&request("charge")).await.unwrap());
         Ok::<_, TestError>(charged)
     })
     .await;
     assert_eq!(charged.unwrap(), 42);
-    assert!(!journal(&store)
-        .undo_step(&zombie, &request("charge"))
-        .await
-        .unwrap());
+    assert!(!journal(&store).undo_step(&request("charge")).await.unwrap());
     let entries = journal(&store).steps(&scope, &k).await.unwrap();
     assert_eq!(entries.len(), 1);
     assert_eq!(entries[0].state, StepState::Completed);
@@ -475,22 +472,22 @@ pub async fn a_step_completion_sent_again_is_accepted<S: Store>(store: S) {
     let fingerprint = Fingerprint::of(&charge(1)).unwrap();
     let (lease, ttl) = (Duration::from_secs(10), Duration::from_secs(60));
     let claim = claim_directly(&store, &scope, &k, &fingerprint, lease, ttl).await;
-    let request = step_request(0, "charge", &fingerprint);
-    journal(&store).begin_step(&claim, &request).await.unwrap();
+    let request = step_request(&claim, 0, "charge", &fingerprint);
+    journal(&store).begin_step(&request).await.unwrap();
     journal(&store)
-        .complete_step(&claim, &request, b"\"ch_1\"")
+        .complete_step(&request, b"\"ch_1\"")
         .await
         .unwrap();
     journal(&store)
-        .complete_step(&claim, &request, b"\"ch_1\"")
+        .complete_step(&request, b"\"ch_1\"")
         .await
         .unwrap();
     assert!(journal(&store)
-        .complete_step(&claim, &request, b"\"ch_2\"")
+        .complete_step(&request, b"\"ch_2\"")
         .await
         .is_err());
     assert_eq!(
-        journal(&store).begin_step(&claim, &request).await.unwrap(),
+        journal(&store).begin_step(&request).await.unwrap(),
         StepBegin::Replay(b"\"ch_1\"".to_vec())
     );
     // A step whose entry was never started (that write failed while it
@@ -501,14 +498,11 @@ pub async fn a_step_completion_sent_again_is_accepted<S: Store>(store: S) {
         ..request
     };
     journal(&store)
-        .complete_step(&claim, &never_started, b"\"sent\"")
+        .complete_step(&never_started, b"\"sent\"")
         .await
         .unwrap();
     assert_eq!(
-        journal(&store)
-            .begin_step(&claim, &never_started)
-            .await
-            .unwrap(),
+        journal(&store).begin_step(&never_started).await.unwrap(),
         StepBegin::Replay(b"\"sent\"".to_vec())
     );
 }

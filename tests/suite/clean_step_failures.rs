@@ -279,20 +279,16 @@ impl<S: Store + Clone + 'static> Store for Decorated<S> {
 impl<S: Store + Clone + 'static> Journal for Decorated<S> {
     async fn begin_step(
         &self,
-        claim: &idem::record::Claim,
         step: &idem::journal::StepRequest<'_>,
     ) -> Result<idem::journal::StepBegin, Error> {
-        journal_of(&self.inner).begin_step(claim, step).await
+        journal_of(&self.inner).begin_step(step).await
     }
     async fn complete_step(
         &self,
-        claim: &idem::record::Claim,
         step: &idem::journal::StepRequest<'_>,
         output: &[u8],
     ) -> Result<(), Error> {
-        journal_of(&self.inner)
-            .complete_step(claim, step, output)
-            .await
+        journal_of(&self.inner).complete_step(step, output).await
     }
     async fn steps(
         &self,

@@ -152,6 +152,7 @@ common::backends!(postgres, mysql => {
             panic!("not claimed");
         };
         let step = StepRequest {
+            claim: &claim,
             seq: 0,
             name: "bare",
             fingerprint: &fingerprint,
@@ -160,10 +161,10 @@ common::backends!(postgres, mysql => {
             settle: Duration::ZERO,
         };
         kill_all(&ns).await;
-        let begun = journal_of(&store).begin_step(&claim, &step).await.unwrap();
+        let begun = journal_of(&store).begin_step(&step).await.unwrap();
         assert!(matches!(begun, StepBegin::Run(_)), "{begun:?}");
         kill_all(&ns).await;
-        journal_of(&store).complete_step(&claim, &step, b"2").await.unwrap();
+        journal_of(&store).complete_step(&step, b"2").await.unwrap();
         assert_eq!(journal_of(&store).steps(&scope, &key).await.unwrap().len(), 1);
     }
 });

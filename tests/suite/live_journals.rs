@@ -80,24 +80,17 @@ impl<S: Store> Store for Killable<S> {
 
 #[async_trait]
 impl<S: Store> Journal for Killable<S> {
-    async fn begin_step(&self, claim: &Claim, step: &StepRequest<'_>) -> Result<StepBegin, Error> {
+    async fn begin_step(&self, step: &StepRequest<'_>) -> Result<StepBegin, Error> {
         self.alive().await;
-        journal_of(&self.inner).begin_step(claim, step).await
+        journal_of(&self.inner).begin_step(step).await
     }
-    async fn complete_step(
-        &self,
-        claim: &Claim,
-        step: &StepRequest<'_>,
-        output: &[u8],
-    ) -> Result<(), Error> {
+    async fn complete_step(&self, step: &StepRequest<'_>, output: &[u8]) -> Result<(), Error> {
         self.alive().await;
-        journal_of(&self.inner)
-            .complete_step(claim, step, output)
-            .await
+        journal_of(&self.inner).complete_step(step, output).await
     }
-    async fn undo_step(&self, claim: &Claim, step: &StepRequest<'_>) -> Result<bool, Error> {
+    async fn undo_step(&self, step: &StepRequest<'_>) -> Result<bool, Error> {
         self.alive().await;
-        journal_of(&self.inner).undo_step(claim, step).await
+        journal_of(&self.inner).undo_step(step).await
     }
     async fn steps(&self, scope: &Scope, key: &Key) -> Result<Vec<StepRecord>, Error> {
         self.alive().await;

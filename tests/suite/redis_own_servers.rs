@@ -339,6 +339,7 @@ async fn a_write_sent_again_waits_for_its_replica() {
     let claimed_again = again.begin(&second).await;
     // A step's start sent again.
     let step = StepRequest {
+        claim: &claim_first,
         seq: 0,
         name: "charge",
         fingerprint: &fingerprint,
@@ -346,9 +347,9 @@ async fn a_write_sent_again_waits_for_its_replica() {
         adopt: false,
         settle: Duration::ZERO,
     };
-    let started = journal_of(&once).begin_step(&claim_first, &step).await;
+    let started = journal_of(&once).begin_step(&step).await;
     assert!(matches!(started, Ok(StepBegin::Run(_))), "{started:?}");
-    let started_again = journal_of(&again).begin_step(&claim_first, &step).await;
+    let started_again = journal_of(&again).begin_step(&step).await;
     // A completion sent again.
     let outcome = Outcome {
         kind: OutcomeKind::Ok,

@@ -493,7 +493,7 @@ async fn an_unreplicated_claim_runs_nothing(redis: Redis) {
 /// operator's resolution (`wait_for_replicas` lists them). A step's start
 /// not acknowledged is put back as the entry was: a fresh one is gone.
 async fn unreplicated_writes_fail(redis: Redis) {
-    use idem::journal::{StepAt, StepBegin, StepRequest, StepResolution, StepRun};
+    use idem::journal::{StepAt, StepBegin, StepResolution, StepRun};
     use idem::record::{Begin, ClaimToken};
     use idem::store::BeginRequest;
     use idem::Fingerprint;
@@ -529,13 +529,14 @@ async fn unreplicated_writes_fail(redis: Redis) {
             }
         }
     };
-    let step = |seq, name| StepRequest {
-        seq,
-        name,
-        fingerprint: &fingerprint,
-        ttl: Duration::from_secs(60),
-        adopt: false,
-        settle: Duration::ZERO,
+    let step = |claim, seq, name| {
+        common::step_request(
+            claim,
+            (seq, name),
+            &fingerprint,
+            Duration::from_secs(60),
+            false,
+        )
     };
     let unreplicated = |what: &str, result: Result<(), Error>| {
         assert!(
@@ -547,14 +548,14 @@ async fn unreplicated_writes_fail(redis: Redis) {
     unreplicated(
         "a step's start",
         journal_of(&durable)
-            .begin_step(&held, &step(0, "charge"))
+            .begin_step(&step(&held, 0, "charge"))
             .await
             .map(drop),
     );
     // Put back: the entry is fresh again, not this attempt's start.
     assert_eq!(
         journal_of(&plain)
-            .begin_step(&held, &step(0, "charge"))
+            .begin_step(&step(&held, 0, "charge"))
             .await
             .unwrap(),
         StepBegin::Run(StepRun::Fresh),
@@ -563,12 +564,12 @@ async fn unreplicated_writes_fail(redis: Redis) {
     unreplicated(
         "a step's completion",
         journal_of(&durable)
-            .complete_step(&held, &step(0, "charge"), b"1")
+            .complete_step(&step(&held, 0, "charge"), b"1")
             .await,
     );
     assert_eq!(
         journal_of(&plain)
-            .begin_step(&held, &step(1, "email"))
+            .begin_step(&step(&held, 1, "email"))
             .await
             .unwrap(),
         StepBegin::Run(StepRun::Fresh)
@@ -601,7 +602,7 @@ async fn unreplicated_writes_fail(redis: Redis) {
 /// meanwhile (nothing comes back), nor once another attempt took the step
 /// over (its start stays).
 async fn an_unreplicated_start_is_undone_only_while_it_is_its_own(redis: Redis) {
-    use idem::journal::{StepRequest, StepState};
+    use idem::journal::StepState;
     use idem::record::{Begin, Claim, ClaimToken};
     use idem::store::BeginRequest;
     use idem::Fingerprint;
@@ -638,22 +639,22 @@ async fn an_unreplicated_start_is_undone_only_while_it_is_its_own(redis: Redis) 
             }
         }
     };
-    let step = |adopt| StepRequest {
-        seq: 0,
-        name: "charge",
-        fingerprint: &fingerprint,
-        ttl: Duration::from_secs(60),
-        adopt,
-        settle: Duration::ZERO,
-    };
+    let ttl = Duration::from_secs(60);
+    let fingerprint = &fingerprint;
     // An attempt that started the step and is gone; the next one adopts
     // the step through the store that waits for replicas.
     let adopting = |key: &'static str| {
-        let (plain, claim, step) = (&plain, &claim, &step);
+        let (plain, claim) = (&plain, &claim);
         async move {
             let gone = claim(key).await;
             journal_of(&plain)
-                .begin_step(&gone, &step(false))
+                .begin_step(&common::step_request(
+                    &gone,
+                    (0, "charge"),
+                    fingerprint,
+                    ttl,
+                    false,
+                ))
                 .await
                 .unwrap();
             tokio::time::sleep(Duration::from_millis(150)).await;
@@ -664,8 +665,8 @@ async fn an_unreplicated_start_is_undone_only_while_it_is_its_own(redis: Redis) 
 
     // The journal is forgotten while the start waits for its replicas.
     let (_, next) = adopting("forgotten").await;
-    let adopt = step(true);
-    let started = journal_of(&durable).begin_step(&next, &adopt);
+    let adopt = common::step_request(&next, (0, "charge"), fingerprint, ttl, true);
+    let started = journal_of(&durable).begin_step(&adopt);
     let forget = async {
         tokio::time::sleep(Duration::from_millis(100)).await;
         plain.forget(&scope, &next.key).await.unwrap();
@@ -680,13 +681,19 @@ async fn an_unreplicated_start_is_undone_only_while_it_is_its_own(redis: Redis) 
 
     // Another attempt takes the step over while the start waits.
     let (_, next) = adopting("taken-over").await;
-    let adopt = step(true);
-    let started = journal_of(&durable).begin_step(&next, &adopt);
+    let adopt = common::step_request(&next, (0, "charge"), fingerprint, ttl, true);
+    let started = journal_of(&durable).begin_step(&adopt);
     let take_over = async {
         tokio::time::sleep(Duration::from_millis(200)).await;
         let third = claim("taken-over").await;
         journal_of(&plain)
-            .begin_step(&third, &step(true))
+            .begin_step(&common::step_request(
+                &third,
+                (0, "charge"),
+                fingerprint,
+                ttl,
+                true,
+            ))
             .await
             .unwrap();
         third

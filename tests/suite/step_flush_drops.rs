@@ -68,20 +68,15 @@ impl Store for SlowJournal {
 
 #[async_trait]
 impl Journal for SlowJournal {
-    async fn begin_step(&self, claim: &Claim, step: &StepRequest<'_>) -> Result<StepBegin, Error> {
-        journal_of(&self.0).begin_step(claim, step).await
+    async fn begin_step(&self, step: &StepRequest<'_>) -> Result<StepBegin, Error> {
+        journal_of(&self.0).begin_step(step).await
     }
-    async fn complete_step(
-        &self,
-        claim: &Claim,
-        step: &StepRequest<'_>,
-        output: &[u8],
-    ) -> Result<(), Error> {
+    async fn complete_step(&self, step: &StepRequest<'_>, output: &[u8]) -> Result<(), Error> {
         tokio::time::sleep(WRITE).await;
-        journal_of(&self.0).complete_step(claim, step, output).await
+        journal_of(&self.0).complete_step(step, output).await
     }
-    async fn undo_step(&self, claim: &Claim, step: &StepRequest<'_>) -> Result<bool, Error> {
-        journal_of(&self.0).undo_step(claim, step).await
+    async fn undo_step(&self, step: &StepRequest<'_>) -> Result<bool, Error> {
+        journal_of(&self.0).undo_step(step).await
     }
     async fn steps(&self, scope: &Scope, key: &Key) -> Result<Vec<StepRecord>, Error> {
         journal_of(&self.0).steps(scope, key).await

@@ -44,17 +44,16 @@ async fn one_race<S: Store>(store: &S) -> (Result<(), Error>, StepBegin) {
     let Begin::Claimed(stopped) = store.begin(&request(ClaimToken::new())).await.unwrap() else {
         panic!("not claimed")
     };
-    let step = |adopt| StepRequest {
-        seq: 0,
-        name: "charge",
-        fingerprint: &fingerprint,
-        ttl,
-        adopt,
-        settle: Duration::ZERO,
-    };
+    let fingerprint = &fingerprint;
     assert_eq!(
         journal_of(&store)
-            .begin_step(&stopped, &step(false))
+            .begin_step(&common::step_request(
+                &stopped,
+                (0, "charge"),
+                fingerprint,
+                ttl,
+                false
+            ))
             .await
             .unwrap(),
         StepBegin::Run(StepRun::Fresh)
@@ -63,7 +62,10 @@ async fn one_race<S: Store>(store: &S) -> (Result<(), Error>, StepBegin) {
     tokio::time::sleep(lease - Duration::from_millis(5)).await;
     let late = async {
         journal_of(&store)
-            .complete_step(&stopped, &step(false), b"\"ch_1\"")
+            .complete_step(
+                &common::step_request(&stopped, (0, "charge"), fingerprint, ttl, false),
+                b"\"ch_1\"",
+            )
             .await
     };
     let successor = async {
@@ -72,7 +74,13 @@ async fn one_race<S: Store>(store: &S) -> (Result<(), Error>, StepBegin) {
             match store.begin(&request(token)).await.unwrap() {
                 Begin::Claimed(claim) => {
                     return journal_of(&store)
-                        .begin_step(&claim, &step(true))
+                        .begin_step(&common::step_request(
+                            &claim,
+                            (0, "charge"),
+                            fingerprint,
+                            ttl,
+                            true,
+                        ))
                         .await
                         .unwrap()
                 }
@@ -122,6 +130,7 @@ async fn completion_races_a_forget<S: Store>(store: S) {
             panic!("not claimed")
         };
         let step = StepRequest {
+            claim: &claim,
             seq: 0,
             name: "charge",
             fingerprint: &fingerprint,
@@ -129,9 +138,9 @@ async fn completion_races_a_forget<S: Store>(store: S) {
             adopt: false,
             settle: Duration::ZERO,
         };
-        journal_of(&store).begin_step(&claim, &step).await.unwrap();
+        journal_of(&store).begin_step(&step).await.unwrap();
         let (completed, forgot) = tokio::join!(
-            journal_of(&store).complete_step(&claim, &step, b"1"),
+            journal_of(&store).complete_step(&step, b"1"),
             store.forget(&scope, &key)
         );
         assert!(forgot.unwrap());

@@ -157,7 +157,9 @@ async fn resolve_while_another_attempt_holds_the_key<S: Store>(store: S) {
             }
         }
     };
+    let gone = claim(Duration::from_millis(200)).await;
     let step = StepRequest {
+        claim: &gone,
         seq: 0,
         name: "charge",
         fingerprint: &fingerprint,
@@ -165,8 +167,7 @@ async fn resolve_while_another_attempt_holds_the_key<S: Store>(store: S) {
         adopt: false,
         settle: Duration::ZERO,
     };
-    let gone = claim(Duration::from_millis(200)).await;
-    journal_of(&store).begin_step(&gone, &step).await.unwrap();
+    journal_of(&store).begin_step(&step).await.unwrap();
     tokio::time::sleep(Duration::from_millis(300)).await;
     // The next attempt holds the key, with a live lease.
     let _holder = claim(Duration::from_secs(30)).await;

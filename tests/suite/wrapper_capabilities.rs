@@ -172,23 +172,16 @@ impl<S: Store + 'static> Store for Counting<S> {
 
 #[async_trait]
 impl<S: Store + 'static> Journal for Counting<S> {
-    async fn begin_step(&self, claim: &Claim, step: &StepRequest<'_>) -> Result<StepBegin, Error> {
+    async fn begin_step(&self, step: &StepRequest<'_>) -> Result<StepBegin, Error> {
         count(&self.counts.step_begins);
-        journal_of(&self.inner).begin_step(claim, step).await
+        journal_of(&self.inner).begin_step(step).await
     }
-    async fn complete_step(
-        &self,
-        claim: &Claim,
-        step: &StepRequest<'_>,
-        output: &[u8],
-    ) -> Result<(), Error> {
+    async fn complete_step(&self, step: &StepRequest<'_>, output: &[u8]) -> Result<(), Error> {
         count(&self.counts.step_completes);
-        journal_of(&self.inner)
-            .complete_step(claim, step, output)
-            .await
+        journal_of(&self.inner).complete_step(step, output).await
     }
-    async fn undo_step(&self, claim: &Claim, step: &StepRequest<'_>) -> Result<bool, Error> {
-        journal_of(&self.inner).undo_step(claim, step).await
+    async fn undo_step(&self, step: &StepRequest<'_>) -> Result<bool, Error> {
+        journal_of(&self.inner).undo_step(step).await
     }
     async fn steps(&self, scope: &Scope, key: &Key) -> Result<Vec<StepRecord>, Error> {
         journal_of(&self.inner).steps(scope, key).await

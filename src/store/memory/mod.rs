@@ -424,10 +424,11 @@ impl Immediate for Shared {
 
 #[async_trait]
 impl Journal for Shared {
-    async fn begin_step(&self, claim: &Claim, step: &StepRequest<'_>) -> Result<StepBegin, Error> {
+    async fn begin_step(&self, step: &StepRequest<'_>) -> Result<StepBegin, Error> {
+        let claim = step.claim;
         self.journaled(claim, |steps, now| {
             let entry = steps.get(&step.seq);
-            match decide_step(step, claim.token, entry, now) {
+            match decide_step(step, entry, now) {
                 StepDecision::Answer(answer) => answer,
                 StepDecision::Start(run) => {
                     steps.insert(step.seq, journal_entry(claim, step, None, now));
@@ -437,12 +438,8 @@ impl Journal for Shared {
         })
     }
 
-    async fn complete_step(
-        &self,
-        claim: &Claim,
-        step: &StepRequest<'_>,
-        output: &[u8],
-    ) -> Result<(), Error> {
+    async fn complete_step(&self, step: &StepRequest<'_>, output: &[u8]) -> Result<(), Error> {
+        let claim = step.claim;
         self.journaled(claim, |steps, now| match steps.get_mut(&step.seq) {
             Some(entry) if entry.name == step.name && entry.state != StepState::Completed => {
                 entry.state = StepState::Completed;
@@ -463,7 +460,8 @@ impl Journal for Shared {
         })?
     }
 
-    async fn undo_step(&self, claim: &Claim, step: &StepRequest<'_>) -> Result<bool, Error> {
+    async fn undo_step(&self, step: &StepRequest<'_>) -> Result<bool, Error> {
+        let claim = step.claim;
         let mut journal = self.steps_map();
         let slot = Slot::of(&claim.scope, &claim.key);
         let Some(steps) = journal.get_mut(&slot) else {

@@ -37,14 +37,16 @@ impl Journal for RedisStore {
         Ok(())
     }
 
-    async fn undo_step(&self, claim: &Claim, step: &StepRequest<'_>) -> Result<bool, Error> {
+    async fn undo_step(&self, step: &StepRequest<'_>) -> Result<bool, Error> {
+        let claim = step.claim;
         // Not waited for by a replica: a delete lost in a failover leaves
         // the step in doubt, the state it was in before.
         let keys = self.keys(&claim.scope, &claim.key);
         self.abandon_step(&keys, claim, step, &[]).await
     }
 
-    async fn begin_step(&self, claim: &Claim, step: &StepRequest<'_>) -> Result<StepBegin, Error> {
+    async fn begin_step(&self, step: &StepRequest<'_>) -> Result<StepBegin, Error> {
+        let claim = step.claim;
         let keys = self.keys(&claim.scope, &claim.key);
         let (value, acknowledged) = self
             .invoke_replicated(
@@ -79,7 +81,7 @@ impl Journal for RedisStore {
                     .and_then(int)
                     .ok_or_else(|| corrupt("no time"))?;
                 let entry = parse_step(&claim.scope, &claim.key, step.seq, &items[2..])?;
-                match decide_step(step, claim.token, Some(&entry), now) {
+                match decide_step(step, Some(&entry), now) {
                     // This attempt's start, sent again after its answer
                     // was lost: its call runs only once a replica has it.
                     // Not acknowledged, it is left started (what it
@@ -98,12 +100,8 @@ impl Journal for RedisStore {
         }
     }
 
-    async fn complete_step(
-        &self,
-        claim: &Claim,
-        step: &StepRequest<'_>,
-        output: &[u8],
-    ) -> Result<(), Error> {
+    async fn complete_step(&self, step: &StepRequest<'_>, output: &[u8]) -> Result<(), Error> {
+        let claim = step.claim;
         let keys = self.keys(&claim.scope, &claim.key);
         // A step's output the server cannot take is a store error, not
         // `Unrecorded`: the step's effect happened, so its output is used

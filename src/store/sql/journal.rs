@@ -83,9 +83,9 @@ impl<DB: Backend> SqlStore<DB> {
     pub(crate) async fn begin_step_on(
         &self,
         conn: &mut DB::Connection,
-        claim: &Claim,
         step: &StepRequest<'_>,
     ) -> Result<StepBegin, Error> {
+        let claim = step.claim;
         self.fence_on(conn, claim).await?;
         let found = self
             .step_on(conn, &claim.scope, &claim.key, step.seq)
@@ -94,7 +94,7 @@ impl<DB: Backend> SqlStore<DB> {
             Some((entry, now)) => (Some(entry), *now),
             None => (None, 0),
         };
-        let run = match decide_step(step, claim.token, entry, now) {
+        let run = match decide_step(step, entry, now) {
             StepDecision::Answer(answer) => return Ok(answer),
             StepDecision::Start(run) => run,
         };
@@ -122,10 +122,10 @@ impl<DB: Backend> SqlStore<DB> {
     pub async fn complete_step_on(
         &self,
         conn: &mut DB::Connection,
-        claim: &Claim,
         step: &StepRequest<'_>,
         output: &[u8],
     ) -> Result<(), Error> {
+        let claim = step.claim;
         self.fence_on(conn, claim).await?;
         let sql = self.step_sql();
         let done = DB::execute(conn, &sql.complete, completed(claim, step, output)).await?;
@@ -211,7 +211,8 @@ impl<DB: Backend> Journal for SqlStore<DB> {
     /// A step met for the first time (the common case) is started with
     /// one statement; anything else (an entry there, a fence that does not
     /// hold) is read and decided in a transaction.
-    async fn begin_step(&self, claim: &Claim, step: &StepRequest<'_>) -> Result<StepBegin, Error> {
+    async fn begin_step(&self, step: &StepRequest<'_>) -> Result<StepBegin, Error> {
+        let claim = step.claim;
         let mut values = inserted(claim, step);
         values.extend(owned(claim));
         let _turn = self.gate.enter().await;
@@ -220,17 +221,13 @@ impl<DB: Backend> Journal for SqlStore<DB> {
         if self.written_at_once(insert, values, true).await? {
             return Ok(StepBegin::Run(StepRun::Fresh));
         }
-        in_transaction!(self, |conn| self.begin_step_on(conn, claim, step))
+        in_transaction!(self, |conn| self.begin_step_on(conn, step))
     }
 
     /// One statement, or, when it changes nothing (a completion sent
     /// again, a fence that does not hold), a transaction that says why.
-    async fn complete_step(
-        &self,
-        claim: &Claim,
-        step: &StepRequest<'_>,
-        output: &[u8],
-    ) -> Result<(), Error> {
+    async fn complete_step(&self, step: &StepRequest<'_>, output: &[u8]) -> Result<(), Error> {
+        let claim = step.claim;
         let mut values = completed(claim, step, output);
         values.extend(owned(claim));
         let _turn = self.gate.enter().await;
@@ -238,11 +235,11 @@ impl<DB: Backend> Journal for SqlStore<DB> {
         if self.written_at_once(complete, values, false).await? {
             return Ok(());
         }
-        in_transaction!(self, |conn| self
-            .complete_step_on(conn, claim, step, output))
+        in_transaction!(self, |conn| self.complete_step_on(conn, step, output))
     }
 
-    async fn undo_step(&self, claim: &Claim, step: &StepRequest<'_>) -> Result<bool, Error> {
+    async fn undo_step(&self, step: &StepRequest<'_>) -> Result<bool, Error> {
+        let claim = step.claim;
         let values = vec![
             Value::Text(claim.scope.as_str()),
             Value::Text(claim.key.as_str()),

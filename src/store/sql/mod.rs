@@ -323,11 +323,10 @@ macro_rules! transactional_store {
             async fn complete_step_on(
                 &self,
                 $c: &mut $on,
-                claim: &::idem_core::record::Claim,
                 step: &::idem_core::journal::StepRequest<'_>,
                 output: &[u8],
             ) -> Result<(), ::idem_core::error::Error> {
-                $crate::store::sql::SqlStore::complete_step_on(self, $conn, claim, step, output).await
+                $crate::store::sql::SqlStore::complete_step_on(self, $conn, step, output).await
             }
             async fn journals_on(&self, $c: &mut $on) -> Result<bool, ::idem_core::error::Error> {
                 <$db as $crate::store::sql::dialect::Dialect>::holds_lock_or_snapshot($conn).await
@@ -335,10 +334,9 @@ macro_rules! transactional_store {
             async fn begin_step_on(
                 &self,
                 $c: &mut $on,
-                claim: &::idem_core::record::Claim,
                 step: &::idem_core::journal::StepRequest<'_>,
             ) -> Result<::idem_core::journal::StepBegin, ::idem_core::error::Error> {
-                $crate::store::sql::SqlStore::begin_step_on(self, $conn, claim, step).await
+                $crate::store::sql::SqlStore::begin_step_on(self, $conn, step).await
             }
             fn claim_locks_only_its_own(&self) -> bool {
                 <$db as $crate::store::sql::dialect::Dialect>::CLAIM_LOCKS_ONLY_ITS_OWN

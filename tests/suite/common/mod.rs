@@ -172,3 +172,24 @@ pub fn journal_of<S: idem::Store + ?Sized>(store: &S) -> &dyn idem::store::Journ
         .journal()
         .expect("the test's store keeps a step journal")
 }
+
+/// The journal request of step `seq`, `name`, by the attempt of `claim`
+/// on the payload of `fingerprint`, kept `ttl`; a start in doubt is
+/// adopted when `adopt` says so, at once (no settle window).
+pub fn step_request<'a>(
+    claim: &'a idem::record::Claim,
+    (seq, name): (u32, &'a str),
+    fingerprint: &'a idem::Fingerprint,
+    ttl: std::time::Duration,
+    adopt: bool,
+) -> idem::journal::StepRequest<'a> {
+    idem::journal::StepRequest {
+        claim,
+        seq,
+        name,
+        fingerprint,
+        ttl,
+        adopt,
+        settle: std::time::Duration::ZERO,
+    }
+}

@@ -340,33 +340,22 @@ impl<S: Store> Store for Faulty<S> {
 
 #[async_trait]
 impl<S: Store> Journal for Faulty<S> {
-    async fn begin_step(&self, claim: &Claim, step: &StepRequest<'_>) -> Result<StepBegin, Error> {
+    async fn begin_step(&self, step: &StepRequest<'_>) -> Result<StepBegin, Error> {
         self.plan
-            .through(
-                Op::BeginStep,
-                journal_of(&self.current()).begin_step(claim, step),
-            )
+            .through(Op::BeginStep, journal_of(&self.current()).begin_step(step))
             .await
     }
-    async fn complete_step(
-        &self,
-        claim: &Claim,
-        step: &StepRequest<'_>,
-        output: &[u8],
-    ) -> Result<(), Error> {
+    async fn complete_step(&self, step: &StepRequest<'_>, output: &[u8]) -> Result<(), Error> {
         self.plan
             .through(
                 Op::CompleteStep,
-                journal_of(&self.current()).complete_step(claim, step, output),
+                journal_of(&self.current()).complete_step(step, output),
             )
             .await
     }
-    async fn undo_step(&self, claim: &Claim, step: &StepRequest<'_>) -> Result<bool, Error> {
+    async fn undo_step(&self, step: &StepRequest<'_>) -> Result<bool, Error> {
         self.plan
-            .through(
-                Op::UndoStep,
-                journal_of(&self.current()).undo_step(claim, step),
-            )
+            .through(Op::UndoStep, journal_of(&self.current()).undo_step(step))
             .await
     }
     async fn steps(&self, scope: &Scope, key: &Key) -> Result<Vec<StepRecord>, Error> {
