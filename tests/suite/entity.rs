@@ -947,3 +947,52 @@ common::backends!(sqlite_file, postgres, mysql => {
         }
     }
 });
+
+/// MySQL's upsert runs again only when InnoDB chose it as a deadlock's
+/// victim (error 1213): an error that merely carries SQLSTATE 40001, as a
+/// trigger's `SIGNAL SQLSTATE '40001'` does (error 1644), is the caller's
+/// at once, and the trigger's writes that outlive a rollback (a MyISAM
+/// table's) happen once.
+#[cfg(feature = "mysql")]
+mod mysql_upsert_retries {
+    use super::*;
+    use crate::common::backend::mysql as backend;
+
+    #[tokio::test]
+    async fn a_signalled_40001_is_not_a_deadlock() {
+        let ns = backend::namespace("upsert_signal").await;
+        let pool = backend::pool(&ns, 1).await;
+        sqlx::raw_sql(tables(backend::NAME))
+            .execute(&pool)
+            .await
+            .unwrap();
+        sqlx::raw_sql(
+            "CREATE TABLE upsert_attempts (n INT AUTO_INCREMENT PRIMARY KEY) ENGINE = MyISAM;
+             CREATE TRIGGER subscriptions_refused BEFORE INSERT ON subscriptions
+             FOR EACH ROW BEGIN
+                 INSERT INTO upsert_attempts () VALUES ();
+                 SIGNAL SQLSTATE '40001' SET MESSAGE_TEXT = 'refused by a trigger';
+             END",
+        )
+        .execute(&pool)
+        .await
+        .unwrap();
+        let wanted = Subscription {
+            user_id: 1,
+            plan: "basic".into(),
+            seats: 1,
+        };
+        let err = idem::entity::upsert(&pool, &wanted, &["user_id"])
+            .await
+            .unwrap_err();
+        assert!(err.to_string().contains("refused by a trigger"), "{err}");
+        let (attempts,): (i64,) = sqlx::query_as("SELECT COUNT(*) FROM upsert_attempts")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+        assert_eq!(
+            attempts, 1,
+            "the upsert ran again on an error that is no deadlock"
+        );
+    }
+}
