@@ -278,9 +278,11 @@ impl Dialect for MySql {
         Ok(())
     }
 
-    /// InnoDB's refusals: a deadlock's victim rolled back (SQLSTATE
-    /// 40001; error 1213); a locking read or write of a row changed since
-    /// the transaction's snapshot (MariaDB's `innodb_snapshot_isolation`:
+    /// InnoDB's refusals, by error number: a deadlock's victim rolled
+    /// back (ER_LOCK_DEADLOCK, 1213; not every error of SQLSTATE 40001,
+    /// which a trigger's `SIGNAL` may carry too); a locking read or write
+    /// of a row changed since the transaction's snapshot (MariaDB's
+    /// `innodb_snapshot_isolation`:
     /// error 1020, "Record has changed since last read"); a statement the
     /// server cannot parse (ER_PARSE_ERROR, 1064: MySQL, and MariaDB
     /// before 10.5, have no `INSERT ... RETURNING`); a column added twice
@@ -290,13 +292,11 @@ impl Dialect for MySql {
             return None;
         };
         let database = source.downcast_ref::<sqlx::Error>()?.as_database_error()?;
-        if database.code().is_some_and(|code| code == "40001") {
-            return Some(Refusal::Deadlock);
-        }
         match database
             .try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>()?
             .number()
         {
+            1213 => Some(Refusal::Deadlock),
             1020 => Some(Refusal::ChangedSinceRead),
             1064 => Some(Refusal::Returning),
             1060 => Some(Refusal::ColumnExists),
