@@ -1,7 +1,6 @@
-//! A store written outside `idem`, on `idem-core` alone: records in a map
-//! behind a mutex, the claim decided under the lock. It is what a store
-//! author writes, start to end, and it passes the exported conformance
-//! suite.
+//! A store written outside `idem`, on `idem-core` alone, as a store author
+//! writes one, start to end: records in a map behind a mutex, the claim
+//! decided under the lock. It passes the exported conformance suite.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -123,10 +122,8 @@ impl Store for MapStore {
     }
 
     async fn forget(&self, scope: &Scope, key: &Key) -> Result<bool, Error> {
-        Ok(self
-            .records()
-            .remove(&(scope.clone(), key.clone()))
-            .is_some())
+        let slot = (scope.clone(), key.clone());
+        Ok(self.records().remove(&slot).is_some())
     }
 
     async fn purge_expired(&self, _batch: usize) -> Result<u64, Error> {
