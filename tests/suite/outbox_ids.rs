@@ -235,6 +235,7 @@ common::backends!(sqlite_file, postgres, mysql => {
 #[cfg(feature = "sqlite")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_large_batch_with_a_large_backlog_still_leases() {
+    use idem::outbox::MAX_LEASE_BATCH;
     let guard = common::backend::Guard::temp_dir();
     let store =
         idem::SqliteStore::connect(&format!("sqlite://{}", guard.path("idem.db").display()))
@@ -258,6 +259,27 @@ async fn a_large_batch_with_a_large_backlog_still_leases() {
         lease.as_ref().is_ok_and(|lease| !lease.is_empty()),
         "a relay with a batch of 40000 cannot lease from a backlog of {ROWS}: {:?}",
         lease.map(|l| l.messages().len())
+    );
+
+    // Marks and give-backs of more rows than one statement carries go in
+    // statements of `MAX_LEASE_BATCH` rows: a give-back of two leases'
+    // rows under the first's token gives back the first's alone, and a
+    // mark of both marks every row.
+    let first = lease.unwrap();
+    let second = outbox.lease(40_000, Duration::from_secs(30)).await.unwrap();
+    let seqs: Vec<i64> = [&first, &second]
+        .iter()
+        .flat_map(|lease| lease.messages().iter().map(|leased| leased.seq()))
+        .collect();
+    assert_eq!(seqs.len(), 2 * MAX_LEASE_BATCH);
+    assert_eq!(
+        outbox.release(&first, &seqs).await.unwrap(),
+        MAX_LEASE_BATCH as u64
+    );
+    assert_eq!(outbox.mark_relayed(&seqs).await.unwrap(), seqs.len() as u64);
+    assert_eq!(
+        outbox.waiting().await.unwrap(),
+        (ROWS - 2 * MAX_LEASE_BATCH) as u64
     );
 }
 
