@@ -48,14 +48,10 @@ struct Shared {
 
 type StepsMap = std::collections::HashMap<Slot, std::collections::BTreeMap<u32, StepRecord>>;
 
-/// The journal entry of `step`, written by `claim` at `now`: started, or
-/// completed with `output`.
-fn journal_entry(
-    claim: &Claim,
-    step: &StepRequest<'_>,
-    output: Option<&[u8]>,
-    now: Millis,
-) -> StepRecord {
+/// The journal entry of `step`, written by its claim at `now`: started,
+/// or completed with `output`.
+fn journal_entry(step: &StepRequest<'_>, output: Option<&[u8]>, now: Millis) -> StepRecord {
+    let claim = step.claim;
     StepRecord {
         scope: claim.scope.clone(),
         key: claim.key.clone(),
@@ -431,7 +427,7 @@ impl Journal for Shared {
             match decide_step(step, entry, now) {
                 StepDecision::Answer(answer) => answer,
                 StepDecision::Start(run) => {
-                    steps.insert(step.seq, journal_entry(claim, step, None, now));
+                    steps.insert(step.seq, journal_entry(step, None, now));
                     StepBegin::Run(run)
                 }
             }
@@ -453,7 +449,7 @@ impl Journal for Shared {
             // Never started (its entry's write failed while the step ran):
             // journaled all the same.
             None => {
-                steps.insert(step.seq, journal_entry(claim, step, Some(output), now));
+                steps.insert(step.seq, journal_entry(step, Some(output), now));
                 Ok(())
             }
             _ => Err(super::step_not_journaled(step)),

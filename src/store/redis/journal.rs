@@ -19,7 +19,7 @@ use idem_core::journal::{
     StepState,
 };
 use idem_core::key::{Key, Scope};
-use idem_core::record::{duration_millis, Claim, ClaimToken};
+use idem_core::record::{duration_millis, ClaimToken};
 
 #[async_trait]
 impl Journal for RedisStore {
@@ -42,7 +42,7 @@ impl Journal for RedisStore {
         // Not waited for by a replica: a delete lost in a failover leaves
         // the step in doubt, the state it was in before.
         let keys = self.keys(&claim.scope, &claim.key);
-        self.abandon_step(&keys, claim, step, &[]).await
+        self.abandon_step(&keys, step, &[]).await
     }
 
     async fn begin_step(&self, step: &StepRequest<'_>) -> Result<StepBegin, Error> {
@@ -50,7 +50,7 @@ impl Journal for RedisStore {
         let keys = self.keys(&claim.scope, &claim.key);
         let (value, acknowledged) = self
             .invoke_replicated(
-                step_call(&SCRIPTS.begin_step, &keys, claim, step)
+                step_call(&SCRIPTS.begin_step, &keys, step)
                     .arg(u8::from(step.adopt))
                     .arg(millis(step.settle)),
             )
@@ -70,7 +70,7 @@ impl Journal for RedisStore {
                     // call must not run on it. Put back what the entry
                     // held, so that the step is not taken for one in
                     // doubt.
-                    let _ = self.abandon_step(&keys, claim, step, &items[2..]).await;
+                    let _ = self.abandon_step(&keys, step, &items[2..]).await;
                     return Err(self.not_replicated("step's start"));
                 }
                 Ok(StepBegin::Run(run))
@@ -110,7 +110,7 @@ impl Journal for RedisStore {
             .await
             .map_err(unrecorded_as_store)?;
         let (value, acknowledged) = self
-            .invoke_replicated(step_call(&SCRIPTS.complete_step, &keys, claim, step).arg(output))
+            .invoke_replicated(step_call(&SCRIPTS.complete_step, &keys, step).arg(output))
             .await
             .map_err(unrecorded_as_store)?;
         let items = array(value)?;
@@ -185,7 +185,6 @@ impl RedisStore {
     async fn abandon_step(
         &self,
         keys: &Keys,
-        claim: &Claim,
         step: &StepRequest<'_>,
         before: &[Value],
     ) -> Result<bool, Error> {
@@ -196,7 +195,7 @@ impl RedisStore {
                     .abandon_step
                     .on(&keys.record)
                     .key(&keys.journal)
-                    .arg(&claim.token.as_bytes()[..])
+                    .arg(&step.claim.token.as_bytes()[..])
                     .arg(step.seq)
                     .arg(step.name)
                     .arg(field(0))
@@ -208,17 +207,12 @@ impl RedisStore {
     }
 }
 
-/// A journal script's call for `step` of `claim`'s operation: the record
-/// and the journal, then the token, seq, name, fingerprint and ttl.
-fn step_call<'a>(
-    lua: &'a scripts::Lua,
-    keys: &Keys,
-    claim: &Claim,
-    step: &StepRequest<'_>,
-) -> Invocation<'a> {
+/// A journal script's call for `step`: the record and the journal, then
+/// the claim's token, seq, name, fingerprint and ttl.
+fn step_call<'a>(lua: &'a scripts::Lua, keys: &Keys, step: &StepRequest<'_>) -> Invocation<'a> {
     lua.on(&keys.record)
         .key(&keys.journal)
-        .arg(&claim.token.as_bytes()[..])
+        .arg(&step.claim.token.as_bytes()[..])
         .arg(step.seq)
         .arg(step.name)
         .arg(&step.fingerprint.as_bytes()[..])

@@ -111,7 +111,7 @@ impl<DB: Backend> SqlStore<DB> {
             ];
             DB::execute(conn, &sql.start, values).await?;
         } else {
-            DB::execute(conn, &sql.insert, inserted(claim, step)).await?;
+            DB::execute(conn, &sql.insert, inserted(step)).await?;
         }
         Ok(StepBegin::Run(run))
     }
@@ -128,7 +128,7 @@ impl<DB: Backend> SqlStore<DB> {
         let claim = step.claim;
         self.fence_on(conn, claim).await?;
         let sql = self.step_sql();
-        let done = DB::execute(conn, &sql.complete, completed(claim, step, output)).await?;
+        let done = DB::execute(conn, &sql.complete, completed(step, output)).await?;
         if DB::rows_affected(&done) > 0 {
             return Ok(());
         }
@@ -148,8 +148,8 @@ impl<DB: Backend> SqlStore<DB> {
             // Never started (its entry's write failed while the step
             // ran): journaled all the same.
             None => {
-                DB::execute(conn, &sql.insert, inserted(claim, step)).await?;
-                DB::execute(conn, &sql.complete, completed(claim, step, output)).await?;
+                DB::execute(conn, &sql.insert, inserted(step)).await?;
+                DB::execute(conn, &sql.complete, completed(step, output)).await?;
                 Ok(())
             }
             _ => Err(crate::store::step_not_journaled(step)),
@@ -213,7 +213,7 @@ impl<DB: Backend> Journal for SqlStore<DB> {
     /// hold) is read and decided in a transaction.
     async fn begin_step(&self, step: &StepRequest<'_>) -> Result<StepBegin, Error> {
         let claim = step.claim;
-        let mut values = inserted(claim, step);
+        let mut values = inserted(step);
         values.extend(owned(claim));
         let _turn = self.gate.enter().await;
         let insert = &self.step_sql().insert_fenced;
@@ -228,7 +228,7 @@ impl<DB: Backend> Journal for SqlStore<DB> {
     /// again, a fence that does not hold), a transaction that says why.
     async fn complete_step(&self, step: &StepRequest<'_>, output: &[u8]) -> Result<(), Error> {
         let claim = step.claim;
-        let mut values = completed(claim, step, output);
+        let mut values = completed(step, output);
         values.extend(owned(claim));
         let _turn = self.gate.enter().await;
         let complete = &self.step_sql().complete_fenced;
@@ -298,7 +298,8 @@ fn is_unique_violation(err: &sqlx::Error) -> bool {
 }
 
 /// The values of `insert`, and the first ones of `insert_fenced`.
-fn inserted<'a>(claim: &'a Claim, step: &StepRequest<'a>) -> Values<'a> {
+fn inserted<'a>(step: &StepRequest<'a>) -> Values<'a> {
+    let claim = step.claim;
     vec![
         Value::Text(claim.scope.as_str()),
         Value::Text(claim.key.as_str()),
@@ -311,7 +312,8 @@ fn inserted<'a>(claim: &'a Claim, step: &StepRequest<'a>) -> Values<'a> {
 }
 
 /// The values of `complete`, and the first ones of `complete_fenced`.
-fn completed<'a>(claim: &'a Claim, step: &StepRequest<'a>, output: &'a [u8]) -> Values<'a> {
+fn completed<'a>(step: &StepRequest<'a>, output: &'a [u8]) -> Values<'a> {
+    let claim = step.claim;
     vec![
         Value::Bytes(&claim.token.as_bytes()[..]),
         Value::Bytes(output),
