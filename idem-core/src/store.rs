@@ -194,8 +194,8 @@ impl std::fmt::Debug for Capabilities<'_> {
 /// belong to.
 #[async_trait]
 pub trait Journal: Send + Sync {
-    /// Begins step `step` of the operation that `step.claim` holds, as one
-    /// atomic step fenced by the claim: the journal entry at `step.seq` is
+    /// Begins step `step` of the operation that `step.claim` holds, as
+    /// one atomic step fenced by the claim: the journal entry at `step.seq` is
     /// read and answered with [`decide_step`](crate::journal::decide_step),
     /// and marked started by this attempt when the decision says so. Fails
     /// with [`Error::LeaseLost`] unless the operation's record is in
@@ -209,8 +209,9 @@ pub trait Journal: Send + Sync {
     /// this very output.
     async fn complete_step(&self, step: &StepRequest<'_>, output: &[u8]) -> Result<(), Error>;
 
-    /// Takes back the start of step `step` that `step.claim` wrote, because the
-    /// step's call failed cleanly (it had no effect downstream): the entry
+    /// Takes back the start of step `step` that `step.claim` wrote,
+    /// because the step's call failed cleanly (it had no effect
+    /// downstream): the entry
     /// is deleted if it is still started under the claim's token and named
     /// `step.name`, and left as it is otherwise (completed, resolved, or
     /// taken over by a later attempt). The next attempt then runs the

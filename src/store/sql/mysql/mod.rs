@@ -1,10 +1,9 @@
 //! MySQL and MariaDB, and all of their SQL: every statement on the
 //! records table, the step journal, the outbox, an operator's reads and
 //! entity mode's, with how entity mode's run without `RETURNING`
-//! ([`sql`]); here, their clock
-//! ([`NOW`]), their migrations and bookkeeping, the named lock that keeps
-//! migrators apart, the limits of a statement, and the errors InnoDB
-//! answers with ([`Dialect`]).
+//! ([`sql`]); here, their clock ([`NOW`]), their migrations and
+//! bookkeeping, the named lock that keeps migrators apart, the limits of
+//! a statement, and the errors InnoDB answers with ([`Dialect`]).
 
 mod sql;
 
@@ -282,9 +281,8 @@ impl Dialect for MySql {
     /// back (ER_LOCK_DEADLOCK, 1213; not every error of SQLSTATE 40001,
     /// which a trigger's `SIGNAL` may carry too); a locking read or write
     /// of a row changed since the transaction's snapshot (MariaDB's
-    /// `innodb_snapshot_isolation`:
-    /// error 1020, "Record has changed since last read"); a statement the
-    /// server cannot parse (ER_PARSE_ERROR, 1064: MySQL, and MariaDB
+    /// `innodb_snapshot_isolation`: error 1020, "Record has changed since
+    /// last read"); a statement the server cannot parse (ER_PARSE_ERROR, 1064: MySQL, and MariaDB
     /// before 10.5, have no `INSERT ... RETURNING`); a column added twice
     /// (ER_DUP_FIELDNAME, 1060).
     fn refusal(err: &Error) -> Option<Refusal> {

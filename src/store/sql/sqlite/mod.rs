@@ -1,8 +1,9 @@
-//! SQLite, the embedded default, and all of its SQL: every statement on the records table,
-//! the step journal, the outbox, an operator's reads and entity mode's
-//! ([`sql`]); here, its clock ([`NOW`]), its migrations and
-//! their bookkeeping, and its true differences ([`Dialect`]): one write
-//! at a time, which `BEGIN IMMEDIATE` takes from the start.
+//! SQLite, the embedded default, and all of its SQL: every statement on
+//! the records table, the step journal, the outbox, an operator's reads
+//! and entity mode's ([`sql`]); here, its clock ([`NOW`]), its
+//! migrations and their bookkeeping, and its true differences
+//! ([`Dialect`]): one write at a time, which `BEGIN IMMEDIATE` takes from
+//! the start.
 
 mod sql;
 
